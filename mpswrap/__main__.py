@@ -1,0 +1,7 @@
+"""``python -m mpswrap``: the same as the ``mpswrap`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

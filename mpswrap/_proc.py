@@ -1,0 +1,350 @@
+"""The one owner of subprocesses, signals, kills and privilege drop.
+
+Rules kept here so no other module has to remember them:
+- argv lists only, never a shell; the environment is always passed explicitly;
+- every call is bounded: on timeout the whole process group is killed and the captured
+  output is raised with the error;
+- a process is identified by PID *and* start time, never by name, so a reused PID is never
+  signalled.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from .errors import ProcError, UsageError
+
+__all__ = [
+    "ProcId",
+    "Result",
+    "UserIds",
+    "identify",
+    "is_alive",
+    "kill_procs",
+    "lookup_user",
+    "run",
+    "spawn",
+    "wait_gone",
+]
+
+log = logging.getLogger(__name__)
+
+#: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
+#: process of a step at once, and the supervisor must end the client through MPS first.
+SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class UserIds:
+    """Who a process runs as: names, ids and supplementary groups."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @property
+    def is_current(self) -> bool:
+        return self.uid == os.geteuid()
+
+
+def lookup_user(who: str | int | None = None, gid: int | None = None) -> UserIds:
+    """Resolve a user name or uid (default: the current user) with its groups."""
+    try:
+        entry = (
+            pwd.getpwuid(os.geteuid() if who is None else who)
+            if not isinstance(who, str)
+            else pwd.getpwnam(who)
+        )
+    except KeyError:
+        raise UsageError("unknown user", thing=str(who)) from None
+    primary = entry.pw_gid if gid is None else gid
+    try:
+        groups = tuple(os.getgrouplist(entry.pw_name, primary))
+    except OSError:
+        groups = (primary,)
+    return UserIds(entry.pw_name, entry.pw_uid, primary, groups, entry.pw_dir)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _user_kwargs(user: UserIds | None) -> dict[str, object]:
+    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0):
+        return {}
+    if user.uid == os.geteuid():
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+
+
+def _preexec(cpus: Iterable[int] | None, ignore: Sequence[int]) -> Callable[[], None] | None:
+    cpu_set = set(cpus) if cpus else None
+    if not cpu_set and not ignore:
+        return None
+
+    def child() -> None:  # runs between fork and exec: keep it minimal
+        if cpu_set:
+            os.sched_setaffinity(0, cpu_set)
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return child
+
+
+def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(list(argv), text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+    except FileNotFoundError as exc:
+        raise ProcError(
+            "program not found",
+            thing=argv[0],
+            argv=list(argv),
+            hint="install it or set its absolute path in the config",
+        ) from exc
+    except PermissionError as exc:
+        raise ProcError(
+            "cannot execute program", thing=argv[0], cause=exc.strerror, argv=list(argv)
+        ) from exc
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    input: str | None = None,
+    user: UserIds | None = None,
+    cwd: str = "/",
+) -> Result:
+    """Run ``argv`` to completion within ``timeout`` seconds; never raises on a non-zero exit."""
+    proc = _popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **_user_kwargs(user),
+    )
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise ProcError(
+            "timed out",
+            thing=" ".join(argv),
+            cause=f"no answer in {timeout:g} s",
+            argv=list(argv),
+            stdout=out,
+            stderr=err,
+            timeout=timeout,
+        ) from None
+    return Result(tuple(argv), proc.returncode, out, err)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    user: UserIds | None = None,
+    cpus: Iterable[int] | None = None,
+    new_session: bool = True,
+    ignore_signals: Sequence[int] = (),
+    stdout: int | None = None,
+    stderr: int | None = None,
+    stdin: int | None = subprocess.DEVNULL,
+    cwd: str | None = "/",
+) -> subprocess.Popen[str]:
+    """Start ``argv`` without waiting: own session, optional user, CPU set and ignored signals.
+
+    Ignored signal dispositions survive exec: that is how a supervised client is shielded
+    from the SIGTERM that Slurm sends to every process of a step at once.
+    """
+    return _popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=new_session,
+        close_fds=True,
+        preexec_fn=_preexec(cpus, ignore_signals),
+        **_user_kwargs(user),
+    )
+
+
+# --- identity and teardown ---------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcId:
+    """A process identified by PID and start time (seconds since the epoch)."""
+
+    pid: int
+    start_time: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"pid": self.pid, "start_time": self.start_time}
+
+
+def identify(pid: int) -> ProcId | None:
+    try:
+        return ProcId(pid, psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return None
+
+
+def _process(pid_id: ProcId) -> psutil.Process | None:
+    """The live process behind ``pid_id``, or None if gone, a zombie or a reused PID."""
+    try:
+        proc = psutil.Process(pid_id.pid)
+        if abs(proc.create_time() - pid_id.start_time) > 0.05:
+            return None  # the PID was reused by an unrelated process
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def is_alive(pid_id: ProcId) -> bool:
+    return _process(pid_id) is not None
+
+
+def describe(pid_id: ProcId) -> str:
+    """``<pid> (<command line>)`` for reports of leftovers."""
+    proc = _process(pid_id)
+    if proc is None:
+        return f"{pid_id.pid} (gone)"
+    try:
+        cmd = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.Error, OSError):
+        cmd = "?"
+    return f"{pid_id.pid} ({cmd})"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return ""
+
+
+def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
+    """Signal each process that is still the one we identified; never a reused PID."""
+    for pid_id in procs:
+        proc = _process(pid_id)
+        if proc is None:
+            continue
+        try:
+            proc.send_signal(sig)
+            log.debug("sent signal %d to %d", sig, pid_id.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
+            log.debug("cannot signal %d: %s", pid_id.pid, exc)
+
+
+def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:
+    """Wait until the processes are gone (zombies count as gone); return those still alive."""
+    pending = list(procs)
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while pending:
+        pending = [p for p in pending if is_alive(p)]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return pending
+
+
+def backoff(timeout: float, first: float = 0.002, cap: float = 0.1) -> Iterable[float]:
+    """Yield elapsed seconds at growing intervals until ``timeout``: bounded polling."""
+    start = time.monotonic()
+    delay = first
+    while True:
+        elapsed = time.monotonic() - start
+        yield elapsed
+        if elapsed >= timeout:
+            return
+        time.sleep(min(delay, max(0.0, timeout - elapsed)))
+        delay = min(delay * 2, cap)
+
+
+def children_of(pid: int) -> list[ProcId]:
+    """Descendants of ``pid`` (recursive), identified."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    out = []
+    for kid in kids:
+        try:
+            out.append(ProcId(kid.pid, kid.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def _self_and_ancestors() -> set[int]:
+    pids = {os.getpid()}
+    try:
+        pids.update(p.pid for p in psutil.Process().parents())
+    except psutil.Error:
+        pass
+    return pids
+
+
+def procs_mentioning(marker: str) -> list[ProcId]:
+    """Processes whose command line or environment mentions ``marker`` (leftover scans).
+
+    A job's pipe directory is unique to it, so this finds what is left of it without trusting
+    names. The caller and its ancestors are skipped (they may carry the variable themselves).
+    """
+    found = []
+    skip = _self_and_ancestors()
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        if proc.info["pid"] in skip:
+            continue
+        try:
+            hit = marker in " ".join(proc.info["cmdline"] or ())
+            if not hit:
+                hit = any(marker in v for v in proc.environ().values())
+            if hit and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(ProcId(proc.info["pid"], proc.info["create_time"]))
+        except (psutil.Error, OSError):
+            continue
+    return found

@@ -1,0 +1,262 @@
+"""Settings with explicit precedence: argument > ``MPSWRAP_*`` > admin file > default.
+
+The admin file (``MPSWRAP_CONFIG`` or ``/etc/mpswrap/mpswrap.conf``) holds ``key = value``
+lines; ``#`` starts a comment. Unknown keys and bad values are errors that name the valid
+choices. ``Settings.describe()`` shows every resolved value and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "load_settings"]
+
+DEFAULT_CONFIG_FILE = "/etc/mpswrap/mpswrap.conf"
+ENV_PREFIX = "MPSWRAP_"
+#: Variables with the prefix that are not settings.
+_NOT_SETTINGS = {"MPSWRAP_CONFIG", "MPSWRAP_RANK", "MPSWRAP_LOCAL_RANK", "MPSWRAP_NPROCS"}
+
+Parser = Callable[[str], Any]
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "yes", "true", "on"):
+        return True
+    if low in ("0", "no", "false", "off"):
+        return False
+    raise ValueError("expected yes or no")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise ValueError("expected seconds between 0 and 3600")
+    return value
+
+
+def _optional(parse: Parser) -> Parser:
+    def wrapped(text: str) -> Any:
+        return None if text.lower() in ("", "none", "off") else parse(text)
+
+    return wrapped
+
+
+def _percent(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 100:
+        raise ValueError("expected a percentage in (0, 100]")
+    return value
+
+
+def _limit(text: str) -> Any:
+    if text == "auto":
+        return "auto"
+    value = int(text)
+    if not 1 <= value <= 128:
+        raise ValueError("expected auto or a number of clients from 1 to 128")
+    return value
+
+
+def _mem(text: str) -> str:
+    digits, unit = text[:-1], text[-1:].upper()
+    if unit not in ("M", "G") or not digits.isdigit() or int(digits) == 0:
+        raise ValueError("expected a size like 512M or 2G")
+    return f"{int(digits)}{unit}"
+
+
+def _abs_path(text: str) -> str:
+    if not os.path.isabs(text):
+        raise ValueError("expected an absolute path")
+    return os.path.normpath(text)
+
+
+def _inventory(text: str) -> str:
+    return text if text == "nvml" else _abs_path(text)
+
+
+def _triggers(text: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    for item in items:
+        kind, _, name = item.partition(":")
+        if item != "gres-mps" and (kind not in ("feature", "comment") or not name):
+            raise ValueError("expected a list of gres-mps, feature:<name>, comment:<word>")
+    return items
+
+
+def _priority(text: str) -> int:
+    if text not in ("0", "1"):
+        raise ValueError("expected 0 (normal) or 1 (below normal)")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    parse: Parser
+    default: str
+    doc: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("run_dir", _abs_path, "/run/mpswrap", "root of per-job state for hooks (admin mode)"),
+    Field(
+        "user_run_dir",
+        _optional(_abs_path),
+        "none",
+        "root of per-job state in user mode (none: $XDG_RUNTIME_DIR/mpswrap or /tmp/mpswrap-UID)",
+    ),
+    Field("control_binary", str, "nvidia-cuda-mps-control", "MPS control program (name or path)"),
+    Field("gpu_inventory", _inventory, "nvml", "nvml, or a JSON inventory file (simulation)"),
+    Field("client_limit", _limit, "auto", "MPS clients per GPU: auto (by architecture) or N"),
+    Field(
+        "gpu_policy", _choice("block", "cyclic", "affinity"), "block", "how local ranks map to GPUs"
+    ),
+    Field(
+        "prolog_mode", _choice("always", "opt-in", "never"), "opt-in", "when the prolog starts MPS"
+    ),
+    Field(
+        "opt_in",
+        _triggers,
+        "gres-mps, feature:mps, comment:mps",
+        "what makes a job opt in (prolog_mode = opt-in)",
+    ),
+    Field(
+        "prolog_failure",
+        _choice("drain", "continue"),
+        "continue",
+        "drain: fail the prolog (Slurm drains the node); continue: run the job without MPS",
+    ),
+    Field(
+        "epilog_failure",
+        _choice("drain", "continue"),
+        "drain",
+        "drain: fail the epilog if anything of the job survives teardown",
+    ),
+    Field("exclusive_process", _bool, "no", "set EXCLUSIVE_PROCESS on whole-GPU jobs"),
+    Field("multiuser", _bool, "no", "start daemons with -multiuser-server (admin switch)"),
+    Field("cpu_binding", _bool, "yes", "pin each daemon to its GPU's local CPUs"),
+    Field("prestart_server", _bool, "no", "start the user's MPS server before the first client"),
+    Field("active_thread_percentage", _optional(_percent), "none", "default active thread %"),
+    Field("pinned_mem_limit", _optional(_mem), "none", "default device pinned memory limit"),
+    Field("client_priority", _optional(_priority), "none", "default client priority (0 or 1)"),
+    Field("start_timeout", _seconds, "15", "seconds for a daemon to answer after start"),
+    Field("command_timeout", _seconds, "10", "seconds for one control command"),
+    Field("terminate_timeout", _seconds, "5", "seconds for clients to exit after terminate_client"),
+    Field("quit_timeout", _seconds, "5", "seconds for quit before killing by PID"),
+    Field("kill_grace", _seconds, "10", "seconds between a forwarded signal and SIGKILL"),
+    Field("health_check", _bool, "no", "epilog: run a GPU health check after teardown"),
+    Field("syslog", _bool, "yes", "hooks: log to syslog as well as stderr"),
+    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),
+)
+_BY_NAME = {f.name: f for f in FIELDS}
+
+
+def _parse(name: str, text: str, where: str) -> Any:
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise ConfigError(
+            "unknown setting",
+            thing=f"{name} in {where}",
+            hint=f"valid settings: {', '.join(sorted(_BY_NAME))}",
+        )
+    try:
+        return spec.parse(text.strip())
+    except ValueError as exc:
+        raise ConfigError(
+            f"bad value for {name}", thing=f"{text!r} in {where}", cause=str(exc)
+        ) from exc
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """Parse an admin file into raw strings; errors name the file and line."""
+    values: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("cannot read config file", thing=str(path), cause=exc.strerror) from exc
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line == "[mpswrap]":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigError("expected key = value", thing=f"{path}:{number}", cause=repr(raw))
+        values[key.strip()] = value.strip()
+    return values
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings; ``sources`` says where each came from."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def replace(self, **overrides: Any) -> Settings:
+        """A copy with explicit overrides (already parsed values or strings)."""
+        values, sources = dict(self.values), dict(self.sources)
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            values[name] = _parse(name, value, "argument") if isinstance(value, str) else value
+            sources[name] = "argument"
+        return Settings(values, sources)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """Rows of (name, value, source) for ``mpswrap config``."""
+        return [(f.name, _show(self.values[f.name]), self.sources[f.name]) for f in FIELDS]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "none" if value is None else str(value)
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Settings:
+    """Resolve settings: ``overrides`` > ``MPSWRAP_*`` in ``env`` > admin file > defaults."""
+    env = os.environ if env is None else env
+    values = {f.name: f.parse(f.default) for f in FIELDS}
+    sources = {f.name: "default" for f in FIELDS}
+    path = config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
+    explicit = bool(config_file or env.get("MPSWRAP_CONFIG"))
+    if explicit or os.path.exists(path):
+        for name, text in read_config_file(Path(path)).items():
+            values[name] = _parse(name, text, path)
+            sources[name] = f"file {path}"
+    for var, text in env.items():
+        if var.startswith(ENV_PREFIX) and var not in _NOT_SETTINGS:
+            name = var[len(ENV_PREFIX) :].lower()
+            if name.startswith("sim_"):
+                continue  # the simulator's own variables
+            values[name] = _parse(name, text, var)
+            sources[name] = f"env {var}"
+    return Settings(values, sources).replace(**(overrides or {}))

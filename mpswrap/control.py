@@ -1,0 +1,178 @@
+"""The one module that speaks the ``nvidia-cuda-mps-control`` protocol (v2).
+
+Each command is one bounded run of the control program with the daemon's pipe directory in
+its environment and the command on stdin; replies are parsed into Python values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _proc
+from .errors import ControlError, ProcError
+
+__all__ = ["Control", "find_binary"]
+
+log = logging.getLogger(__name__)
+
+#: Where NVIDIA's packages put the MPS binaries; hooks run with a minimal PATH.
+SEARCH_PATH = (
+    "/usr/local/nvidia/bin",
+    "/usr/local/cuda/bin",
+    "/usr/bin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/bin",
+)
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOT_RUNNING = ("Cannot find MPS control daemon process",)
+BUSY = "Cannot send command to MPS control daemon process"
+
+
+def find_binary(name: str) -> str:
+    """Absolute path of the control program: a path as given, else PATH and NVIDIA's dirs."""
+    if os.path.isabs(name):
+        if os.access(name, os.X_OK) and os.path.isfile(name):
+            return name
+        raise ProcError(
+            "MPS control program not found",
+            thing=name,
+            hint="set control_binary to the nvidia-cuda-mps-control path",
+        )
+    search = os.pathsep.join([os.environ.get("PATH", ""), *SEARCH_PATH])
+    found = shutil.which(name, path=search)
+    if found is None:
+        raise ProcError(
+            "MPS control program not found",
+            thing=name,
+            cause="not on PATH nor in /usr/local/nvidia/bin, /usr/bin",
+            hint="install the NVIDIA driver utilities or set control_binary",
+        )
+    return found
+
+
+def daemon_env(pipe: Path, log_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every control call and the daemon itself gets (never the caller's)."""
+    env = {
+        "PATH": SAFE_PATH,
+        "LANG": "C",
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
+    }
+    env.update(extra or {})
+    return env
+
+
+@dataclass(frozen=True)
+class Control:
+    """Commands to one control daemon, identified by its pipe directory."""
+
+    binary: str
+    pipe: Path
+    log_dir: Path
+    timeout: float = 10.0
+    user: _proc.UserIds | None = None
+
+    def command(self, line: str, timeout: float | None = None) -> str:
+        """Send one command; return its stdout stripped, or raise ControlError."""
+        argv = [self.binary]
+        env = daemon_env(self.pipe, self.log_dir)
+        try:
+            res = _proc.run(
+                argv, env=env, input=line + "\n", timeout=timeout or self.timeout, user=self.user
+            )
+        except ProcError as exc:
+            raise ControlError(
+                f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
+                thing=str(self.pipe),
+                cause=exc.line(),
+                command=line,
+                stderr=exc.stderr,
+            ) from exc
+        err = res.stderr.strip()
+        if res.returncode != 0 or any(m in err for m in (*NOT_RUNNING, BUSY)):
+            raise ControlError(
+                f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
+                thing=str(self.pipe),
+                cause=(err.splitlines() or [f"exit {res.returncode}"])[0],
+                command=line,
+                returncode=res.returncode,
+                stderr=err,
+            )
+        log.debug("control %s: %r -> %r", self.pipe, line, res.stdout.strip())
+        return res.stdout.strip()
+
+    def _pids(self, line: str) -> list[int]:
+        out = self.command(line)
+        try:
+            return [int(tok) for tok in out.split()]
+        except ValueError:
+            raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
+
+    def _float(self, line: str) -> float:
+        out = self.command(line)
+        try:
+            return float(out.split()[-1])
+        except (ValueError, IndexError):
+            raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
+
+    def ping(self) -> bool:
+        """True if a daemon answers in this pipe directory."""
+        try:
+            self.command("get_server_list")
+        except ControlError:
+            return False
+        return True
+
+    def server_list(self) -> list[int]:
+        return self._pids("get_server_list")
+
+    def server_status(self, server: int) -> str:
+        words = self.command(f"get_server_status {server}").split()
+        if not words:
+            raise ControlError("unexpected reply", thing=f"get_server_status {server}")
+        return words[-1]
+
+    def client_list(self, server: int) -> list[int]:
+        return self._pids(f"get_client_list {server}")
+
+    def terminate_client(self, server: int, client: int) -> None:
+        out = self.command(f"terminate_client {server} {client}")
+        if out.split()[-1:] != ["0"]:
+            raise ControlError(
+                "terminate_client refused", thing=f"client {client}", cause=repr(out[:200])
+            )
+
+    def set_default_active_thread_percentage(self, percent: float) -> float:
+        return self._float(f"set_default_active_thread_percentage {percent:g}")
+
+    def default_active_thread_percentage(self) -> float:
+        return self._float("get_default_active_thread_percentage")
+
+    def active_thread_percentage(self, server: int) -> float:
+        return self._float(f"get_active_thread_percentage {server}")
+
+    def set_default_pinned_mem_limit(self, device: str, value: str) -> None:
+        self.command(f"set_default_device_pinned_mem_limit {device} {value}")
+
+    def set_default_client_priority(self, priority: int) -> None:
+        self.command(f"set_default_client_priority {priority}")
+
+    def start_server(self, uid: int) -> None:
+        self.command(f"start_server -uid {uid}", timeout=max(self.timeout, 30.0))
+
+    def quit(self, force_after: float | None = None) -> None:
+        """``quit`` (or ``quit -t N``): only call it once every client is gone.
+
+        With clients alive a plain quit blocks and locks the daemon against every other
+        command; ``-t`` bounds that on drivers that have it.
+        """
+        if force_after is None:
+            self.command("quit")
+            return
+        seconds = max(1, int(force_after))
+        self.command(f"quit -t {seconds}", timeout=seconds + self.timeout)

@@ -1,0 +1,412 @@
+"""One per-GPU MPS control daemon: start, status, stop. Every verb is idempotent.
+
+Start (under the GPU's file lock): private dirs owned by the job user, the daemon spawned fully
+detached as that user with ``CUDA_VISIBLE_DEVICES=<UUID>`` and pinned near its GPU, readiness
+by a real control query with bounded backoff, defaults applied before any client, manifest.
+
+Stop is the teardown ladder: terminate_client for every client, bounded wait, SIGKILL what
+survived; then ``quit`` (bounded); then kill daemon and servers by PID + start time; remove
+the directories; re-scan and report leftovers. Never ``quit`` while a client is alive: the
+daemon would block and refuse every other command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from . import _proc
+from .config import Settings
+from .control import Control, daemon_env, find_binary
+from .errors import ControlError, DaemonError, MpswrapError
+from .gpu import GpuInfo
+from .manifest import Manifest, read_manifest, write_manifest
+from .mpslog import read_faults
+from .paths import GpuDirs, ensure_private_dir
+
+__all__ = ["Daemon", "Defaults", "StopReport"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Settings applied to a daemon before its first client."""
+
+    active_thread_percentage: float | None = None
+    pinned_mem_limit: str | None = None
+    client_priority: int | None = None
+    prestart_server: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> Defaults:
+        values = {
+            "active_thread_percentage": settings.active_thread_percentage,
+            "pinned_mem_limit": settings.pinned_mem_limit,
+            "client_priority": settings.client_priority,
+            "prestart_server": settings.prestart_server,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass
+class StopReport:
+    key: str
+    terminated: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftovers
+
+
+class Daemon:
+    """The daemon of one GPU directory (``<job>/<key>``), started or found there."""
+
+    def __init__(self, dirs: GpuDirs, lock: Path, settings: Settings) -> None:
+        self.dirs = dirs
+        self.settings = settings
+        self._lock = filelock.FileLock(str(lock), timeout=settings.start_timeout * 4)
+
+    @property
+    def control(self) -> Control:
+        return Control(
+            find_binary(self.settings.control_binary),
+            self.dirs.pipe,
+            self.dirs.log,
+            timeout=self.settings.command_timeout,
+        )
+
+    def manifest(self) -> Manifest | None:
+        return read_manifest(self.dirs.manifest)
+
+    # --- start ------------------------------------------------------------------------
+    def start(
+        self,
+        gpu: GpuInfo,
+        user: _proc.UserIds,
+        *,
+        node: str,
+        job_id: str,
+        started_by: str,
+        defaults: Defaults,
+        allowed_cpus: frozenset[int] | None = None,
+    ) -> Manifest:
+        """Start the daemon for ``gpu`` as ``user``; a running one is returned unchanged."""
+        self.dirs.check_socket_length()
+        binary = find_binary(self.settings.control_binary)
+        with self._lock:
+            current = self._running()
+            if current is not None:
+                log.info("daemon for %s already running (pid %d)", gpu.uuid, current.daemon_pid)
+                return current
+            self._clear_stale()
+            for path in (self.dirs.root, self.dirs.pipe, self.dirs.log):
+                ensure_private_dir(path, user.uid, user.gid)
+            try:
+                return self._start_locked(
+                    gpu,
+                    user,
+                    binary,
+                    node=node,
+                    job_id=job_id,
+                    started_by=started_by,
+                    defaults=defaults,
+                    allowed_cpus=allowed_cpus,
+                )
+            except BaseException:
+                self._stop_locked(StopReport(self.dirs.key))
+                raise
+
+    def _cpus(self, gpu: GpuInfo, allowed: frozenset[int] | None) -> list[int]:
+        if not self.settings.cpu_binding or not gpu.cpus:
+            return []
+        cpus = gpu.cpus & allowed if allowed else gpu.cpus
+        if not cpus:
+            log.warning("GPU %s: its local CPUs are outside the allowed set; not pinning", gpu.uuid)
+        return sorted(cpus)
+
+    def _start_locked(
+        self,
+        gpu: GpuInfo,
+        user: _proc.UserIds,
+        binary: str,
+        *,
+        node: str,
+        job_id: str,
+        started_by: str,
+        defaults: Defaults,
+        allowed_cpus: frozenset[int] | None,
+    ) -> Manifest:
+        cpus = self._cpus(gpu, allowed_cpus)
+        argv = [binary, "-d"]
+        env = daemon_env(
+            self.dirs.pipe,
+            self.dirs.log,
+            {"CUDA_VISIBLE_DEVICES": gpu.uuid, "HOME": user.home, "USER": user.name},
+        )
+        out_path = self.dirs.log / "mpswrap-start.err"
+        with open(out_path, "w") as out:
+            fg = _proc.spawn(
+                argv, env=env, user=user, cpus=cpus, stdout=out.fileno(), stderr=out.fileno()
+            )
+        try:
+            code = fg.wait(timeout=self.settings.start_timeout)
+        except Exception:
+            fg.kill()
+            fg.wait()
+            raise DaemonError(
+                "MPS control daemon did not detach",
+                thing=gpu.uuid,
+                cause=f"'{binary} -d' still running after {self.settings.start_timeout:g} s",
+            ) from None
+        if code != 0:
+            raise DaemonError(
+                "couldn't start MPS",
+                thing=f"{gpu.uuid}, pipe {self.dirs.pipe}",
+                cause=f"{os.path.basename(binary)} -d exited {code}: {_tail(out_path)}",
+                hint="is the NVIDIA driver loaded? run nvidia-smi",
+            )
+        daemon = self._wait_ready(gpu)
+        applied = self._apply_defaults(defaults, user)
+        servers = [p for p in (_proc.identify(s) for s in self.control.server_list()) if p]
+        manifest = Manifest(
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            gpu_minor=gpu.minor,
+            key=self.dirs.key,
+            node=node,
+            job_id=job_id,
+            user=user.name,
+            uid=user.uid,
+            gid=user.gid,
+            started_by=started_by,
+            daemon_pid=daemon.pid,
+            daemon_start_time=daemon.start_time,
+            cpus=cpus,
+            settings=applied,
+            servers=[s.to_json() for s in servers],
+            control_binary=binary,
+        )
+        write_manifest(self.dirs.manifest, manifest, user.uid, user.gid)
+        log.info(
+            "started MPS daemon pid %d for %s (%s) cpus %s",
+            daemon.pid,
+            gpu.uuid,
+            self.dirs.key,
+            _cpu_text(cpus),
+        )
+        return manifest
+
+    def _wait_ready(self, gpu: GpuInfo) -> _proc.ProcId:
+        control = self.control
+        for _ in _proc.backoff(self.settings.start_timeout):
+            pid = _read_pid(self.dirs.pid_file)
+            ident = _proc.identify(pid) if pid else None
+            if ident and control.ping():
+                return ident
+        raise DaemonError(
+            "MPS control daemon did not answer",
+            thing=gpu.uuid,
+            cause=f"no reply to get_server_list in {self.settings.start_timeout:g} s"
+            f"; control.log: {_tail(self.dirs.control_log)}",
+        )
+
+    def _apply_defaults(self, defaults: Defaults, user: _proc.UserIds) -> dict[str, Any]:
+        control = self.control
+        applied: dict[str, Any] = {}
+        if defaults.active_thread_percentage is not None:
+            applied["active_thread_percentage"] = control.set_default_active_thread_percentage(
+                defaults.active_thread_percentage
+            )
+        if defaults.pinned_mem_limit:
+            # The daemon sees exactly one GPU (its UUID), so the device ordinal is 0.
+            control.set_default_pinned_mem_limit("0", defaults.pinned_mem_limit)
+            applied["pinned_mem_limit"] = defaults.pinned_mem_limit
+        if defaults.client_priority is not None:
+            control.set_default_client_priority(defaults.client_priority)
+            applied["client_priority"] = defaults.client_priority
+        if defaults.prestart_server:
+            control.start_server(user.uid)
+            applied["prestart_server"] = True
+        return applied
+
+    def _running(self) -> Manifest | None:
+        try:
+            manifest = self.manifest()
+        except MpswrapError:
+            return None
+        if manifest and _proc.is_alive(manifest.daemon) and self.control.ping():
+            return manifest
+        return None
+
+    def _clear_stale(self) -> None:
+        """Leftovers of a crashed daemon: stop what the manifest names, remove the dirs."""
+        if self.dirs.root.exists():
+            report = self._stop_locked(StopReport(self.dirs.key))
+            if report.leftovers:
+                raise DaemonError(
+                    "stale MPS processes survive",
+                    thing=str(self.dirs.root),
+                    cause="; ".join(report.leftovers),
+                )
+
+    # --- status -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        manifest = self.manifest()
+        info: dict[str, Any] = {
+            "key": self.dirs.key,
+            "pipe_dir": str(self.dirs.pipe),
+            "log_dir": str(self.dirs.log),
+            "uuid": None,
+            "daemon": None,
+            "servers": [],
+            "faults": [],
+        }
+        if manifest:
+            info["uuid"] = manifest.gpu_uuid
+            info["daemon"] = {
+                "pid": manifest.daemon_pid,
+                "alive": _proc.is_alive(manifest.daemon),
+                "started_by": manifest.started_by,
+                "user": manifest.user,
+                "cpus": manifest.cpus,
+            }
+            info["settings"] = manifest.settings
+        info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
+        if info["daemon"] and info["daemon"]["alive"]:
+            info.update(self._live_status())
+        return info
+
+    def _live_status(self) -> dict[str, Any]:
+        control = self.control
+        out: dict[str, Any] = {"servers": []}
+        try:
+            out["default_active_thread_percentage"] = control.default_active_thread_percentage()
+            for server in control.server_list():
+                out["servers"].append(
+                    {
+                        "pid": server,
+                        "status": control.server_status(server),
+                        "active_thread_percentage": control.active_thread_percentage(server),
+                        "clients": [
+                            {"pid": c, "cmdline": _proc.cmdline(c)}
+                            for c in control.client_list(server)
+                        ],
+                    }
+                )
+        except ControlError as exc:
+            out["error"] = exc.line()
+        return out
+
+    # --- stop -------------------------------------------------------------------------
+    def stop(self) -> StopReport:
+        """The teardown ladder; harmless when nothing is running or nothing exists."""
+        report = StopReport(self.dirs.key)
+        if not self.dirs.root.exists():
+            return report
+        with self._lock:
+            return self._stop_locked(report)
+
+    def _stop_locked(self, report: StopReport) -> StopReport:
+        try:
+            manifest = self.manifest()
+        except MpswrapError as exc:
+            report.notes.append(exc.line())
+            manifest = None
+        daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
+        servers = list(manifest.server_ids) if manifest else []
+        if daemon and _proc.is_alive(daemon):
+            servers += self._end_clients(report)
+            self._quit(report)
+        survivors = [p for p in [daemon, *servers] if p and _proc.is_alive(p)]
+        if survivors:
+            _proc.kill_procs(survivors, signal.SIGTERM)
+            survivors = _proc.wait_gone(survivors, 1.0)
+            _proc.kill_procs(survivors, signal.SIGKILL)
+            report.killed += [p.pid for p in survivors]
+            survivors = _proc.wait_gone(survivors, 2.0)
+        report.leftovers += [_proc.describe(p) for p in survivors]
+        report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(self.dirs.pipe))]
+        if not report.leftovers:
+            shutil.rmtree(self.dirs.root, ignore_errors=True)
+            if self.dirs.root.exists():
+                report.leftovers.append(f"directory {self.dirs.root}")
+        return report
+
+    def _end_clients(self, report: StopReport) -> list[_proc.ProcId]:
+        """terminate_client every client of every server; SIGKILL those still alive."""
+        control = self.control
+        try:
+            server_pids = control.server_list()
+        except ControlError as exc:
+            report.notes.append(f"cannot list servers: {exc.cause}")
+            return []
+        servers = [p for p in map(_proc.identify, server_pids) if p]
+        clients: list[_proc.ProcId] = []
+        for server in server_pids:
+            try:
+                pids = control.client_list(server)
+            except ControlError as exc:
+                report.notes.append(f"cannot list clients of {server}: {exc.cause}")
+                continue
+            for pid in pids:
+                ident = _proc.identify(pid)
+                try:
+                    control.terminate_client(server, pid)
+                    report.terminated.append(pid)
+                except ControlError as exc:
+                    report.notes.append(f"terminate_client {pid}: {exc.cause}")
+                if ident:
+                    clients.append(ident)
+        alive = _proc.wait_gone(clients, self.settings.terminate_timeout)
+        if alive:
+            _proc.kill_procs(alive, signal.SIGKILL)
+            report.killed += [p.pid for p in alive]
+            _proc.wait_gone(alive, 2.0)
+        return servers
+
+    def _quit(self, report: StopReport) -> None:
+        try:
+            self.control.quit(force_after=self.settings.quit_timeout)
+        except ControlError as exc:
+            report.notes.append(f"quit: {exc.cause}")
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _identify_pidfile(path: Path) -> _proc.ProcId | None:
+    """A daemon without manifest (crashed start), trusted only if its environment names this
+    pipe directory: a stale pid file may name a PID that an unrelated process reuses."""
+    pid = _read_pid(path)
+    if not pid:
+        return None
+    return next((p for p in _proc.procs_mentioning(str(path.parent)) if p.pid == pid), None)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty)"
+
+
+def _cpu_text(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if cpus else "unpinned"

@@ -1,0 +1,88 @@
+"""Reading the MPS control.log and server.log: fatal faults and client terminations.
+
+Line format: ``[2026-11-22 06:53:48.123 Server 4242] <text>``; only the text is interpreted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Fault", "read_faults", "terminations"]
+
+_LINE = re.compile(r"^\[(?P<stamp>[^\]]*?)\s+(?P<who>\w+)\s+(?P<pid>\d+)\]\s?(?P<text>.*)$")
+_FATAL_CLIENT = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
+_PID_ONLY = re.compile(r"^\s*(\d+)\s*$")
+
+
+@dataclass
+class Fault:
+    """One fatal GPU error handled by a server."""
+
+    time: str
+    server_pid: int
+    culprits: list[int] = field(default_factory=list)
+    affected: list[int] = field(default_factory=list)
+    recovered: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "time": self.time,
+            "server_pid": self.server_pid,
+            "culprits": self.culprits,
+            "affected": self.affected,
+            "recovered": self.recovered,
+        }
+
+
+def _lines(path: Path) -> Iterator[tuple[str, int, str]]:
+    """(stamp, pid, text) per line; continuation lines keep the last header's stamp/pid."""
+    try:
+        handle = path.open(errors="replace")
+    except OSError:
+        return
+    stamp, pid = "", 0
+    with handle:
+        for raw in handle:
+            match = _LINE.match(raw.rstrip("\n"))
+            if match:
+                stamp, pid = match["stamp"], int(match["pid"])
+                yield stamp, pid, match["text"]
+            else:
+                yield stamp, pid, raw.strip()
+
+
+def read_faults(server_log: Path) -> list[Fault]:
+    """Fatal errors in server.log, with the client PIDs that had the sticky error set."""
+    faults: list[Fault] = []
+    current: Fault | None = None
+    collecting = False
+    for stamp, pid, text in _lines(server_log):
+        culprit = _FATAL_CLIENT.search(text)
+        if culprit:
+            if current is None or current.recovered:
+                current = Fault(stamp, pid)
+                faults.append(current)
+            current.culprits.append(int(culprit.group(1)))
+            collecting = False
+            continue
+        if current is None:
+            continue
+        if "sticky error set" in text:
+            collecting = True
+            continue
+        only = _PID_ONLY.match(text) or _PID_ONLY.match(text.split("]")[-1])
+        if collecting and only:
+            current.affected.append(int(only.group(1)))
+            continue
+        collecting = False
+        if "recovered" in text.lower() or "is ACTIVE" in text:
+            current.recovered = True
+    return faults
+
+
+def terminations(server_log: Path) -> int:
+    """How many ``Client termination succeeded`` lines the server wrote."""
+    return sum(1 for _, _, text in _lines(server_log) if "Client termination succeeded" in text)

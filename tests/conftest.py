@@ -1,0 +1,51 @@
+"""Shared fixtures: a clean environment for every test, and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+#: Variables that would change behaviour when the tests run inside an allocation.
+_JOB_VARS = re.compile(r"^(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
+                       r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)")
+
+
+@pytest.fixture(autouse=True)
+def clean_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if _JOB_VARS.match(name):
+            monkeypatch.delenv(name)
+
+
+def _descendants() -> set[tuple[int, float]]:
+    out = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.add((proc.pid, proc.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_children() -> Iterator[None]:
+    """Fail a test whose children outlive it (psutil's reap_children idea); kill them."""
+    before = _descendants()
+    yield
+    left = []
+    for pid, start in _descendants() - before:
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() != start:
+                continue
+            left.append(f"{pid} {' '.join(proc.cmdline())}")
+            proc.kill()
+            proc.wait(5)
+        except psutil.Error:
+            continue
+    assert not left, f"test left processes behind: {left}"
