@@ -40,6 +40,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+DEVNULL = subprocess.DEVNULL
+PIPE = subprocess.PIPE
+
 #: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
 #: process of a step at once, and the supervisor must end the client through MPS first.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

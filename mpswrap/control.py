@@ -31,6 +31,12 @@ SEARCH_PATH = (
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_RUNNING = ("Cannot find MPS control daemon process",)
 BUSY = "Cannot send command to MPS control daemon process"
+#: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
+#: ``Unknown command "x"``, ``Server 1 not found``.
+REFUSALS = ("Unknown command", "not found")
+#: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
+#: ``Unknown command "x"``, ``Server 1 not found``.
+REFUSALS = ("Unknown command", "not found")
 
 
 def find_binary(name: str) -> str:
@@ -93,15 +99,17 @@ class Control:
                 command=line,
                 stderr=exc.stderr,
             ) from exc
-        err = res.stderr.strip()
-        if res.returncode != 0 or any(m in err for m in (*NOT_RUNNING, BUSY)):
+        err, out = res.stderr.strip(), res.stdout.strip()
+        said = f"{err}\n{out}".strip()
+        refused = any(out.startswith(m) or f" {m}" in out for m in REFUSALS)
+        if res.returncode != 0 or refused or any(m in said for m in (*NOT_RUNNING, BUSY)):
             raise ControlError(
                 f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
                 thing=str(self.pipe),
-                cause=(err.splitlines() or [f"exit {res.returncode}"])[0],
+                cause=(said.splitlines() or [f"exit {res.returncode}"])[0],
                 command=line,
                 returncode=res.returncode,
-                stderr=err,
+                stderr=said,
             )
         log.debug("control %s: %r -> %r", self.pipe, line, res.stdout.strip())
         return res.stdout.strip()

@@ -28,7 +28,7 @@ from .control import Control, daemon_env, find_binary
 from .errors import ControlError, DaemonError, MpswrapError
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest, write_manifest
-from .mpslog import read_faults
+from .mpslog import read_faults, terminations
 from .paths import GpuDirs, ensure_private_dir
 
 __all__ = ["Daemon", "Defaults", "StopReport"]
@@ -62,8 +62,13 @@ class StopReport:
     key: str
     terminated: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
+    #: Daemon or server PIDs that needed a signal after quit.
+    forced: list[int] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What server.log said before the directory was removed.
+    log_terminations: int = 0
+    log_faults: int = 0
 
     @property
     def clean(self) -> bool:
@@ -329,23 +334,37 @@ class Daemon:
         if daemon and _proc.is_alive(daemon):
             servers += self._end_clients(report)
             self._quit(report)
+            # quit returns before the server has exited (about 80 ms later on an H100).
+            _proc.wait_gone([p for p in [daemon, *servers] if p], self.settings.quit_timeout)
         survivors = [p for p in [daemon, *servers] if p and _proc.is_alive(p)]
         if survivors:
+            report.forced += [p.pid for p in survivors]
             _proc.kill_procs(survivors, signal.SIGTERM)
             survivors = _proc.wait_gone(survivors, 1.0)
             _proc.kill_procs(survivors, signal.SIGKILL)
-            report.killed += [p.pid for p in survivors]
             survivors = _proc.wait_gone(survivors, 2.0)
         report.leftovers += [_proc.describe(p) for p in survivors]
         report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(self.dirs.pipe))]
+        report.log_terminations = terminations(self.dirs.server_log)
+        report.log_faults = len(read_faults(self.dirs.server_log))
         if not report.leftovers:
             shutil.rmtree(self.dirs.root, ignore_errors=True)
             if self.dirs.root.exists():
                 report.leftovers.append(f"directory {self.dirs.root}")
         return report
 
-    def _end_clients(self, report: StopReport) -> list[_proc.ProcId]:
-        """terminate_client every client of every server; SIGKILL those still alive."""
+    def end_clients(self, pids: set[int], report: StopReport | None = None) -> StopReport:
+        """terminate_client those of ``pids`` that are clients here, then SIGKILL survivors.
+
+        The safe way to end a busy client: a signal to it can wedge the server.
+        """
+        report = report or StopReport(self.dirs.key)
+        self._end_clients(report, only=pids)
+        return report
+
+    def _end_clients(self, report: StopReport, only: set[int] | None = None
+                     ) -> list[_proc.ProcId]:
+        """terminate_client every client (or those in ``only``); SIGKILL those still alive."""
         control = self.control
         try:
             server_pids = control.server_list()
@@ -361,6 +380,8 @@ class Daemon:
                 report.notes.append(f"cannot list clients of {server}: {exc.cause}")
                 continue
             for pid in pids:
+                if only is not None and pid not in only:
+                    continue
                 ident = _proc.identify(pid)
                 try:
                     control.terminate_client(server, pid)

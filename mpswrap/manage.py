@@ -108,10 +108,12 @@ def _cpus(cpus: list[int]) -> str:
 def report_lines(reports: list[StopReport]) -> list[str]:
     lines = []
     for r in reports:
-        lines.append(
-            f"{r.key}: terminated {len(r.terminated)} client(s), "
-            f"killed {len(r.killed)}" + (f"; {'; '.join(r.notes)}" if r.notes else "")
-        )
+        notes = f"; {'; '.join(r.notes)}" if r.notes else ""
+        forced = f", forced daemon/server {r.forced}" if r.forced else ""
+        lines.append(f"{r.key}: terminated {len(r.terminated)} client(s), killed "
+                     f"{len(r.killed)}{forced}; "
+                     f"server.log: {r.log_terminations} client termination(s) succeeded, "
+                     f"{r.log_faults} fatal error(s){notes}")
         lines += [f"{r.key}: LEFT BEHIND: {item}" for item in r.leftovers]
     return lines
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -37,6 +38,10 @@ def no_leftover_children() -> Iterator[None]:
     """Fail a test whose children outlive it (psutil's reap_children idea); kill them."""
     before = _descendants()
     yield
+    # Give detached helpers (the user-mode watchdog) a moment to notice and exit.
+    deadline = time.monotonic() + 3.0
+    while _descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
     left = []
     for pid, start in _descendants() - before:
         try:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# run_gpu_tier.sh [PHASE...] -- the gpu tier in one go, on the GPU machine (root, no network).
+#
+# Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
+# real CUDA test client, runs the chosen phases and writes logs + JUnit XML to $OUT (or
+# ./gpu-out). Phases: contract core launcher session slurm bench (default: contract core).
+# Never touches the GPU's compute mode, clocks, MIG or persistence settings.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$REPO/gpu-out}; mkdir -p "$OUT"
+PHASES=("$@"); [ ${#PHASES[@]} -gt 0 ] || PHASES=(contract core)
+export PYTHONUNBUFFERED=1
+PY=$(command -v python3)
+
+# An unprivileged user must read the code: work from a world-readable copy.
+SRC=/opt/mpswrap-src; rm -rf "$SRC"; mkdir -p "$SRC"
+cp -a "$REPO"/. "$SRC"/; chmod -R a+rX "$SRC"; cd "$SRC" || exit 1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /opt/mpswrap-site .whl/*.whl
+  chmod -R a+rX /opt/mpswrap-site
+fi
+export PYTHONPATH=$SRC:/opt/mpswrap-site
+nvcc -O2 -o /opt/mpswrap-site/cuda_client tests/gpu/cuda_client.cu 2>&1 | tail -3
+chmod a+rx /opt/mpswrap-site/cuda_client
+export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
+{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode --format=csv,noheader
+  "$PY" -c 'import sys,torch,psutil,filelock,mpi4py; print(sys.version.split()[0], torch.__version__, psutil.__version__, filelock.__version__, mpi4py.__version__)'
+} | tee "$OUT/machine.txt"
+
+pt() {  # pt NAME ARGS... : one pytest run with its own log and JUnit file
+  local name=$1; shift
+  timeout 540 "$PY" -m pytest -p no:cacheprovider -o addopts="" -o timeout=300 -rA \
+    --junitxml="$OUT/$name.xml" "$@" 2>&1 | tee "$OUT/$name.log" | tail -40
+}
+rc=0
+for phase in "${PHASES[@]}"; do
+  echo "=== phase $phase"
+  case $phase in
+    contract) MPS_CONTRACT_BACKEND=real pt contract tests/contract || rc=1 ;;
+    core) pt core tests/gpu/test_gpu_core.py || rc=1 ;;
+    launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
+    session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
+    slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
+    bench) "$PY" benchmarks/run.py --out "$OUT/bench.json" || rc=1 ;;
+    *) echo "unknown phase $phase"; rc=2 ;;
+  esac
+done
+exit $rc
