@@ -148,8 +148,6 @@ FIELDS: tuple[Field, ...] = (
         "drain",
         "drain: fail the epilog if anything of the job survives teardown",
     ),
-    Field("exclusive_process", _bool, "no", "set EXCLUSIVE_PROCESS on whole-GPU jobs"),
-    Field("multiuser", _bool, "no", "start daemons with -multiuser-server (admin switch)"),
     Field("cpu_binding", _bool, "yes", "pin each daemon to its GPU's local CPUs"),
     Field("prestart_server", _bool, "no", "start the user's MPS server before the first client"),
     Field("active_thread_percentage", _optional(_percent), "none", "default active thread %"),

@@ -18,7 +18,7 @@ from .jobenv import JobEnv, parse_int_list
 from .node import JobDaemons, check_run_dir_writable, user_layout
 from .paths import JobLayout
 
-__all__ = ["cli", "find_layouts", "report_lines"]
+__all__ = ["cli", "find_layouts", "print_status", "report_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=1))
     else:
-        _print_status(status)
+        print_status(status)
     return 0
 
 
-def _print_status(status: dict[str, Any]) -> None:
+def print_status(status: dict[str, Any]) -> None:
     print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
     for gpu in status["gpus"]:
         daemon = gpu.get("daemon") or {}

@@ -1,0 +1,126 @@
+"""``mpswrap demo``: the whole life cycle in one command, on the real GPU or simulated.
+
+Starts one MPS daemon per GPU, attaches clients, shows ``status``, stops everything through
+the teardown ladder (terminate_client first) and checks that nothing is left. Without a GPU
+(or with ``--simulate yes``) it uses mpswrap's built-in MPS simulator and a fake inventory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import _proc
+from .client import client_env, plan_positions
+from .config import Settings, load_settings
+from .control import find_binary
+from .daemon import Defaults
+from .errors import MpswrapError
+from .gpu import load_inventory
+from .manage import print_status, report_lines
+from .node import JobDaemons, user_layout
+
+__all__ = ["cli"]
+
+TORCH_CLIENT = (
+    "import torch, time\n"
+    "x = torch.randn(512, 512, device='cuda')\n"
+    "end = time.time() + {seconds}\n"
+    "while time.time() < end:\n"
+    "    x = torch.tanh(x @ x); torch.cuda.synchronize()\n"
+)
+
+
+def _real_available() -> bool:
+    try:
+        find_binary("nvidia-cuda-mps-control")
+        return bool(load_inventory("nvml").gpus)
+    except MpswrapError:
+        return False
+
+
+def _settings(tmp: Path, simulate: bool) -> Settings:
+    overrides: dict[str, Any] = {"user_run_dir": str(tmp / "run")}
+    if simulate:
+        from .sim import install_bin
+        from .sim.inventory import write_inventory
+
+        install_bin(tmp / "bin")
+        write_inventory(tmp / "gpus.json", n_gpus=2)
+        overrides.update(control_binary=str(tmp / "bin" / "nvidia-cuda-mps-control"),
+                         gpu_inventory=str(tmp / "gpus.json"))
+    return load_settings(overrides, env={k: v for k, v in os.environ.items()
+                                         if not k.startswith("MPSWRAP_")})
+
+
+def _client_argv(tmp: Path, simulate: bool, seconds: float) -> list[str] | None:
+    if simulate:
+        return [str(tmp / "bin" / "mps-sim-client"), "--seconds", str(seconds)]
+    if importlib.util.find_spec("torch") is None:
+        return None
+    return [sys.executable, "-c", TORCH_CLIENT.format(seconds=seconds)]
+
+
+def _wait_for_clients(daemons: JobDaemons, count: int, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = daemons.status()
+        found = sum(len(s["clients"]) for g in status["gpus"] for s in g.get("servers", []))
+        if found >= count or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
+def run_demo(n_clients: int, simulate: bool) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir="/tmp"))
+    procs = []
+    try:
+        settings = _settings(tmp, simulate)
+        kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
+        gpus = load_inventory(settings.gpu_inventory).gpus
+        daemons = JobDaemons(user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
+        print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
+        manifests = daemons.start(gpus, _proc.lookup_user(), started_by="cli",
+                                  defaults=Defaults.from_settings(settings), shared_parents=False)
+        argv = _client_argv(tmp, simulate, seconds=120)
+        if argv is None:
+            print("2. PyTorch is not installed: no clients to attach")
+        else:
+            print(f"2. attaching {n_clients} clients, block placement over the GPUs")
+            for position in plan_positions(n_clients, len(manifests)):
+                m = manifests[position]
+                env = dict(os.environ, **client_env(daemons.layout.gpu(m.key), m.gpu_uuid))
+                procs.append(_proc.spawn(argv, env=env, new_session=False, stdout=_proc.DEVNULL,
+                                         stderr=_proc.DEVNULL))
+        print("3. mpswrap status")
+        print_status(_wait_for_clients(daemons, len(procs), timeout=90))
+        print("4. stopping: terminate_client for every client, then quit, then checks")
+        reports = daemons.stop()
+        for line in report_lines(reports):
+            print(f"   {line}")
+        for proc in procs:
+            proc.wait(timeout=30)
+        left = _proc.procs_mentioning(str(tmp))
+        clean = all(r.clean for r in reports) and not left and not daemons.layout.job_dir.exists()
+        print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
+        return 0 if clean else 1
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cli(args: argparse.Namespace) -> int:
+    simulate = args.simulate == "yes" or (args.simulate == "auto" and not _real_available())
+    if args.clients < 1:
+        raise MpswrapError("--clients must be at least 1", thing=str(args.clients))
+    return run_demo(args.clients, simulate)
