@@ -72,8 +72,10 @@ class JobDaemons:
         allowed_cpus: frozenset[int] | None = None,
     ) -> list[Manifest]:
         """Start one daemon per GPU (``keys[i]`` or ``g<i>``); on any failure stop them all."""
-        self.layout.create(user.uid, user.gid, shared_parents=shared_parents)
         keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
+        for key in keys:  # before creating anything: a bad layout must leave nothing behind
+            self.layout.gpu(key).check_socket_length()
+        self.layout.create(user.uid, user.gid, shared_parents=shared_parents)
         started: list[Manifest] = []
         try:
             for key, gpu in zip(keys, gpus):

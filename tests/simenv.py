@@ -87,7 +87,7 @@ class SimNode:
 def make_sim_node(gpus: int = 2, **inventory: Any) -> SimNode:
     # Short and world-traversable: socket paths are limited, and a test user must get in.
     root = Path(tempfile.mkdtemp(prefix="mpsw-", dir="/tmp"))
-    root.chmod(0o755)
+    root.chmod(0o1777)  # like /tmp: test users create their own run dirs here
     from mpswrap.sim.inventory import write_inventory
 
     from mpswrap.sim import install_bin
