@@ -73,8 +73,9 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         outs = [c.communicate(timeout=60)[0] for c in clients]
         for c, out in zip(clients, outs):
             print(f"client {c.pid} exit {c.returncode}: {out.strip()[-300:]}")
-            assert c.returncode in (1, -9), out
-            assert c.returncode == -9 or "CUDA error" in out, out
+            # runuser reports a SIGKILLed child as 137
+            assert c.returncode in (1, -9, 137), out
+            assert c.returncode != 1 or "CUDA error" in out, out
     finally:
         for c in clients:
             if c.poll() is None:

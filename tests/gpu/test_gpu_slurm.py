@@ -1,0 +1,159 @@
+"""Issue-3 gpu tier: real Slurm (cgroup plugins) + real MPS + PyTorch on the GPU machine.
+
+An admin-style install: Debian's Slurm packages (carried as .debs), mpswrap's hooks installed
+with slurm/install.sh, ``proctrack/cgroup``, ``task/cgroup`` and ``ConstrainDevices=yes``.
+An sbatch job of the unprivileged user runs 8 tasks on one GPU with a plain ``srun``; each
+task must be an MPS client of the job user's daemon, and after the epilog nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+CGROUP_CONF = ("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainDevices=yes\n"
+               "ConstrainCores=yes\n")
+
+
+def _sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+
+
+def _install_slurm() -> None:
+    if shutil.which("slurmctld"):
+        return
+    debs = sorted(str(p) for p in (REPO / ".debs").glob("*.deb"))
+    if not debs:
+        pytest.skip("Slurm is not installed and no .debs were carried")
+    _sh(["dpkg", "-i", "--force-depends", *debs], check=True)
+    for c in ("cpuset", "cpu", "memory"):
+        Path("/sys/fs/cgroup/cgroup.subtree_control").write_text(f"+{c}")
+    Path("/sys/fs/cgroup/system.slice").mkdir(exist_ok=True)
+    for c in ("cpuset", "cpu", "memory"):
+        Path("/sys/fs/cgroup/system.slice/cgroup.subtree_control").write_text(f"+{c}")
+
+
+def _make_importable() -> None:
+    """The shims run ``python -I``: put mpswrap in the interpreter's site-packages via .pth."""
+    import site
+
+    pth = Path(site.getsitepackages()[0]) / "mpswrap-src.pth"
+    pth.write_text(str(REPO) + "\n")
+
+
+@pytest.fixture(scope="module")
+def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
+    _install_slurm()
+    _make_importable()
+    state = Path(_sh(["mktemp", "-d", "/tmp/mpswrap-gslurm.XXXX"], check=True).stdout.strip())
+    state.chmod(0o755)
+    (state / ".mpswrap-slurm-state").touch()
+    conf = state / "mpswrap.conf"
+    conf.write_text(f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = comment:mps\n"
+                    f"prolog_failure = drain\nsyslog = no\ncontrol_binary = "
+                    f"{shutil.which('nvidia-cuda-mps-control', path='/usr/local/nvidia/bin')}\n")
+    conf.chmod(0o644)
+    hooks = state / "hooks-installed"
+    _sh(["bash", str(REPO / "slurm" / "install.sh"), "--python", sys.executable, "--config",
+         str(conf), "--dest", str(hooks)], check=True)
+    env = dict(os.environ, NODES="1", GPUS_PER_NODE="1", SHARING="none", INSTALL="0",
+               CPUS_PER_NODE="16", PROCTRACK="proctrack/cgroup", TASK_PLUGIN="task/cgroup",
+               CGROUP_CONF=CGROUP_CONF, PROLOG=str(hooks / "prolog"),
+               EPILOG=str(hooks / "epilog"), TASK_PROLOG=str(hooks / "task_prolog"))
+    up = _sh(["bash", str(REPO / "tests/integration/cluster/up.sh"), str(state)], env=env,
+             timeout=120)
+    print(up.stdout, up.stderr)
+    assert up.returncode == 0, up.stderr
+    yield {"state": str(state), "SLURM_CONF": str(state / "etc" / "slurm.conf"),
+           "config": str(conf)}
+    _sh(["bash", str(REPO / "tests/integration/cluster/down.sh"), str(state)], timeout=120)
+
+
+def _slurm_env(cluster: dict[str, str]) -> dict[str, str]:
+    return {"SLURM_CONF": cluster["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
+
+
+def _as_user(user: str, cluster: dict[str, str], argv: list[str], cwd: str
+             ) -> subprocess.CompletedProcess[str]:
+    env = [f"{k}={v}" for k, v in _slurm_env(cluster).items()]
+    return _sh(["runuser", "-u", user, "--", "env", "-i", *env, "HOME=/tmp", *argv], cwd=cwd,
+               timeout=120)
+
+
+def _mps_procs() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+            out.append(p)
+    return out
+
+
+def test_sbatch_eight_plain_srun_tasks_are_mps_clients(cluster: dict[str, str], gpu_user: str
+                                                       ) -> None:
+    work = Path(cluster["state"]) / "work"
+    work.mkdir(mode=0o777, exist_ok=True)
+    work.chmod(0o777)
+    script = work / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -n 8 --gres=gpu:1 --comment=mps -o job.out\n"
+        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 40\n")
+    script.chmod(0o755)
+    sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    status: dict[str, object] = {}
+    deadline = time.monotonic() + 120
+    clients: set[int] = set()
+    while time.monotonic() < deadline:
+        res = _sh([sys.executable, "-m", "mpswrap", "status", "--json", "--run-dir",
+                   "/run/mpswrap", "--node", "node1", "--job", job],
+                  env=dict(os.environ, MPSWRAP_CONFIG=cluster["config"]))
+        if res.returncode == 0:
+            status = json.loads(res.stdout)
+            gpus = status.get("gpus", [])
+            clients = {c["pid"] for g in gpus for s in g.get("servers", [])  # type: ignore[union-attr]
+                       for c in s["clients"]}
+            if len(clients) == 8:
+                break
+        time.sleep(1)
+    smi = _sh(["nvidia-smi"]).stdout
+    print(json.dumps(status, indent=1))
+    print(smi)
+    assert len(clients) == 8, status
+    assert smi.count(" M+C ") >= 8, smi
+    daemon = status["gpus"][0]["daemon"]  # type: ignore[index]
+    assert psutil.Process(daemon["pid"]).username() == gpu_user
+    for pid in clients:
+        assert psutil.Process(pid).username() == gpu_user
+    _wait_job_gone(cluster, job)
+    print((work / "job.out").read_text()[-2000:])
+    assert not Path("/run/mpswrap/node1", job).exists()
+    assert not _mps_procs(), [p.pid for p in _mps_procs()]
+    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
+    assert not left.split(), left
+    drained = _sh(["sinfo", "-h", "-N", "-o", "%N %t %E"], env=_slurm_env(cluster)).stdout
+    assert "drain" not in drained, drained
+
+
+def _wait_job_gone(cluster: dict[str, str], job: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = _sh(["squeue", "-h", "-j", job, "-o", "%T"], env=_slurm_env(cluster)).stdout
+        if not out.strip():
+            state = _sh(["scontrol", "show", "job", job], env=_slurm_env(cluster)).stdout
+            if "COMPLETING" not in state:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} did not finish")
