@@ -285,7 +285,7 @@ def gres_minors(gres_conf: Path, node: str) -> list[int]:
             "cannot read gres.conf",
             thing=str(gres_conf),
             cause=exc.strerror,
-            hint="set gres_conf in the mpswrap config",
+            hint="check SLURM_CONF: gres.conf is read from its directory",
         ) from exc
     minors: list[int] = []
     for raw in text.splitlines():

@@ -24,7 +24,7 @@ from .gpu import default_gres_conf, load_inventory, resolve_gres_positions
 from .jobenv import JobEnv
 from .node import JobDaemons
 from .paths import JobLayout
-from .slurmjob import job_opted_in, tasks_on_node
+from .slurmjob import is_launcher_daemon_step, job_opted_in, tasks_on_node
 
 __all__ = ["cli", "epilog", "prolog", "task_prolog"]
 
@@ -79,7 +79,7 @@ def prolog(env: JobEnv, settings: Settings) -> int:
         exc.with_context("prolog")
         log.error("%s", exc.line())
         if settings.prolog_failure == "drain":
-            _drain(env, f"mpswrap prolog: {exc.line()}"[:200])
+            _drain(env, f"mpswrap {exc.line()}"[:400])
             return 1
         log.warning("continuing without MPS (prolog_failure = continue)")
     return 0
@@ -122,7 +122,7 @@ def task_prolog(env: JobEnv, settings: Settings) -> int:
     daemons = JobDaemons(_layout(settings, env), settings)
     manifests = {m.key: m for m in daemons.manifests()}
     positions = env.step_gpus
-    if not manifests or not positions:
+    if not manifests or not positions or is_launcher_daemon_step(env):
         return 0
     local_rank = env.local_rank or 0
     local_size = tasks_on_node(env) or 1

@@ -10,28 +10,46 @@ from .control import SAFE_PATH
 from .errors import ProcError
 from .jobenv import JobEnv
 
-__all__ = ["job_opted_in", "scontrol_job", "tasks_on_node"]
+__all__ = ["is_launcher_daemon_step", "job_opted_in", "scontrol_job", "tasks_on_node"]
+
+#: Daemons that MPI launchers start with srun, one per node: their children are the ranks,
+#: which must not all inherit one GPU (Open MPI 4 orted, PRRTE prted, MPICH hydra).
+LAUNCHER_DAEMONS = ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy")
 
 log = logging.getLogger(__name__)
 
 
-def scontrol_job(env: JobEnv) -> dict[str, str]:
-    """``scontrol show job -o <id>`` as a dict (bounded; empty on failure)."""
-    if not env.job_id:
-        return {}
+def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
+    """``scontrol -o show <what> <id>`` as a dict (bounded; empty on failure)."""
     run_env = {"PATH": SAFE_PATH}
     if env.env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
     try:
-        res = _proc.run(["scontrol", "-o", "show", "job", env.job_id], env=run_env, timeout=10)
+        res = _proc.run(["scontrol", "-o", "show", what, ident], env=run_env, timeout=10)
     except ProcError as exc:
-        log.warning("cannot query the job: %s", exc.line())
+        log.warning("cannot query the %s: %s", what, exc.line())
         return {}
     fields: dict[str, str] = {}
     # Values may contain spaces (Comment=...); split only before "Key=" tokens.
     for match in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)", res.stdout.strip()):
         fields[match.group(1)] = match.group(2)
     return fields
+
+
+def scontrol_job(env: JobEnv) -> dict[str, str]:
+    return _scontrol(env, "job", env.job_id) if env.job_id else {}
+
+
+def is_launcher_daemon_step(env: JobEnv) -> bool:
+    """True for a step that runs an MPI launcher's per-node daemon (e.g. mpirun's orted).
+
+    Its environment looks like any other step's; only the step's name tells (Slurm names a
+    step after its program). One bounded scontrol call, made only for jobs with daemons.
+    """
+    if env.job_id is None or env.step_id is None:
+        return False
+    step = _scontrol(env, "step", f"{env.job_id}.{env.step_id}")
+    return step.get("Name", "").rsplit("/", 1)[-1] in LAUNCHER_DAEMONS
 
 
 def _words(text: str) -> set[str]:
