@@ -1,0 +1,138 @@
+"""Reliability and isolation under a real Slurm with the hooks installed: two users, load,
+and concurrency. The conftest fails any test that leaves a drained node or a leftover."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import (
+    USER,
+    USER2,
+    Cluster,
+    read_records,
+    wait_for,
+    why_not_runnable,
+)
+
+_skip = why_not_runnable()
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+#: CI runs a reduced load; set MPS_LOAD_JOBS=100 for the full run of docs/reliability.md.
+LOAD_JOBS = int(os.environ.get("MPS_LOAD_JOBS", "30"))
+
+
+def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir: Path) -> None:
+    rec = workdir / "clients.jsonl"
+    name = "isolated"
+    argv = [
+        "srun",
+        f"--job-name={name}",
+        "-w",
+        "node1",
+        "-n1",
+        "--gres=gpu:1",
+        "--comment=mps",
+        *cluster.client_argv(rec, seconds=300),
+    ]
+    srun = cluster.popen_as(USER, argv, cwd=workdir)
+    try:
+        wait_for("the job's client", lambda: len(read_records(rec)) == 1)
+        job_id = cluster.job_id(name)
+        assert job_id is not None
+        pipe = cluster.pipe("node1", job_id, 0)
+        other = cluster.workdir("other", user=USER2)
+        env = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": str(other)}
+        # query, and quit: both refused (the job directory is 0700, owned by the job user)
+        for command in ("get_server_list", "quit"):
+            res = cluster.run_as(
+                USER2,
+                [str(cluster.simbin / "nvidia-cuda-mps-control"), command],
+                env=env,
+            )
+            assert res.returncode != 0
+            assert "Cannot find MPS control daemon process" in res.stdout + res.stderr
+        # mpswrap status of another user's job shows nothing of it
+        status = cluster.mpswrap(
+            USER2,
+            "status",
+            "--json",
+            "--run-dir",
+            str(cluster.run_dir),
+            "--node",
+            "node1",
+            "--job",
+            job_id,
+        )
+        assert "GPU-" not in status.stdout
+        # a client of the second user pointed at the pipe dir silently runs without MPS
+        rec2 = other / "intruder.jsonl"
+        res = cluster.run_as(USER2, cluster.client_argv(rec2, seconds=0.2), env=env)
+        assert res.returncode == 0, res
+        assert [r["mode"] for r in read_records(rec2)] == ["non-mps"]
+        # and the job's daemon is unharmed: its client is still attached, listed by the owner
+        listed = cluster.status(job_id, "node1")
+        clients = [c for g in listed["gpus"] for s in g["servers"] for c in s["clients"]]
+        assert len(clients) == 1
+        cluster.run_as(USER, ["scancel", job_id], check=True)
+        srun.wait(timeout=60)
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+            srun.wait()
+        if srun.stdout:
+            srun.stdout.close()
+    cluster.wait_gone(job_id)
+
+
+def test_back_to_back_jobs_leave_nothing(cluster: Cluster, workdir: Path) -> None:
+    """LOAD_JOBS jobs with the hooks, one after the other; 4 at a time per node at the end."""
+    rec = workdir / "load.jsonl"
+    started = time.monotonic()
+    for i in range(LOAD_JOBS):
+        job = cluster.srun(
+            "-N1",
+            "-n2",
+            "--gres=gpu:2",
+            "--comment=mps",
+            *cluster.client_argv(rec, seconds=0.05),
+            cwd=workdir,
+        )
+        assert job.proc is not None and job.proc.returncode == 0, job.output
+    took = time.monotonic() - started
+    starts = read_records(rec)
+    assert len(starts) == 2 * LOAD_JOBS
+    assert all(s["mode"] == "mps" for s in starts)
+    procs, dirs = cluster.wait_clean(timeout=30)
+    assert not procs and not dirs, f"left behind: {procs} {dirs}"
+    assert not cluster.drained_nodes()
+    print(f"{LOAD_JOBS} back-to-back jobs in {took:.1f} s ({took / LOAD_JOBS:.2f} s per job)")
+
+
+def test_four_concurrent_jobs_per_node(cluster: Cluster, workdir: Path) -> None:
+    rec = workdir / "concurrent.jsonl"
+    procs = []
+    for node in ("node1", "node2"):
+        for i in range(4):
+            argv = [
+                "srun",
+                f"--job-name=conc-{node}-{i}",
+                "-w",
+                node,
+                "-n1",
+                "-c1",
+                "--gres=mps:25",
+                *cluster.client_argv(rec, seconds=2),
+            ]
+            procs.append(cluster.popen_as(USER, argv, cwd=workdir))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    starts = read_records(rec)
+    assert len(starts) == 8
+    assert all(s["mode"] == "mps" for s in starts)
+    assert len({s["pipe"] for s in starts}) == 8, "two jobs shared a daemon"
+    procs_left, dirs = cluster.wait_clean(timeout=30)
+    assert not procs_left and not dirs
