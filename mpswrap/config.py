@@ -20,7 +20,8 @@ __all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "load_settings"]
 DEFAULT_CONFIG_FILE = "/etc/mpswrap/mpswrap.conf"
 ENV_PREFIX = "MPSWRAP_"
 #: Variables with the prefix that are not settings.
-_NOT_SETTINGS = {"MPSWRAP_CONFIG", "MPSWRAP_RANK", "MPSWRAP_LOCAL_RANK", "MPSWRAP_NPROCS"}
+_NOT_SETTINGS = {"MPSWRAP_CONFIG", "MPSWRAP_RANK", "MPSWRAP_LOCAL_RANK", "MPSWRAP_NPROCS",
+                 "MPSWRAP_LOCAL_SIZE", "MPSWRAP_JOB", "MPSWRAP_DEBUG"}
 
 Parser = Callable[[str], Any]
 

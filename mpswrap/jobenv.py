@@ -35,7 +35,6 @@ LOCAL_SIZE_VARS = (
     "PMI_LOCAL_SIZE",
     "PALS_LOCAL_SIZE",
     "MV2_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_NTASKS_PER_NODE",
     "LOCAL_WORLD_SIZE",
 )
 RANK_VARS = (
@@ -57,6 +56,19 @@ SIZE_VARS = (
     "SLURM_NTASKS",
     "WORLD_SIZE",
 )
+
+
+def tasks_per_node(spec: str, node_id: int) -> int | None:
+    """This node's count from Slurm's ``2(x3),1`` style lists (None if malformed)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        head, _, rest = part.strip().partition("(x")
+        if not head.isdigit() or (rest and not rest.rstrip(")").isdigit()):
+            return None
+        counts += [int(head)] * int(rest.rstrip(")") or 1)
+    if not counts:
+        return None
+    return counts[node_id] if node_id < len(counts) else counts[-1]
 
 
 def parse_int_list(text: str, what: str = "list") -> tuple[int, ...]:
@@ -185,11 +197,10 @@ class JobEnv:
         value, _ = self._first_int(LOCAL_SIZE_VARS)
         if value is not None:
             return value
-        # Slurm gives tasks per node as "4" or "4(x2)"; take the first count.
-        text = self._get("SLURM_TASKS_PER_NODE")
+        text = self._get("SLURM_STEP_TASKS_PER_NODE") or self._get("SLURM_TASKS_PER_NODE")
         if text:
-            head = text.split(",")[0].split("(")[0]
-            return int(head) if head.isdigit() else None
+            node_id = self._get("SLURM_NODEID") or "0"
+            return tasks_per_node(text, int(node_id) if node_id.isdigit() else 0)
         return None
 
     @property

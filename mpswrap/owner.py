@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import filelock
 
@@ -43,6 +44,7 @@ OWNER_LOCK = ".owner.lock"
 #: How often the watchdog looks at the owners, and how long all must be gone before it acts.
 WATCH_INTERVAL = 0.5
 WATCH_GRACE = 2.0
+_WATCHDOGS: list[Any] = []
 
 
 @dataclass
@@ -164,6 +166,7 @@ def _ensure_watchdog(layout: JobLayout) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # stdio away from the caller's: srun and test runners wait for EOF on their pipes.
     child = _proc.spawn(argv, env=env, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL)
+    _WATCHDOGS.append(child)  # keep the Popen: it outlives this call by design
     ident = _proc.identify(child.pid)
     if ident:
         pid_file.write_text(f"{ident.pid} {ident.start_time}")

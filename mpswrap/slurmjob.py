@@ -77,16 +77,5 @@ def job_opted_in(env: JobEnv, triggers: tuple[str, ...]) -> bool:
 
 
 def tasks_on_node(env: JobEnv) -> int | None:
-    """Tasks of this step on this node, from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``)."""
-    spec = env.env.get("SLURM_STEP_TASKS_PER_NODE") or env.env.get("SLURM_TASKS_PER_NODE")
-    if not spec:
-        return env.local_size
-    counts: list[int] = []
-    for part in spec.split(","):
-        match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part.strip())
-        if not match:
-            return env.local_size
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    node_id = env.env.get("SLURM_NODEID", "0")
-    index = int(node_id) if node_id.isdigit() else 0
-    return counts[index] if index < len(counts) else counts[-1]
+    """Tasks of this step on this node (``SLURM_STEP_TASKS_PER_NODE`` first)."""
+    return env.local_size

@@ -15,8 +15,8 @@ LAYER = {
     "config": 1, "jobenv": 1, "gpu": 1.5, "_proc": 1,
     "control": 2, "manifest": 2, "mpslog": 2,
     "daemon": 3, "client": 3, "slurmjob": 3,
-    "node": 4, "hooks": 5, "launcher": 5, "supervisor": 5, "session": 5, "manage": 5,
-    "localrun": 5, "demo": 5.5, "owner": 4.5, "launchargs": 1,
+    "node": 4, "hooks": 5, "launcher": 5.6, "supervisor": 5, "session": 5, "manage": 5,
+    "localrun": 5.3, "demo": 5.5, "owner": 4.5, "launchargs": 1,
     "cli": 6, "__main__": 6, "__init__": 6,
 }
 OWNERS = {"subprocess": {"_proc"}, "pynvml": {"gpu"}, "mpi4py": {"session"}}

@@ -9,7 +9,7 @@ from mpswrap.jobenv import JobEnv, parse_int_list
 def test_innermost_launcher_wins_over_slurm() -> None:
     # mpirun inside a batch job: every rank inherits SLURM_LOCALID=0.
     env = JobEnv({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
-                  "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "SLURM_NTASKS_PER_NODE": "1"})
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "SLURM_TASKS_PER_NODE": "1"})
     assert env.local_rank == 3
     assert env.local_rank_source == "OMPI_COMM_WORLD_LOCAL_RANK"
     assert env.local_size == 4
@@ -57,3 +57,10 @@ def test_bad_lists(text: str) -> None:
 def test_list_forms() -> None:
     assert parse_int_list("0-2,5") == (0, 1, 2, 5)
     assert parse_int_list("") == ()
+
+
+def test_uneven_tasks_per_node_use_this_nodes_count() -> None:
+    assert JobEnv({"SLURM_TASKS_PER_NODE": "4,3", "SLURM_NODEID": "1"}).local_size == 3
+    assert JobEnv({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}).local_size == 1
+    assert JobEnv({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "8"}).local_size == 2
+    assert JobEnv({"SLURM_TASKS_PER_NODE": "x"}).local_size is None
