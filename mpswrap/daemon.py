@@ -347,6 +347,7 @@ class Daemon:
         report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(self.dirs.pipe))]
         report.log_terminations = terminations(self.dirs.server_log)
         report.log_faults = len(read_faults(self.dirs.server_log))
+        self._archive_logs(report)
         if not report.leftovers:
             shutil.rmtree(self.dirs.root, ignore_errors=True)
             if self.dirs.root.exists():
@@ -361,6 +362,21 @@ class Daemon:
         report = report or StopReport(self.dirs.key)
         self._end_clients(report, only=pids)
         return report
+
+    def _archive_logs(self, report: StopReport) -> None:
+        """Keep the MPS logs for post-mortems (setting log_archive) before the dirs go."""
+        archive = self.settings.log_archive
+        if not archive:
+            return
+        job_dir = self.dirs.root.parent
+        prefix = f"{job_dir.parent.name}-{job_dir.name}-{self.dirs.key}"
+        try:
+            os.makedirs(archive, mode=0o755, exist_ok=True)
+            for log_file in (self.dirs.control_log, self.dirs.server_log):
+                if log_file.exists():
+                    shutil.copyfile(log_file, Path(archive) / f"{prefix}-{log_file.name}")
+        except OSError as exc:
+            report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 
     def _end_clients(self, report: StopReport, only: set[int] | None = None
                      ) -> list[_proc.ProcId]:

@@ -337,6 +337,20 @@ def default_gres_conf(env: Mapping[str, str]) -> Path:
     return Path(conf).parent / "gres.conf"
 
 
+def health_problem(uuid: str, source: str) -> str | None:
+    """After teardown: is the GPU still listed, with no compute process left? (None = fine)."""
+    _CACHE.pop(source, None)  # a fresh look, not the prolog's cached inventory
+    try:
+        inventory = load_inventory(source)
+        inventory.by_uuid(uuid)
+        left = inventory.compute_pids(uuid)
+    except GpuError as exc:
+        return exc.line()
+    except Exception as exc:  # NVML raises its own error types
+        return f"NVML query failed: {exc}"
+    return f"compute processes still on the GPU: {left}" if left else None
+
+
 # --- capacity ---------------------------------------------------------------------------
 def client_limit(
     gpu: GpuInfo, cuda_driver_version: int, env: Mapping[str, str], configured: Any = "auto"

@@ -20,7 +20,7 @@ from .config import Settings, load_settings
 from .control import SAFE_PATH
 from .daemon import Defaults
 from .errors import MpswrapError
-from .gpu import default_gres_conf, load_inventory, resolve_gres_positions
+from .gpu import default_gres_conf, health_problem, load_inventory, resolve_gres_positions
 from .jobenv import JobEnv
 from .node import JobDaemons
 from .paths import JobLayout
@@ -155,8 +155,11 @@ def _job_layouts(settings: Settings, env: JobEnv) -> list[JobLayout]:
 
 def epilog(env: JobEnv, settings: Settings) -> int:
     leftovers = 0
+    uuids: list[str] = []
     for layout in _job_layouts(settings, env):
-        for report in JobDaemons(layout, settings).stop():
+        daemons = JobDaemons(layout, settings)
+        uuids += [m.gpu_uuid for m in daemons.manifests()]
+        for report in daemons.stop():
             log.info("%s: terminated %d client(s), killed %d%s", report.key,
                      len(report.terminated), len(report.killed),
                      f" ({'; '.join(report.notes)})" if report.notes else "")
@@ -166,9 +169,23 @@ def epilog(env: JobEnv, settings: Settings) -> int:
         if layout.job_dir.exists():
             log.error("job directory left behind: %s", layout.job_dir)
             leftovers += 1
+    if settings.health_check:
+        leftovers += _health_check(uuids, settings)
     if leftovers and settings.epilog_failure == "drain":
         return 1
     return 0
+
+
+def _health_check(uuids: list[str], settings: Settings) -> int:
+    problems = 0
+    for uuid in sorted(set(uuids)):
+        problem = health_problem(uuid, settings.gpu_inventory)
+        if problem:
+            log.error("GPU %s failed the health check: %s", uuid, problem)
+            problems += 1
+        else:
+            log.info("GPU %s passed the health check", uuid)
+    return problems
 
 
 HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}

@@ -22,8 +22,7 @@ def _mpswrap(user: str, args: list[str], env: dict[str, str]) -> subprocess.Comp
     return as_user(user, [sys.executable, "-m", "mpswrap", *args], env, timeout=120)
 
 
-def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_tmp: Path
-                                                          ) -> None:
+def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_tmp: Path) -> None:
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"), "SLURM_JOB_ID": "gpu1"})
     started = _mpswrap(gpu_user, ["start", "--gpus", "0", "--cpus", "2-3", "--json"], env)
     assert started.returncode == 0, started.stderr
@@ -36,13 +35,29 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
     pipe, log = job / "g0" / "pipe", job / "g0" / "log"
     assert (job.stat().st_mode & 0o777) == 0o700 and job.stat().st_uid == daemon.uids().real
 
-    client_env = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log),
-                      CUDA_VISIBLE_DEVICES=manifest["gpu_uuid"])
-    full = ["runuser", "-u", gpu_user, "--", "env", "-i",
-            *[f"{k}={v}" for k, v in client_env.items()],
-            sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]
-    clients = [subprocess.Popen(full, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT) for _ in range(4)]
+    client_env = dict(
+        env,
+        CUDA_MPS_PIPE_DIRECTORY=str(pipe),
+        CUDA_MPS_LOG_DIRECTORY=str(log),
+        CUDA_VISIBLE_DEVICES=manifest["gpu_uuid"],
+    )
+    full = [
+        "runuser",
+        "-u",
+        gpu_user,
+        "--",
+        "env",
+        "-i",
+        *[f"{k}={v}" for k, v in client_env.items()],
+        sys.executable,
+        str(HERE / "torch_client.py"),
+        "--seconds",
+        "120",
+    ]
+    clients = [
+        subprocess.Popen(full, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(4)
+    ]
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -58,8 +73,11 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         assert sorted(server.cpu_affinity()) == [2, 3]  # the server inherits the daemon's CPUs
         client_users = {psutil.Process(p).username() for p in pids}
         assert client_users == {gpu_user}
-        smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name",
-                              "--format=csv,noheader"], text=True, capture_output=True).stdout
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+            text=True,
+            capture_output=True,
+        ).stdout
         print(smi)
 
         stopped = _mpswrap(gpu_user, ["stop"], env)
@@ -84,6 +102,9 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
     assert not job.exists(), "job directory left behind"
     assert not psutil.pid_exists(daemon.pid) or daemon.status() == psutil.STATUS_ZOMBIE
     assert not psutil.pid_exists(server.pid)
-    left = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                          text=True, capture_output=True).stdout.split()
+    left = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+        text=True,
+        capture_output=True,
+    ).stdout.split()
     assert not left, left

@@ -23,8 +23,9 @@ import pytest
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-CGROUP_CONF = ("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainDevices=yes\n"
-               "ConstrainCores=yes\n")
+CGROUP_CONF = (
+    "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainDevices=yes\nConstrainCores=yes\n"
+)
 
 
 def _sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -61,23 +62,50 @@ def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
     state.chmod(0o755)
     (state / ".mpswrap-slurm-state").touch()
     conf = state / "mpswrap.conf"
-    conf.write_text(f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = comment:mps\n"
-                    f"prolog_failure = drain\nsyslog = no\ncontrol_binary = "
-                    f"{shutil.which('nvidia-cuda-mps-control', path='/usr/local/nvidia/bin')}\n")
+    conf.write_text(
+        f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = comment:mps\n"
+        f"prolog_failure = drain\nsyslog = no\ncontrol_binary = "
+        f"{shutil.which('nvidia-cuda-mps-control', path='/usr/local/nvidia/bin')}\n"
+    )
     conf.chmod(0o644)
     hooks = state / "hooks-installed"
-    _sh(["bash", str(REPO / "slurm" / "install.sh"), "--python", sys.executable, "--config",
-         str(conf), "--dest", str(hooks)], check=True)
-    env = dict(os.environ, NODES="1", GPUS_PER_NODE="1", SHARING="none", INSTALL="0",
-               CPUS_PER_NODE="16", PROCTRACK="proctrack/cgroup", TASK_PLUGIN="task/cgroup",
-               CGROUP_CONF=CGROUP_CONF, PROLOG=str(hooks / "prolog"),
-               EPILOG=str(hooks / "epilog"), TASK_PROLOG=str(hooks / "task_prolog"))
-    up = _sh(["bash", str(REPO / "tests/integration/cluster/up.sh"), str(state)], env=env,
-             timeout=120)
+    _sh(
+        [
+            "bash",
+            str(REPO / "slurm" / "install.sh"),
+            "--python",
+            sys.executable,
+            "--config",
+            str(conf),
+            "--dest",
+            str(hooks),
+        ],
+        check=True,
+    )
+    env = dict(
+        os.environ,
+        NODES="1",
+        GPUS_PER_NODE="1",
+        SHARING="none",
+        INSTALL="0",
+        CPUS_PER_NODE="16",
+        PROCTRACK="proctrack/cgroup",
+        TASK_PLUGIN="task/cgroup",
+        CGROUP_CONF=CGROUP_CONF,
+        PROLOG=str(hooks / "prolog"),
+        EPILOG=str(hooks / "epilog"),
+        TASK_PROLOG=str(hooks / "task_prolog"),
+    )
+    up = _sh(
+        ["bash", str(REPO / "tests/integration/cluster/up.sh"), str(state)], env=env, timeout=120
+    )
     print(up.stdout, up.stderr)
     assert up.returncode == 0, up.stderr
-    yield {"state": str(state), "SLURM_CONF": str(state / "etc" / "slurm.conf"),
-           "config": str(conf)}
+    yield {
+        "state": str(state),
+        "SLURM_CONF": str(state / "etc" / "slurm.conf"),
+        "config": str(conf),
+    }
     _sh(["bash", str(REPO / "tests/integration/cluster/down.sh"), str(state)], timeout=120)
 
 
@@ -85,11 +113,13 @@ def _slurm_env(cluster: dict[str, str]) -> dict[str, str]:
     return {"SLURM_CONF": cluster["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
 
 
-def _as_user(user: str, cluster: dict[str, str], argv: list[str], cwd: str
-             ) -> subprocess.CompletedProcess[str]:
+def _as_user(
+    user: str, cluster: dict[str, str], argv: list[str], cwd: str
+) -> subprocess.CompletedProcess[str]:
     env = [f"{k}={v}" for k, v in _slurm_env(cluster).items()]
-    return _sh(["runuser", "-u", user, "--", "env", "-i", *env, "HOME=/tmp", *argv], cwd=cwd,
-               timeout=120)
+    return _sh(
+        ["runuser", "-u", user, "--", "env", "-i", *env, "HOME=/tmp", *argv], cwd=cwd, timeout=120
+    )
 
 
 def _mps_procs() -> list[psutil.Process]:
@@ -100,15 +130,17 @@ def _mps_procs() -> list[psutil.Process]:
     return out
 
 
-def test_sbatch_eight_plain_srun_tasks_are_mps_clients(cluster: dict[str, str], gpu_user: str
-                                                       ) -> None:
+def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
+    cluster: dict[str, str], gpu_user: str
+) -> None:
     work = Path(cluster["state"]) / "work"
     work.mkdir(mode=0o777, exist_ok=True)
     work.chmod(0o777)
     script = work / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH -n 8 --gres=gpu:1 --comment=mps -o job.out\n"
-        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 40\n")
+        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 40\n"
+    )
     script.chmod(0o755)
     sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
     assert sub.returncode == 0, sub.stderr
@@ -117,14 +149,31 @@ def test_sbatch_eight_plain_srun_tasks_are_mps_clients(cluster: dict[str, str], 
     deadline = time.monotonic() + 120
     clients: set[int] = set()
     while time.monotonic() < deadline:
-        res = _sh([sys.executable, "-m", "mpswrap", "status", "--json", "--run-dir",
-                   "/run/mpswrap", "--node", "node1", "--job", job],
-                  env=dict(os.environ, MPSWRAP_CONFIG=cluster["config"]))
+        res = _sh(
+            [
+                sys.executable,
+                "-m",
+                "mpswrap",
+                "status",
+                "--json",
+                "--run-dir",
+                "/run/mpswrap",
+                "--node",
+                "node1",
+                "--job",
+                job,
+            ],
+            env=dict(os.environ, MPSWRAP_CONFIG=cluster["config"]),
+        )
         if res.returncode == 0:
             status = json.loads(res.stdout)
             gpus = status.get("gpus", [])
-            clients = {c["pid"] for g in gpus for s in g.get("servers", [])  # type: ignore[union-attr]
-                       for c in s["clients"]}
+            clients = {
+                c["pid"]
+                for g in gpus
+                for s in g.get("servers", [])  # type: ignore[union-attr]
+                for c in s["clients"]
+            }
             if len(clients) == 8:
                 break
         time.sleep(1)

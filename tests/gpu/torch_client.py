@@ -11,8 +11,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=20.0)
 args = parser.parse_args()
 try:
-    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 784, device="cuda")
     y = torch.randint(0, 10, (64,), device="cuda")

@@ -1,0 +1,128 @@
+"""Issue-7 gpu tier: a real fatal fault under mpswrap, and two-user isolation on the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import as_user, base_env
+from .test_gpu_launcher import mps_leftovers
+
+pytestmark = pytest.mark.gpu
+CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
+
+
+def _mpswrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mpswrap", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def _client_env(env: dict[str, str], manifest: dict[str, object], run: Path) -> dict[str, str]:
+    g = next(run.rglob(str(manifest["key"])))
+    return dict(
+        env,
+        CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
+        CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]),
+    )
+
+
+def test_illegal_memory_access_is_reported_and_the_server_recovers(shared_tmp: Path) -> None:
+    env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(shared_tmp / "run"), SLURM_JOB_ID="fault1")
+    started = _mpswrap(env, "start", "--gpus", "0", "--json")
+    assert started.returncode == 0, started.stderr
+    m = json.loads(started.stdout)[0]
+    cenv = _client_env(env, m, shared_tmp / "run")
+    bystanders = [
+        subprocess.Popen(
+            [CLIENT, "--seconds", "30"],
+            env=cenv,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    time.sleep(2)
+    culprit = subprocess.run(
+        [CLIENT, "--seconds", "30", "--fault-after", "1"],
+        env=cenv,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
+    outs = [b.communicate(timeout=120)[0] for b in bystanders]
+    print(culprit.stdout, outs)
+    assert culprit.returncode != 0 and "CUDA error 700" in culprit.stdout
+    assert all(b.returncode != 0 and "CUDA error 700" in o for b, o in zip(bystanders, outs))
+    status = json.loads(_mpswrap(env, "status", "--json").stdout)
+    print(json.dumps(status, indent=1))
+    faults = status["gpus"][0]["faults"]
+    assert faults, status
+    named = set(faults[-1]["culprits"]) | set(faults[-1]["affected"])
+    assert {b.pid for b in bystanders} <= named or culprit_pid_named(faults), faults
+    deadline = time.monotonic() + 60
+    while True:  # the server recovers once every affected client has exited
+        st = json.loads(_mpswrap(env, "status", "--json").stdout)["gpus"][0]
+        if all(s["status"] == "ACTIVE" for s in st["servers"]):
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.5)
+    after = subprocess.run(
+        [CLIENT, "--seconds", "1"], env=cenv, text=True, capture_output=True, timeout=120
+    )
+    assert after.returncode == 0, after.stdout
+    stopped = _mpswrap(env, "stop")
+    print(stopped.stdout)
+    assert stopped.returncode == 0
+    assert mps_leftovers(shared_tmp) == []
+
+
+def culprit_pid_named(faults: list[dict[str, object]]) -> bool:
+    return any(f["culprits"] for f in faults)
+
+
+def test_a_second_user_cannot_reach_the_first_users_daemon(gpu_user: str, shared_tmp: Path) -> None:
+    other = "mpsgpu2"
+    if subprocess.run(["id", other], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-M", other], check=True)
+    env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"), "SLURM_JOB_ID": "iso"})
+    started = as_user(
+        gpu_user,
+        [sys.executable, "-m", "mpswrap", "start", "--gpus", "0", "--json"],
+        env,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr
+    m = json.loads(started.stdout)[0]
+    g = next((shared_tmp / "run").rglob(str(m["key"])))
+    pipe_env = dict(
+        env, CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(shared_tmp)
+    )
+    for command in ("get_server_list", "quit"):
+        res = as_user(other, ["nvidia-cuda-mps-control", command], pipe_env, timeout=60)
+        print(command, res.returncode, res.stdout, res.stderr)
+        assert res.returncode != 0 or "Cannot" in res.stdout + res.stderr
+    intruder = as_user(other, [CLIENT, "--seconds", "1"], pipe_env, timeout=120)
+    print(intruder.stdout, intruder.stderr)
+    assert intruder.returncode == 0  # ran, but without MPS: silently
+    status = as_user(
+        gpu_user, [sys.executable, "-m", "mpswrap", "status", "--json"], env, timeout=60
+    )
+    gpu = json.loads(status.stdout)["gpus"][0]
+    assert gpu["daemon"]["alive"]
+    assert all(not s["clients"] for s in gpu["servers"])
+    stopped = as_user(gpu_user, [sys.executable, "-m", "mpswrap", "stop"], env, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert mps_leftovers(shared_tmp) == []
