@@ -39,22 +39,28 @@ class Bench:
 
             install_bin(self.tmp / "bin")
             write_inventory(self.tmp / "gpus.json", n_gpus=gpus)
-            lines += [f"control_binary = {self.tmp / 'bin' / 'nvidia-cuda-mps-control'}",
-                      f"gpu_inventory = {self.tmp / 'gpus.json'}"]
+            lines += [
+                f"control_binary = {self.tmp / 'bin' / 'nvidia-cuda-mps-control'}",
+                f"gpu_inventory = {self.tmp / 'gpus.json'}",
+            ]
             self.client = [str(self.tmp / "bin" / "mps-sim-client"), "--seconds", "120"]
         else:
-            self.client = [os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client"),
-                           "--seconds", "120"]
+            self.client = [os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client"), "--seconds", "120"]
         (self.tmp / "mpswrap.conf").write_text("\n".join(lines) + "\n")
         self.gpus = gpus
 
     def env(self, job: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MPSWRAP"))}
-        env.update(MPSWRAP_CONFIG=str(self.tmp / "mpswrap.conf"), SLURM_JOB_ID=job,
-                   SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_GID=str(os.getgid()),
-                   SLURMD_NODENAME="bench", SLURM_JOB_GPUS=f"0-{self.gpus - 1}",
-                   SLURM_SCRIPT_CONTEXT="prolog_slurmd",
-                   PYTHONPATH=str(REPO))
+        env.update(
+            MPSWRAP_CONFIG=str(self.tmp / "mpswrap.conf"),
+            SLURM_JOB_ID=job,
+            SLURM_JOB_UID=str(os.getuid()),
+            SLURM_JOB_GID=str(os.getgid()),
+            SLURMD_NODENAME="bench",
+            SLURM_JOB_GPUS=f"0-{self.gpus - 1}",
+            SLURM_SCRIPT_CONTEXT="prolog_slurmd",
+            PYTHONPATH=str(REPO),
+        )
         return env
 
     def hook(self, name: str, job: str) -> float:
@@ -63,22 +69,36 @@ class Bench:
 
     def attach_clients(self, job: str, k: int) -> list[subprocess.Popen[bytes]]:
         job_dir = self.tmp / "run" / "bench" / job / "g0"
-        env = dict(self.env(job), CUDA_MPS_PIPE_DIRECTORY=str(job_dir / "pipe"),
-                   CUDA_MPS_LOG_DIRECTORY=str(job_dir / "log"))
-        return [subprocess.Popen(self.client, env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL) for _ in range(k)]
+        env = dict(
+            self.env(job),
+            CUDA_MPS_PIPE_DIRECTORY=str(job_dir / "pipe"),
+            CUDA_MPS_LOG_DIRECTORY=str(job_dir / "log"),
+        )
+        return [
+            subprocess.Popen(
+                self.client, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            for _ in range(k)
+        ]
 
 
 def _median(values: list[float]) -> dict[str, float]:
-    return {"median_ms": round(statistics.median(values) * 1000, 1),
-            "min_ms": round(min(values) * 1000, 1), "max_ms": round(max(values) * 1000, 1)}
+    return {
+        "median_ms": round(statistics.median(values) * 1000, 1),
+        "min_ms": round(min(values) * 1000, 1),
+        "max_ms": round(max(values) * 1000, 1),
+    }
 
 
 def _wait_listed(bench: Bench, job: str, k: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        out = subprocess.run([PY, "-m", "mpswrap", "status", "--json"], env=dict(
-            bench.env(job), SLURM_SCRIPT_CONTEXT=""), capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [PY, "-m", "mpswrap", "status", "--json"],
+            env=dict(bench.env(job), SLURM_SCRIPT_CONTEXT=""),
+            capture_output=True,
+            text=True,
+        ).stdout
         if out.count('"cmdline"') >= k:
             return
         time.sleep(0.2)
@@ -98,9 +118,17 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
         for r in range(repeats):
             pro.append(bench.hook("prolog", f"p{g}r{r}"))
             epi.append(bench.hook("epilog", f"p{g}r{r}"))
-        res.add(key, {"what": "prolog", "gpus": g, "prolog": _median(pro),
-                      "epilog_no_clients": _median(epi), "simulated": simulate})
-    for k in ([0, 12] if quick else [0, 12, 48]):
+        res.add(
+            key,
+            {
+                "what": "prolog",
+                "gpus": g,
+                "prolog": _median(pro),
+                "epilog_no_clients": _median(epi),
+                "simulated": simulate,
+            },
+        )
+    for k in [0, 12] if quick else [0, 12, 48]:
         key = f"overhead/{kind}/epilog/clients{k}"
         if res.has(key):
             continue
@@ -113,12 +141,23 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
             if k:
                 _wait_listed(bench, job, k)
             t0 = time.perf_counter()
-            subprocess.run([PY, "-m", "mpswrap", "status", "--json"],
-                           env=dict(bench.env(job), SLURM_SCRIPT_CONTEXT=""),
-                           capture_output=True, check=True)
+            subprocess.run(
+                [PY, "-m", "mpswrap", "status", "--json"],
+                env=dict(bench.env(job), SLURM_SCRIPT_CONTEXT=""),
+                capture_output=True,
+                check=True,
+            )
             status.append(time.perf_counter() - t0)
             times.append(bench.hook("epilog", job))
             for c in clients:
                 c.wait(timeout=60)
-        res.add(key, {"what": "epilog", "clients": k, "epilog": _median(times),
-                      "status": _median(status), "simulated": simulate})
+        res.add(
+            key,
+            {
+                "what": "epilog",
+                "clients": k,
+                "epilog": _median(times),
+                "status": _median(status),
+                "simulated": simulate,
+            },
+        )

@@ -47,16 +47,21 @@ class Results:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         tmp.replace(self.path)
-        print(f"  {key}: {json.dumps({k: v for k, v in record.items() if k != 'workers'})}",
-              flush=True)
+        print(
+            f"  {key}: {json.dumps({k: v for k, v in record.items() if k != 'workers'})}",
+            flush=True,
+        )
 
 
 def machine_meta() -> dict[str, Any]:
     meta: dict[str, Any] = {"python": sys.version.split()[0], "host": os.uname().nodename}
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         meta["gpu"], meta["driver"] = [s.strip() for s in out.split(",")][:2]
     except (OSError, ValueError, subprocess.SubprocessError):
         meta["gpu"] = "none"
@@ -73,60 +78,98 @@ def machine_meta() -> dict[str, Any]:
 @contextmanager
 def raw_mps(tmp: Path) -> Iterator[dict[str, str]]:
     """An MPS daemon started by hand, the way the MPS documentation shows."""
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp / "pipe"),
-               CUDA_MPS_LOG_DIRECTORY=str(tmp / "log"), CUDA_VISIBLE_DEVICES="0")
+    env = dict(
+        os.environ,
+        CUDA_MPS_PIPE_DIRECTORY=str(tmp / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(tmp / "log"),
+        CUDA_VISIBLE_DEVICES="0",
+    )
     for d in ("pipe", "log"):
         (tmp / d).mkdir()
     subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
     try:
         yield {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
     finally:
-        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env,
-                       timeout=60, check=False)
+        subprocess.run(
+            ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, timeout=60, check=False
+        )
 
 
 def _worker_argv(workload: str, tmp: Path, steps: int, weights: str | None) -> list[str]:
-    argv = [PY, str(HERE / "workers" / f"{workload}.py"), "--steps", str(steps),
-            "--ready", str(tmp / "ready"), "--go", str(tmp / "go")]
+    argv = [
+        PY,
+        str(HERE / "workers" / f"{workload}.py"),
+        "--steps",
+        str(steps),
+        "--ready",
+        str(tmp / "ready"),
+        "--go",
+        str(tmp / "go"),
+    ]
     return argv + (["--weights", weights] if weights else [])
 
 
-def _spawn(mode: str, n: int, argv: list[str], tmp: Path, mps_env: dict[str, str],
-           threads: str | None) -> list[subprocess.Popen[str]]:
+def _spawn(
+    mode: str, n: int, argv: list[str], tmp: Path, mps_env: dict[str, str], threads: str | None
+) -> list[subprocess.Popen[str]]:
     if mode == "mpswrap":
         wrap = [PY, "-m", "mpswrap", "run", "-n", str(n)]
         wrap += ["--threads", threads] if threads else []
         env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(tmp / "run"))
-        return [subprocess.Popen([*wrap, "--", *argv], env=env, text=True,
-                                 stdout=subprocess.PIPE)]
+        return [subprocess.Popen([*wrap, "--", *argv], env=env, text=True, stdout=subprocess.PIPE)]
     base = dict(os.environ, **mps_env)
     if mode == "timesliced":  # make sure no default daemon is found either
         base.update(CUDA_MPS_PIPE_DIRECTORY=str(tmp / "no-mps"))
-    return [subprocess.Popen(argv, env=dict(base, MPSWRAP_RANK=str(i)), text=True,
-                             stdout=subprocess.PIPE) for i in range(n)]
+    return [
+        subprocess.Popen(
+            argv, env=dict(base, MPSWRAP_RANK=str(i)), text=True, stdout=subprocess.PIPE
+        )
+        for i in range(n)
+    ]
 
 
-def run_once(workload: str, mode: str, n: int, steps: int, *, weights: str | None = None,
-             threads: str | None = None, timeout: float = 400) -> dict[str, Any]:
+def run_once(
+    workload: str,
+    mode: str,
+    n: int,
+    steps: int,
+    *,
+    weights: str | None = None,
+    threads: str | None = None,
+    timeout: float = 400,
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mpsb-", dir="/tmp"))
     (tmp / "ready").mkdir()
     try:
         with raw_mps(tmp) if mode == "rawmps" else _nothing() as mps_env:
             t_spawn = time.time()
-            procs = _spawn(mode, n, _worker_argv(workload, tmp, steps, weights), tmp,
-                           mps_env, threads)
+            procs = _spawn(
+                mode, n, _worker_argv(workload, tmp, steps, weights), tmp, mps_env, threads
+            )
             _wait(lambda: len(os.listdir(tmp / "ready")) >= n, timeout, procs)
             t_go = time.time()
             (tmp / "go").touch()
             outs = [p.communicate(timeout=timeout)[0] for p in procs]
         if any(p.returncode for p in procs):
             raise RuntimeError(f"{mode} n={n}: exit codes {[p.returncode for p in procs]}")
-        workers = [json.loads(line.split("] ", 1)[-1]) for out in outs
-                   for line in out.splitlines() if '"start"' in line]
+        workers = [
+            json.loads(line.split("] ", 1)[-1])
+            for out in outs
+            for line in out.splitlines()
+            if '"start"' in line
+        ]
         wall = max(w["end"] for w in workers) - t_go
-        return {"workload": workload, "mode": mode, "n": n, "steps": steps, "threads": threads,
-                "wall_s": round(wall, 4), "startup_s": round(t_go - t_spawn, 3),
-                "throughput_steps_per_s": round(n * steps / wall, 2), "workers": workers}
+        return {
+            "workload": workload,
+            "mode": mode,
+            "n": n,
+            "steps": steps,
+            "threads": threads,
+            "wall_s": round(wall, 4),
+            "startup_s": round(t_go - t_spawn, 3),
+            "throughput_steps_per_s": round(n * steps / wall, 2),
+            "workers": workers,
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -147,8 +190,9 @@ def _wait(cond: Any, timeout: float, procs: list[subprocess.Popen[str]]) -> None
 
 
 # --- phases -------------------------------------------------------------------------------
-def phase_throughput(res: Results, workload: str, ns: list[int], steps: int, repeats: int,
-                     deadline: float) -> None:
+def phase_throughput(
+    res: Results, workload: str, ns: list[int], steps: int, repeats: int, deadline: float
+) -> None:
     for rep in range(repeats):
         for n in ns:
             for mode in MODES:
@@ -172,8 +216,17 @@ def phase_provision(res: Results, steps: int, repeats: int, deadline: float) -> 
             key = f"mixed/mpswrap-{policy.replace(':', '-')}/n{n}/r{rep}"
             if res.has(key) or time.monotonic() > deadline:
                 continue
-            res.add(key, run_once("mlp", "mpswrap", n, steps, weights=MIXED_WEIGHTS.replace(
-                ":", ","), threads=None if policy == "none" else policy))
+            res.add(
+                key,
+                run_once(
+                    "mlp",
+                    "mpswrap",
+                    n,
+                    steps,
+                    weights=MIXED_WEIGHTS.replace(":", ","),
+                    threads=None if policy == "none" else policy,
+                ),
+            )
 
 
 def main() -> int:
@@ -190,7 +243,7 @@ def main() -> int:
     res = Results(args.out)
     res.data["meta"] = machine_meta()
     sys.path.insert(0, str(REPO))
-    from overhead import phase_overhead  # noqa: PLC0415 - benchmarks/ sibling module
+    from overhead import phase_overhead
 
     if args.quick:
         phase_overhead(res, simulate=True, quick=True)

@@ -20,8 +20,15 @@ __all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "load_settings"]
 DEFAULT_CONFIG_FILE = "/etc/mpswrap/mpswrap.conf"
 ENV_PREFIX = "MPSWRAP_"
 #: Variables with the prefix that are not settings.
-_NOT_SETTINGS = {"MPSWRAP_CONFIG", "MPSWRAP_RANK", "MPSWRAP_LOCAL_RANK", "MPSWRAP_NPROCS",
-                 "MPSWRAP_LOCAL_SIZE", "MPSWRAP_JOB", "MPSWRAP_DEBUG"}
+_NOT_SETTINGS = {
+    "MPSWRAP_CONFIG",
+    "MPSWRAP_RANK",
+    "MPSWRAP_LOCAL_RANK",
+    "MPSWRAP_NPROCS",
+    "MPSWRAP_LOCAL_SIZE",
+    "MPSWRAP_JOB",
+    "MPSWRAP_DEBUG",
+}
 
 Parser = Callable[[str], Any]
 
@@ -159,8 +166,12 @@ FIELDS: tuple[Field, ...] = (
     Field("terminate_timeout", _seconds, "5", "seconds for clients to exit after terminate_client"),
     Field("quit_timeout", _seconds, "5", "seconds for quit before killing by PID"),
     Field("kill_grace", _seconds, "10", "seconds between a forwarded signal and SIGKILL"),
-    Field("log_archive", _optional(_abs_path), "none",
-          "copy each daemon's control.log and server.log here before removing its directory"),
+    Field(
+        "log_archive",
+        _optional(_abs_path),
+        "none",
+        "copy each daemon's control.log and server.log here before removing its directory",
+    ),
     Field("health_check", _bool, "no", "epilog: run a GPU health check after teardown"),
     Field("syslog", _bool, "yes", "hooks: log to syslog as well as stderr"),
     Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),

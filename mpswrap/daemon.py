@@ -378,8 +378,7 @@ class Daemon:
         except OSError as exc:
             report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 
-    def _end_clients(self, report: StopReport, only: set[int] | None = None
-                     ) -> list[_proc.ProcId]:
+    def _end_clients(self, report: StopReport, only: set[int] | None = None) -> list[_proc.ProcId]:
         """terminate_client every client (or those in ``only``); SIGKILL those still alive."""
         control = self.control
         try:

@@ -54,10 +54,13 @@ def _settings(tmp: Path, simulate: bool) -> Settings:
 
         install_bin(tmp / "bin")
         write_inventory(tmp / "gpus.json", n_gpus=2)
-        overrides.update(control_binary=str(tmp / "bin" / "nvidia-cuda-mps-control"),
-                         gpu_inventory=str(tmp / "gpus.json"))
-    return load_settings(overrides, env={k: v for k, v in os.environ.items()
-                                         if not k.startswith("MPSWRAP_")})
+        overrides.update(
+            control_binary=str(tmp / "bin" / "nvidia-cuda-mps-control"),
+            gpu_inventory=str(tmp / "gpus.json"),
+        )
+    return load_settings(
+        overrides, env={k: v for k, v in os.environ.items() if not k.startswith("MPSWRAP_")}
+    )
 
 
 def _client_argv(tmp: Path, simulate: bool, seconds: float) -> list[str] | None:
@@ -87,8 +90,13 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         gpus = load_inventory(settings.gpu_inventory).gpus
         daemons = JobDaemons(user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
         print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
-        manifests = daemons.start(gpus, _proc.lookup_user(), started_by="cli",
-                                  defaults=Defaults.from_settings(settings), shared_parents=False)
+        manifests = daemons.start(
+            gpus,
+            _proc.lookup_user(),
+            started_by="cli",
+            defaults=Defaults.from_settings(settings),
+            shared_parents=False,
+        )
         argv = _client_argv(tmp, simulate, seconds=120)
         if argv is None:
             print("2. PyTorch is not installed: no clients to attach")
@@ -97,8 +105,11 @@ def run_demo(n_clients: int, simulate: bool) -> int:
             for position in plan_positions(n_clients, len(manifests)):
                 m = manifests[position]
                 env = dict(os.environ, **client_env(daemons.layout.gpu(m.key), m.gpu_uuid))
-                procs.append(_proc.spawn(argv, env=env, new_session=False, stdout=_proc.DEVNULL,
-                                         stderr=_proc.DEVNULL))
+                procs.append(
+                    _proc.spawn(
+                        argv, env=env, new_session=False, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL
+                    )
+                )
         print("3. mpswrap status")
         print_status(_wait_for_clients(daemons, len(procs), timeout=90))
         print("4. stopping: terminate_client for every client, then quit, then checks")

@@ -60,8 +60,11 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings) -> None:
 
 def _layout(settings: Settings, env: JobEnv) -> JobLayout:
     if env.job_id is None:
-        raise MpswrapError("SLURM_JOB_ID is not set", context="hook",
-                           hint="the hooks run from slurmd; use mpswrap start by hand")
+        raise MpswrapError(
+            "SLURM_JOB_ID is not set",
+            context="hook",
+            hint="the hooks run from slurmd; use mpswrap start by hand",
+        )
     return JobLayout(Path(settings.run_dir), env.node, env.job_id)
 
 
@@ -93,11 +96,23 @@ def _start_job(env: JobEnv, settings: Settings, positions: tuple[int, ...]) -> N
     user = _proc.lookup_user(env.job_uid, gid=env.job_gid)
     defaults = Defaults.from_settings(settings, active_thread_percentage=env.mps_percentage)
     manifests = JobDaemons(_layout(settings, env), settings).start(
-        gpus, user, started_by="prolog", defaults=defaults, shared_parents=True,
-        keys=[f"g{p}" for p in positions])
+        gpus,
+        user,
+        started_by="prolog",
+        defaults=defaults,
+        shared_parents=True,
+        keys=[f"g{p}" for p in positions],
+    )
     for m in manifests:
-        log.info("GPU %s (%s): MPS daemon %d as %s, cpus %s, settings %s", m.gpu_uuid, m.key,
-                 m.daemon_pid, m.user, ",".join(map(str, m.cpus)) or "all", m.settings or "-")
+        log.info(
+            "GPU %s (%s): MPS daemon %d as %s, cpus %s, settings %s",
+            m.gpu_uuid,
+            m.key,
+            m.daemon_pid,
+            m.user,
+            ",".join(map(str, m.cpus)) or "all",
+            m.settings or "-",
+        )
 
 
 def _drain(env: JobEnv, reason: str) -> None:
@@ -126,9 +141,14 @@ def task_prolog(env: JobEnv, settings: Settings) -> int:
         return 0
     local_rank = env.local_rank or 0
     local_size = tasks_on_node(env) or 1
-    position = positions[choose_gpu(min(local_rank, local_size - 1), local_size, len(positions),
-                                    policy="cyclic" if settings.gpu_policy == "cyclic"
-                                    else "block")]
+    position = positions[
+        choose_gpu(
+            min(local_rank, local_size - 1),
+            local_size,
+            len(positions),
+            policy="cyclic" if settings.gpu_policy == "cyclic" else "block",
+        )
+    ]
     manifest = manifests.get(f"g{position}")
     if manifest is None:
         return 0
@@ -160,9 +180,13 @@ def epilog(env: JobEnv, settings: Settings) -> int:
         daemons = JobDaemons(layout, settings)
         uuids += [m.gpu_uuid for m in daemons.manifests()]
         for report in daemons.stop():
-            log.info("%s: terminated %d client(s), killed %d%s", report.key,
-                     len(report.terminated), len(report.killed),
-                     f" ({'; '.join(report.notes)})" if report.notes else "")
+            log.info(
+                "%s: terminated %d client(s), killed %d%s",
+                report.key,
+                len(report.terminated),
+                len(report.killed),
+                f" ({'; '.join(report.notes)})" if report.notes else "",
+            )
             for item in report.leftovers:
                 log.error("%s: left behind after teardown: %s", report.key, item)
             leftovers += len(report.leftovers)

@@ -110,10 +110,12 @@ def report_lines(reports: list[StopReport]) -> list[str]:
     for r in reports:
         notes = f"; {'; '.join(r.notes)}" if r.notes else ""
         forced = f", forced daemon/server {r.forced}" if r.forced else ""
-        lines.append(f"{r.key}: terminated {len(r.terminated)} client(s), killed "
-                     f"{len(r.killed)}{forced}; "
-                     f"server.log: {r.log_terminations} client termination(s) succeeded, "
-                     f"{r.log_faults} fatal error(s){notes}")
+        lines.append(
+            f"{r.key}: terminated {len(r.terminated)} client(s), killed "
+            f"{len(r.killed)}{forced}; "
+            f"server.log: {r.log_terminations} client termination(s) succeeded, "
+            f"{r.log_faults} fatal error(s){notes}"
+        )
         lines += [f"{r.key}: LEFT BEHIND: {item}" for item in r.leftovers]
     return lines
 

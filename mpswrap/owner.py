@@ -65,8 +65,12 @@ class Attachment:
 
 def job_id_of(env: JobEnv) -> str:
     """A job id shared by every rank on a node: Slurm's, the launcher's, or ``local``."""
-    return (env.env.get("MPSWRAP_JOB") or env.job_id or env.env.get("PMIX_NAMESPACE", "")
-            .replace("/", "-")[:60] or "local")
+    return (
+        env.env.get("MPSWRAP_JOB")
+        or env.job_id
+        or env.env.get("PMIX_NAMESPACE", "").replace("/", "-")[:60]
+        or "local"
+    )
 
 
 def visible_gpus(env: JobEnv, settings: Settings) -> list[GpuInfo]:
@@ -85,8 +89,13 @@ def _live(manifests: list[Manifest]) -> bool:
     return bool(manifests) and all(_proc.is_alive(m.daemon) for m in manifests)
 
 
-def attach(settings: Settings, env: JobEnv, *, defaults: Defaults | None = None,
-           gpus: list[GpuInfo] | None = None) -> Attachment:
+def attach(
+    settings: Settings,
+    env: JobEnv,
+    *,
+    defaults: Defaults | None = None,
+    gpus: list[GpuInfo] | None = None,
+) -> Attachment:
     """Find the prolog's daemons for this job, or start/join user-mode ones."""
     job, node = job_id_of(env), env.node
     admin = JobDaemons(JobLayout(Path(settings.run_dir), node, job), settings)
@@ -101,8 +110,12 @@ def attach(settings: Settings, env: JobEnv, *, defaults: Defaults | None = None,
     gpus = gpus if gpus is not None else visible_gpus(env, settings)
     with filelock.FileLock(str(layout.job_dir / OWNER_LOCK), timeout=settings.start_timeout * 4):
         manifests = JobDaemons(layout, settings).start(
-            gpus, user, started_by="user", defaults=defaults or Defaults.from_settings(settings),
-            shared_parents=False)
+            gpus,
+            user,
+            started_by="user",
+            defaults=defaults or Defaults.from_settings(settings),
+            shared_parents=False,
+        )
         ref = _add_ref(layout)
         _ensure_watchdog(layout)
     return Attachment(layout, manifests, "user", settings, ref)

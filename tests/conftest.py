@@ -11,8 +11,10 @@ import psutil
 import pytest
 
 #: Variables that would change behaviour when the tests run inside an allocation.
-_JOB_VARS = re.compile(r"^(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
-                       r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)")
+_JOB_VARS = re.compile(
+    r"^(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
+    r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)"
+)
 
 
 @pytest.fixture(autouse=True)

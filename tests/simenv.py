@@ -52,20 +52,35 @@ class SimNode:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM"))}
-        env.update(MPSWRAP_CONTROL_BINARY=self.control, MPSWRAP_GPU_INVENTORY=str(self.inventory),
-                   MPSWRAP_RUN_DIR=str(self.run_dir), MPSWRAP_USER_RUN_DIR=str(self.user_run_dir),
-                   MPSWRAP_START_TIMEOUT="10", MPSWRAP_TERMINATE_TIMEOUT="3",
-                   MPSWRAP_QUIT_TIMEOUT="2", MPSWRAP_COMMAND_TIMEOUT="3")
+        env.update(
+            MPSWRAP_CONTROL_BINARY=self.control,
+            MPSWRAP_GPU_INVENTORY=str(self.inventory),
+            MPSWRAP_RUN_DIR=str(self.run_dir),
+            MPSWRAP_USER_RUN_DIR=str(self.user_run_dir),
+            MPSWRAP_START_TIMEOUT="10",
+            MPSWRAP_TERMINATE_TIMEOUT="3",
+            MPSWRAP_QUIT_TIMEOUT="2",
+            MPSWRAP_COMMAND_TIMEOUT="3",
+        )
         env.update(extra)
         return env
 
-    def mpswrap(self, *args: str, user: str | None = None, timeout: float = 60,
-                **extra: str) -> subprocess.CompletedProcess[str]:
+    def mpswrap(
+        self, *args: str, user: str | None = None, timeout: float = 60, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "mpswrap", *args]
         env = self.env(**extra)
         if user:
-            argv = ["runuser", "-u", user, "--", "env", "-i",
-                    *[f"{k}={v}" for k, v in env.items()], *argv]
+            argv = [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                "env",
+                "-i",
+                *[f"{k}={v}" for k, v in env.items()],
+                *argv,
+            ]
         return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
 
     def leftovers(self) -> list[psutil.Process]:
@@ -76,7 +91,8 @@ class SimNode:
                 continue
             try:
                 if marker in " ".join(proc.info["cmdline"] or ()) or any(
-                        marker in v for v in proc.environ().values()):
+                    marker in v for v in proc.environ().values()
+                ):
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         found.append(proc)
             except psutil.Error:
@@ -88,9 +104,8 @@ def make_sim_node(gpus: int = 2, **inventory: Any) -> SimNode:
     # Short and world-traversable: socket paths are limited, and a test user must get in.
     root = Path(tempfile.mkdtemp(prefix="mpsw-", dir="/tmp"))
     root.chmod(0o1777)  # like /tmp: test users create their own run dirs here
-    from mpswrap.sim.inventory import write_inventory
-
     from mpswrap.sim import install_bin
+    from mpswrap.sim.inventory import write_inventory
 
     install_bin(root / "bin", faults=str(root / "faults.json"))
     write_inventory(root / "gpus.json", n_gpus=gpus, **inventory)

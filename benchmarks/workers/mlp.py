@@ -23,9 +23,13 @@ weights = [int(w) for w in args.weights.split(",")]
 weight = weights[int(os.environ.get("MPSWRAP_RANK", "0")) % len(weights)]
 t0 = time.time()
 width = 512 * weight
-model = torch.nn.Sequential(torch.nn.Linear(784, width), torch.nn.ReLU(),
-                            torch.nn.Linear(width, 512), torch.nn.ReLU(),
-                            torch.nn.Linear(512, 10)).cuda()
+model = torch.nn.Sequential(
+    torch.nn.Linear(784, width),
+    torch.nn.ReLU(),
+    torch.nn.Linear(width, 512),
+    torch.nn.ReLU(),
+    torch.nn.Linear(512, 10),
+).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(64 * weight, 784, device="cuda")
 y = torch.randint(0, 10, (64 * weight,), device="cuda")
@@ -48,6 +52,10 @@ start = time.time()
 for _ in range(args.steps):
     step()
 end = time.time()
-print(json.dumps({"pid": os.getpid(), "init": ready - t0, "start": start, "end": end,
-                  "weight": weight}), flush=True)
+print(
+    json.dumps(
+        {"pid": os.getpid(), "init": ready - t0, "start": start, "end": end, "weight": weight}
+    ),
+    flush=True,
+)
 sys.exit(0)

@@ -38,5 +38,4 @@ start = time.time()
 for _ in range(args.steps):
     step()
 end = time.time()
-print(json.dumps({"pid": os.getpid(), "init": ready - t0, "start": start, "end": end}),
-      flush=True)
+print(json.dumps({"pid": os.getpid(), "init": ready - t0, "start": start, "end": end}), flush=True)

@@ -42,8 +42,11 @@ class Backend:
 
     def env(self, pipe: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(CUDA_MPS_PIPE_DIRECTORY=str(pipe or self.pipe),
-                   CUDA_MPS_LOG_DIRECTORY=str(self.log), CUDA_VISIBLE_DEVICES=self.gpu)
+        env.update(
+            CUDA_MPS_PIPE_DIRECTORY=str(pipe or self.pipe),
+            CUDA_MPS_LOG_DIRECTORY=str(self.log),
+            CUDA_VISIBLE_DEVICES=self.gpu,
+        )
         return env
 
     def control(self, timeout: float = 10.0) -> Control:
@@ -57,8 +60,13 @@ class Backend:
             time.sleep(0.02)
 
     def client(self, *args: str, pipe: Path | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([self.client_binary, *args], env=self.env(pipe), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [self.client_binary, *args],
+            env=self.env(pipe),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self.procs.append(proc)
         return proc
 
@@ -89,18 +97,28 @@ def _sim_backend(root: Path) -> Backend:
     from mpswrap.sim import install_bin
 
     install_bin(bindir)
-    return Backend("sim", str(bindir / "nvidia-cuda-mps-control"), str(bindir / "mps-sim-client"),
-                   "GPU-00000000-0000-4000-8000-000000000000", root)
+    return Backend(
+        "sim",
+        str(bindir / "nvidia-cuda-mps-control"),
+        str(bindir / "mps-sim-client"),
+        "GPU-00000000-0000-4000-8000-000000000000",
+        root,
+    )
 
 
 def _real_backend(root: Path) -> Backend:
-    binary = shutil.which("nvidia-cuda-mps-control", path="/usr/local/nvidia/bin:" +
-                          os.environ.get("PATH", ""))
+    binary = shutil.which(
+        "nvidia-cuda-mps-control", path="/usr/local/nvidia/bin:" + os.environ.get("PATH", "")
+    )
     client = os.environ.get("MPS_CONTRACT_CLIENT")
     if not binary or not client:
         pytest.skip("real backend needs nvidia-cuda-mps-control and MPS_CONTRACT_CLIENT")
-    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
-                          check=True, text=True, capture_output=True).stdout.split()[0]
+    uuid = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+        check=True,
+        text=True,
+        capture_output=True,
+    ).stdout.split()[0]
     return Backend("real", binary, client, uuid, root)
 
 
@@ -125,15 +143,22 @@ def _teardown(b: Backend) -> None:
             proc.kill()
         proc.communicate(timeout=30)
     try:
-        subprocess.run([b.control_binary], input="quit\n", text=True, env=b.env(), timeout=20,
-                       capture_output=True)
+        subprocess.run(
+            [b.control_binary],
+            input="quit\n",
+            text=True,
+            env=b.env(),
+            timeout=20,
+            capture_output=True,
+        )
     except subprocess.TimeoutExpired:
         pass
     left = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             if str(b.pipe) in " ".join(proc.info["cmdline"] or ()) or any(
-                    str(b.pipe) in v for v in proc.environ().values()):
+                str(b.pipe) in v for v in proc.environ().values()
+            ):
                 if proc.pid != os.getpid():
                     left.append(proc)
         except psutil.Error:

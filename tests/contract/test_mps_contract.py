@@ -17,8 +17,13 @@ pytestmark = pytest.mark.contract
 def test_start_answers_and_second_start_is_refused(backend: Backend) -> None:
     backend.start_daemon()
     assert backend.control().server_list() == []
-    again = subprocess.run([backend.control_binary, "-d"], env=backend.env(), text=True,
-                           capture_output=True, timeout=30)
+    again = subprocess.run(
+        [backend.control_binary, "-d"],
+        env=backend.env(),
+        text=True,
+        capture_output=True,
+        timeout=30,
+    )
     assert again.returncode != 0
     assert "already running" in again.stdout + again.stderr
     assert (backend.pipe / "nvidia-cuda-mps-control.pid").exists()
@@ -82,8 +87,9 @@ def test_terminate_client_ends_a_busy_client(backend: Backend) -> None:
 
 def test_terminate_client_of_a_non_client_is_refused(backend: Backend) -> None:
     backend.start_daemon()
-    backend.control().start_server(int(subprocess.run(["id", "-u"], capture_output=True,
-                                                      text=True).stdout))
+    backend.control().start_server(
+        int(subprocess.run(["id", "-u"], capture_output=True, text=True).stdout)
+    )
     server = backend.server()
     with pytest.raises(ControlError):
         backend.control().terminate_client(server, 1)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import os
 import pwd
+import re
 import stat
 import subprocess
 import time

@@ -91,7 +91,7 @@ def test_back_to_back_jobs_leave_nothing(cluster: Cluster, workdir: Path) -> Non
     """LOAD_JOBS jobs with the hooks, one after the other; 4 at a time per node at the end."""
     rec = workdir / "load.jsonl"
     started = time.monotonic()
-    for i in range(LOAD_JOBS):
+    for _ in range(LOAD_JOBS):
         job = cluster.srun(
             "-N1",
             "-n2",

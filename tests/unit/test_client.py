@@ -24,11 +24,9 @@ def test_block_and_cyclic() -> None:
 
 def test_affinity_prefers_near_gpus() -> None:
     gpu_cpus = [frozenset({0, 1}), frozenset({2, 3})]
-    assert choose_gpu(0, 2, 2, policy="affinity", rank_cpus=frozenset({3}),
-                      gpu_cpus=gpu_cpus) == 1
+    assert choose_gpu(0, 2, 2, policy="affinity", rank_cpus=frozenset({3}), gpu_cpus=gpu_cpus) == 1
     # no overlap: falls back to block
-    assert choose_gpu(1, 2, 2, policy="affinity", rank_cpus=frozenset({9}),
-                      gpu_cpus=gpu_cpus) == 1
+    assert choose_gpu(1, 2, 2, policy="affinity", rank_cpus=frozenset({9}), gpu_cpus=gpu_cpus) == 1
 
 
 def test_bad_rank_and_policy() -> None:

@@ -11,13 +11,31 @@ PKG = Path(__file__).resolve().parents[2] / "mpswrap"
 
 LAYER = {
     # Fractions order modules inside one DESIGN layer (paths uses errors; gpu uses jobenv).
-    "errors": 0, "paths": 0.5,
-    "config": 1, "jobenv": 1, "gpu": 1.5, "_proc": 1,
-    "control": 2, "manifest": 2, "mpslog": 2,
-    "daemon": 3, "client": 3, "slurmjob": 3,
-    "node": 4, "hooks": 5, "launcher": 5.6, "supervisor": 5, "session": 5, "manage": 5,
-    "localrun": 5.3, "demo": 5.5, "owner": 4.5, "launchargs": 1,
-    "cli": 6, "__main__": 6, "__init__": 6,
+    "errors": 0,
+    "paths": 0.5,
+    "config": 1,
+    "jobenv": 1,
+    "gpu": 1.5,
+    "_proc": 1,
+    "control": 2,
+    "manifest": 2,
+    "mpslog": 2,
+    "daemon": 3,
+    "client": 3,
+    "slurmjob": 3,
+    "node": 4,
+    "hooks": 5,
+    "launcher": 5.6,
+    "supervisor": 5,
+    "session": 5,
+    "manage": 5,
+    "localrun": 5.3,
+    "demo": 5.5,
+    "owner": 4.5,
+    "launchargs": 1,
+    "cli": 6,
+    "__main__": 6,
+    "__init__": 6,
 }
 OWNERS = {"subprocess": {"_proc"}, "pynvml": {"gpu"}, "mpi4py": {"session"}}
 
@@ -31,8 +49,11 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = node.module or ""
-                names |= {f"mpswrap.{base}".rstrip(".")} if base else {
-                    f"mpswrap.{a.name}" for a in node.names}
+                names |= (
+                    {f"mpswrap.{base}".rstrip(".")}
+                    if base
+                    else {f"mpswrap.{a.name}" for a in node.names}
+                )
             else:
                 names.add(node.module or "")
     return names
@@ -58,7 +79,9 @@ def test_layers_and_owners() -> None:
 
 
 def test_import_mpswrap_is_light() -> None:
-    code = ("import sys, mpswrap, mpswrap.cli; "
-            "bad = [m for m in ('mpi4py', 'pynvml') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, mpswrap, mpswrap.cli; "
+        "bad = [m for m in ('mpi4py', 'pynvml') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,15 +8,29 @@ from mpswrap.jobenv import JobEnv, parse_int_list
 
 def test_innermost_launcher_wins_over_slurm() -> None:
     # mpirun inside a batch job: every rank inherits SLURM_LOCALID=0.
-    env = JobEnv({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
-                  "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "SLURM_TASKS_PER_NODE": "1"})
+    env = JobEnv(
+        {
+            "SLURM_LOCALID": "0",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            "SLURM_TASKS_PER_NODE": "1",
+        }
+    )
     assert env.local_rank == 3
     assert env.local_rank_source == "OMPI_COMM_WORLD_LOCAL_RANK"
     assert env.local_size == 4
 
 
-@pytest.mark.parametrize("var", ["MPI_LOCALRANKID", "PMI_LOCAL_RANK", "PALS_LOCAL_RANKID",
-                                 "MV2_COMM_WORLD_LOCAL_RANK", "FLUX_TASK_LOCAL_ID"])
+@pytest.mark.parametrize(
+    "var",
+    [
+        "MPI_LOCALRANKID",
+        "PMI_LOCAL_RANK",
+        "PALS_LOCAL_RANKID",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "FLUX_TASK_LOCAL_ID",
+    ],
+)
 def test_each_launcher_variable_beats_slurm(var: str) -> None:
     assert JobEnv({"SLURM_LOCALID": "0", var: "2"}).local_rank == 2
 
@@ -37,9 +51,16 @@ def test_tasks_per_node_forms() -> None:
 
 
 def test_job_fields_and_steps() -> None:
-    env = JobEnv({"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1000", "SLURM_JOB_GPUS": "0,2-3",
-                  "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "0",
-                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"})
+    env = JobEnv(
+        {
+            "SLURM_JOB_ID": "42",
+            "SLURM_JOB_UID": "1000",
+            "SLURM_JOB_GPUS": "0,2-3",
+            "SLURMD_NODENAME": "n1",
+            "SLURM_STEP_ID": "0",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        }
+    )
     assert (env.job_id, env.job_uid, env.node) == ("42", 1000, "n1")
     assert env.job_gpus == (0, 2, 3)
     assert env.is_real_step

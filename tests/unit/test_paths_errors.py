@@ -57,11 +57,19 @@ def test_wrong_owner_refused(tmp_path: Path) -> None:
 
 
 def test_error_rendering_and_pickling() -> None:
-    err = ProcError("timed out", thing="nvidia-cuda-mps-control", cause="no answer in 5 s",
-                    hint="is the daemon alive?", argv=["a", "b"], returncode=None)
+    err = ProcError(
+        "timed out",
+        thing="nvidia-cuda-mps-control",
+        cause="no answer in 5 s",
+        hint="is the daemon alive?",
+        argv=["a", "b"],
+        returncode=None,
+    )
     err.with_context("prolog")
-    assert err.render() == ("mpswrap: prolog: timed out (nvidia-cuda-mps-control): "
-                            "no answer in 5 s\nhint: is the daemon alive?")
+    assert err.render() == (
+        "mpswrap: prolog: timed out (nvidia-cuda-mps-control): "
+        "no answer in 5 s\nhint: is the daemon alive?"
+    )
     back = pickle.loads(pickle.dumps(err))
     assert isinstance(back, ProcError) and isinstance(back, OSError)
     assert back.render() == err.render() and back.argv == ("a", "b")
