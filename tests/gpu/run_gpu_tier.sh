@@ -3,7 +3,8 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes logs + JUnit XML to $OUT (or
-# ./gpu-out). Phases: contract core launcher session slurm bench (default: contract core).
+# ./gpu-out). Phases: contract core launcher session faults slurm bench (default: contract
+# core).
 # Never touches the GPU's compute mode, clocks, MIG or persistence settings.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +42,7 @@ for phase in "${PHASES[@]}"; do
     launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
+    faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     bench) "$PY" benchmarks/run.py --out "$OUT/bench.json" || rc=1 ;;
     *) echo "unknown phase $phase"; rc=2 ;;
   esac

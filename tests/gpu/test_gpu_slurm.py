@@ -64,7 +64,8 @@ def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
     conf = state / "mpswrap.conf"
     conf.write_text(
         f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = comment:mps\n"
-        f"prolog_failure = drain\nsyslog = no\ncontrol_binary = "
+        f"prolog_failure = drain\nsyslog = no\nlog_archive = {state / 'mps-logs'}\n"
+        f"control_binary = "
         f"{shutil.which('nvidia-cuda-mps-control', path='/usr/local/nvidia/bin')}\n"
     )
     conf.chmod(0o644)
@@ -206,3 +207,75 @@ def _wait_job_gone(cluster: dict[str, str], job: str, timeout: float = 180) -> N
                 return
         time.sleep(0.5)
     raise AssertionError(f"job {job} did not finish")
+
+
+def test_scancel_mid_kernel_under_srun_mpswrap(cluster: dict[str, str], gpu_user: str) -> None:
+    """scancel while 4 ranks compute: each supervisor ends its client through
+    terminate_client before any kill; the epilog finds nothing; the next job runs normally."""
+    work = Path(cluster["state"]) / "work"
+    work.mkdir(mode=0o777, exist_ok=True)
+    script = work / "long.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -n 4 --gres=gpu:1 --comment=mps -o long.out\n"
+        f"srun {sys.executable} -m mpswrap {sys.executable} {HERE / 'torch_client.py'} "
+        "--seconds 600\n"
+    )
+    script.chmod(0o755)
+    sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        res = _sh(
+            [
+                sys.executable,
+                "-m",
+                "mpswrap",
+                "status",
+                "--json",
+                "--run-dir",
+                "/run/mpswrap",
+                "--node",
+                "node1",
+                "--job",
+                job,
+            ]
+        )
+        gpus = json.loads(res.stdout).get("gpus", []) if res.returncode == 0 else []
+        if sum(len(s["clients"]) for g in gpus for s in g.get("servers", [])) == 4:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("4 clients did not attach")
+    time.sleep(3)  # mid-kernel
+    _as_user(gpu_user, cluster, ["scancel", job], str(work))
+    _wait_job_gone(cluster, job)
+    print((work / "long.out").read_text()[-3000:])
+    logs = "".join(
+        p.read_text()
+        for p in (Path(cluster["state"]) / "mps-logs").glob(f"node1-{job}-*-server.log")
+    )
+    print(logs[-3000:])
+    assert logs.count("Client termination succeeded") == 4
+    assert "fatal" not in logs.lower()
+    assert not Path("/run/mpswrap/node1", job).exists()
+    assert not _mps_procs(), [p.pid for p in _mps_procs()]
+    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
+    assert not left.split(), left
+    # the GPU is usable by the next job
+    nxt = _as_user(
+        gpu_user,
+        cluster,
+        [
+            "srun",
+            "-n1",
+            "--gres=gpu:1",
+            "--comment=mps",
+            sys.executable,
+            str(HERE / "torch_client.py"),
+            "--seconds",
+            "2",
+        ],
+        str(work),
+    )
+    assert nxt.returncode == 0 and "done" in nxt.stdout, nxt.stdout + nxt.stderr
