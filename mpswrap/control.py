@@ -34,9 +34,13 @@ BUSY = "Cannot send command to MPS control daemon process"
 #: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
 #: ``Unknown command "x"``, ``Server 1 not found``.
 REFUSALS = ("Unknown command", "not found")
+#: Seconds to keep retrying a command the daemon is too busy to take.
+BUSY_RETRY = 2.0
 #: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
 #: ``Unknown command "x"``, ``Server 1 not found``.
 REFUSALS = ("Unknown command", "not found")
+#: Seconds to keep retrying a command the daemon is too busy to take.
+BUSY_RETRY = 2.0
 
 
 def find_binary(name: str) -> str:
@@ -84,7 +88,21 @@ class Control:
     user: _proc.UserIds | None = None
 
     def command(self, line: str, timeout: float | None = None) -> str:
-        """Send one command; return its stdout stripped, or raise ControlError."""
+        """Send one command; return its stdout stripped, or raise ControlError.
+
+        "Cannot send command" is retried with backoff for a short while: several ranks' ladders
+        may talk to one daemon at once (scancel signals every rank together).
+        """
+        for elapsed in _proc.backoff(BUSY_RETRY, first=0.01, cap=0.2):
+            try:
+                return self._once(line, timeout)
+            except ControlError as exc:
+                if BUSY not in str(exc.fields.get("stderr", "")) or elapsed >= BUSY_RETRY:
+                    raise
+                log.debug("control %s busy, retrying %r", self.pipe, line)
+        raise AssertionError("unreachable")  # pragma: no cover - backoff always ends in raise
+
+    def _once(self, line: str, timeout: float | None) -> str:
         argv = [self.binary]
         env = daemon_env(self.pipe, self.log_dir)
         try:

@@ -55,3 +55,15 @@ wait $CP; echo "client exit $?"
 c tail -5 $L/control.log
 echo "== versions"; python3 -c "import sys, psutil, filelock, pynvml, mpi4py; print(sys.version); print(psutil.__version__, filelock.__version__, mpi4py.__version__)"
 c nproc; c cat /proc/cpuinfo | grep -c processor; id
+echo "== concurrent control commands (8 at once), then concurrent terminate_client"
+CUDA_VISIBLE_DEVICES=$UUID nvidia-cuda-mps-control -d; sleep 0.3
+for i in 1 2 3 4 5 6 7 8; do (out=$(echo get_server_list | nvidia-cuda-mps-control 2>&1); echo "[$i] rc=$? out=$out") & done; wait
+CPS=()
+for i in 1 2 3 4; do /opt/mpswrap-site/cuda_client --seconds 60 & CPS+=($!); done
+sleep 5
+S=$(echo get_server_list | nvidia-cuda-mps-control | head -1)
+ctl "get_client_list $S"
+for c in "${CPS[@]}"; do (out=$(echo "terminate_client $S $c" | nvidia-cuda-mps-control 2>&1); echo "term $c rc=$? out=$out") & done; wait
+for c in "${CPS[@]}"; do wait "$c"; echo "client $c exit $?"; done
+ctl quit; sleep 0.5
+c grep -E "Cmd:|Cannot|fail|lock" $L/control.log

@@ -11,6 +11,8 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}; mkdir -p "$OUT"
 PHASES=("$@"); [ ${#PHASES[@]} -gt 0 ] || PHASES=(contract core)
 export PYTHONUNBUFFERED=1
+# Open MPI 4 insists on an rsh agent even for one node; there is no ssh on the GPU machine.
+export OMPI_MCA_plm_rsh_agent=false
 PY=$(command -v python3)
 
 # An unprivileged user must read the code: work from a world-readable copy.
@@ -43,6 +45,7 @@ for phase in "${PHASES[@]}"; do
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
+    probe) bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1; tail -40 "$OUT/probe/probe.txt" ;;
     bench) "$PY" benchmarks/run.py --out "$OUT/bench.json" || rc=1 ;;
     *) echo "unknown phase $phase"; rc=2 ;;
   esac

@@ -39,7 +39,12 @@ def _client_env(env: dict[str, str], manifest: dict[str, object], run: Path) -> 
 
 
 def test_illegal_memory_access_is_reported_and_the_server_recovers(shared_tmp: Path) -> None:
-    env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(shared_tmp / "run"), SLURM_JOB_ID="fault1")
+    env = dict(
+        os.environ,
+        MPSWRAP_USER_RUN_DIR=str(shared_tmp / "run"),
+        MPSWRAP_RUN_DIR=str(shared_tmp / "run"),  # root starts daemons in run_dir
+        SLURM_JOB_ID="fault1",
+    )
     started = _mpswrap(env, "start", "--gpus", "0", "--json")
     assert started.returncode == 0, started.stderr
     m = json.loads(started.stdout)[0]

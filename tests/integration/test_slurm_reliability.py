@@ -136,3 +136,48 @@ def test_four_concurrent_jobs_per_node(cluster: Cluster, workdir: Path) -> None:
     assert len({s["pipe"] for s in starts}) == 8, "two jobs shared a daemon"
     procs_left, dirs = cluster.wait_clean(timeout=30)
     assert not procs_left and not dirs
+
+
+def test_scancel_under_srun_mpswrap_terminates_clients_before_any_kill(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """scancel signals every process of the step at once; each per-rank supervisor must end
+    its client through terminate_client (client end record: "terminated") before any kill."""
+    rec = workdir / "clients.jsonl"
+    name = "scancel-wrapped"
+    # The admin config lives in the cluster's state dir here (/etc/mpswrap on a real node).
+    argv = [
+        "env",
+        f"MPSWRAP_CONFIG={cluster.config_path}",
+        "srun",
+        f"--job-name={name}",
+        "-w",
+        "node1",
+        "-n4",
+        "--gres=gpu:2",
+        "--comment=mps",
+        cluster.python,
+        "-m",
+        "mpswrap",
+        *cluster.client_argv(rec, seconds=300),
+    ]
+    srun = cluster.popen_as(USER, argv, cwd=workdir)
+    try:
+        try:
+            wait_for("4 attached clients", lambda: len(read_records(rec)) == 4)
+        except AssertionError:
+            srun.kill()
+            raise AssertionError(srun.communicate()[0]) from None
+        job_id = cluster.job_id(name)
+        assert job_id is not None
+        cluster.run_as(USER, ["scancel", job_id], check=True)
+        out, _ = srun.communicate(timeout=60)
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+            srun.wait()
+    cluster.wait_gone(job_id)
+    ends = read_records(rec, event="end")
+    assert sorted(e["reason"] for e in ends) == ["terminated"] * 4, (ends, out)
+    procs, dirs = cluster.wait_clean()
+    assert not procs and not dirs, f"left behind: {procs} {dirs}"
