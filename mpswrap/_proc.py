@@ -248,6 +248,15 @@ def is_alive(pid_id: ProcId) -> bool:
     return _process(pid_id) is not None
 
 
+def uid_of(pid_id: ProcId) -> int | None:
+    """Real uid of the identified process; None when it is gone."""
+    proc = _process(pid_id)
+    try:
+        return int(proc.uids().real) if proc else None
+    except psutil.Error:
+        return None
+
+
 def describe(pid_id: ProcId) -> str:
     """``<pid> (<command line>)`` for reports of leftovers."""
     proc = _process(pid_id)

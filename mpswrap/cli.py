@@ -11,11 +11,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from . import __version__
 from .config import Settings, load_settings
-from .errors import MpswrapError
+from .errors import MpswrapError, UsageError
 
 __all__ = ["main"]
 
@@ -36,6 +36,13 @@ COMMANDS = (
 LAUNCHERS = ("srun", "mpirun", "mpiexec", "orterun", "prun")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``mpswrap: ...`` line and a hint, exit 2 (subcommands too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, hint=f"{self.prog} --help")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
     parser.add_argument("--config", metavar="FILE", help="admin config file to read")
@@ -48,7 +55,7 @@ def _job_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mpswrap",
         description="Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.",
         epilog="Prefix a launcher: 'mpswrap srun -n 8 ./app', 'mpswrap mpirun -np 8 ./app'; "
@@ -149,10 +156,10 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _wants_launcher(argv: Sequence[str]) -> bool:
     """True when argv is ``[wrapper options] <launcher or program> ...`` or ``run ...``."""
-    first = next((a for a in argv if not a.startswith("-")), None)
+    first = next((a for a in argv if a == "--" or not a.startswith("-")), None)
     if first is None:
         return False
-    return first == "run" or first not in COMMANDS
+    return first in ("--", "run") or first not in COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

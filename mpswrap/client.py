@@ -52,8 +52,8 @@ def choose_gpu(
         near = [i for i, cpus in enumerate(gpu_cpus) if cpus & rank_cpus]
         if near:
             return near[local_rank % len(near)]
-    per_gpu = math.ceil(local_size / n_gpus)
-    return min(local_rank // per_gpu, n_gpus - 1)
+    # Balanced blocks: GPU loads differ by at most one rank, none idle while another has two.
+    return local_rank * n_gpus // max(local_size, 1)
 
 
 def plan_positions(local_size: int, n_gpus: int, policy: str = "block") -> list[int]:
@@ -92,7 +92,8 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
             ) from None
         if not 0 < value <= 100:
             raise UsageError("bad --threads", thing=spec, cause="percent must be in (0, 100]")
-    return round(max(1.0, min(100.0, value)), 1)
+    # Round down: shares of one GPU must not add up to more than 100 (6 x 16.7 = 100.2).
+    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))
 
 
 def _weights(spec: str) -> list[float]:

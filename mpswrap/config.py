@@ -199,9 +199,12 @@ def read_config_file(path: Path) -> dict[str, str]:
     """Parse an admin file into raw strings; errors name the file and line."""
     values: dict[str, str] = {}
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("cannot read config file", thing=str(path), cause=exc.strerror) from exc
+    except UnicodeDecodeError as exc:
+        cause = "not UTF-8 text"
+        raise ConfigError("cannot read config file", thing=str(path), cause=cause) from exc
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line or line == "[mpswrap]":

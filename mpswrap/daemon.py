@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from .control import Control, daemon_env, find_binary
 from .errors import ControlError, DaemonError, MpswrapError
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest, write_manifest
-from .mpslog import read_faults, terminations
+from .mpslog import read_faults, server_pids, terminations
 from .paths import GpuDirs, ensure_private_dir
 
 __all__ = ["Daemon", "Defaults", "StopReport"]
@@ -324,6 +325,10 @@ class Daemon:
             return self._stop_locked(report)
 
     def _stop_locked(self, report: StopReport) -> StopReport:
+        if any(os.path.islink(p) for p in (self.dirs.root, self.dirs.pipe, self.dirs.log)):
+            # Planted by the directory's owner: commands would reach whatever it points at.
+            report.leftovers.append(f"symlink in {self.dirs.root}: not followed")
+            return report
         try:
             manifest = self.manifest()
         except MpswrapError as exc:
@@ -331,12 +336,16 @@ class Daemon:
             manifest = None
         daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
         servers = list(manifest.server_ids) if manifest else []
+        # Servers started after the manifest (by the first client): named in control.log,
+        # trusted only while their environment names this pipe directory.
+        logged = server_pids(self.dirs.control_log) - {s.pid for s in servers}
+        servers += [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if p.pid in logged]
         if daemon and _proc.is_alive(daemon):
             servers += self._end_clients(report)
             self._quit(report)
             # quit returns before the server has exited (about 80 ms later on an H100).
             _proc.wait_gone([p for p in [daemon, *servers] if p], self.settings.quit_timeout)
-        survivors = [p for p in [daemon, *servers] if p and _proc.is_alive(p)]
+        survivors = self._owned([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
         if survivors:
             report.forced += [p.pid for p in survivors]
             _proc.kill_procs(survivors, signal.SIGTERM)
@@ -373,8 +382,7 @@ class Daemon:
         try:
             os.makedirs(archive, mode=0o755, exist_ok=True)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
-                if log_file.exists():
-                    shutil.copyfile(log_file, Path(archive) / f"{prefix}-{log_file.name}")
+                _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
         except OSError as exc:
             report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 
@@ -405,18 +413,42 @@ class Daemon:
                     report.notes.append(f"terminate_client {pid}: {exc.cause}")
                 if ident:
                     clients.append(ident)
-        alive = _proc.wait_gone(clients, self.settings.terminate_timeout)
+        alive = self._owned(_proc.wait_gone(clients, self.settings.terminate_timeout), report)
         if alive:
             _proc.kill_procs(alive, signal.SIGKILL)
             report.killed += [p.pid for p in alive]
             _proc.wait_gone(alive, 2.0)
         return servers
 
+    def _owned(self, procs: list[_proc.ProcId], report: StopReport) -> list[_proc.ProcId]:
+        """Only processes of this directory's owner may be signalled: the manifest is that
+        user's file, so a PID in it must never make root kill someone else's process."""
+        try:
+            owner = os.lstat(self.dirs.root).st_uid
+        except OSError:
+            return []
+        mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
+        report.notes += [f"not signalling {p.pid}: not uid {owner}" for p in procs if p not in mine]
+        return mine
+
     def _quit(self, report: StopReport) -> None:
         try:
             self.control.quit(force_after=self.settings.quit_timeout)
         except ControlError as exc:
             report.notes.append(f"quit: {exc.cause}")
+
+
+def _copy_regular(src: Path, dest: Path) -> None:
+    """Copy src only if it is a regular file itself: the job user owns the log directory
+    and could put a symlink to any file of root's there."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "rb") as source:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            with open(dest, "wb") as out:
+                shutil.copyfileobj(source, out)
 
 
 def _read_pid(path: Path) -> int | None:

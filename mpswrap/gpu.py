@@ -232,7 +232,7 @@ def load_inventory(source: str = "nvml") -> Inventory:
 
 # --- resolution -----------------------------------------------------------------------
 def check_uuid(text: str) -> str:
-    if not _UUID_RE.match(text):
+    if not _UUID_RE.fullmatch(text):
         raise GpuError(
             "malformed GPU UUID",
             thing=repr(text),
@@ -271,7 +271,11 @@ def _expand_hostlist(text: str) -> list[str]:
         for item in body.split(","):
             lo, _, hi = item.partition("-")
             width = len(lo)
-            for n in range(int(lo), int(hi or lo) + 1):
+            try:
+                first, last = int(lo), int(hi or lo)
+            except ValueError:
+                raise GpuError("malformed hostlist in gres.conf", thing=repr(text)) from None
+            for n in range(first, last + 1):
                 names.append(f"{head}{n:0{width}d}{tail}")
     return names
 

@@ -11,6 +11,7 @@ import argparse
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -79,8 +80,7 @@ def prolog(env: JobEnv, settings: Settings) -> int:
     try:
         _start_job(env, settings, positions)
     except MpswrapError as exc:
-        exc.with_context("prolog")
-        log.error("%s", exc.line())
+        log.error("%s", exc.line())  # the log prefix already says "prolog: job J node N"
         if settings.prolog_failure == "drain":
             _drain(env, f"mpswrap {exc.line()}"[:400])
             return 1
@@ -169,8 +169,21 @@ def _job_layouts(settings: Settings, env: JobEnv) -> list[JobLayout]:
         roots = {Path(f"/tmp/mpswrap-{uid}"), Path(f"/run/user/{uid}/mpswrap")}
         if settings.user_run_dir:
             roots.add(Path(settings.user_run_dir))
-        layouts += [JobLayout(r, admin.node, admin.job_id) for r in sorted(roots)]
+        users = [JobLayout(r, admin.node, admin.job_id) for r in sorted(roots)]
+        layouts += [lay for lay in users if _owned_dirs(lay, uid)]
     return [lay for lay in layouts if lay.job_dir.exists()]
+
+
+def _owned_dirs(layout: JobLayout, uid: int) -> bool:
+    """A user-mode layout is the job user's: real directories (no symlink) owned by uid."""
+    for path in (layout.run_dir, layout.node_dir, layout.job_dir):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return False
+    return True
 
 
 def epilog(env: JobEnv, settings: Settings) -> int:
@@ -178,7 +191,10 @@ def epilog(env: JobEnv, settings: Settings) -> int:
     uuids: list[str] = []
     for layout in _job_layouts(settings, env):
         daemons = JobDaemons(layout, settings)
-        uuids += [m.gpu_uuid for m in daemons.manifests()]
+        try:
+            uuids += [m.gpu_uuid for m in daemons.manifests()]
+        except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
+            log.warning("%s", exc.line())
         for report in daemons.stop():
             log.info(
                 "%s: terminated %d client(s), killed %d%s",

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
 import re
 import select
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +38,7 @@ from .localrun import (
     gpus_of,
     place,
     planned_gpus,
+    print_rank,
     rank_capacity,
     run_local,
 )
@@ -48,9 +49,11 @@ __all__ = ["cli"]
 
 log = logging.getLogger(__name__)
 
-#: Open MPI SIGKILLs each rank's process group 1 s after SIGTERM (odls_base_sigkill_timeout);
-#: the supervisors need that time for terminate_client. Used unless the user sets it.
-OMPI_SIGKILL_TIMEOUT = "3"
+#: Open MPI's odls_base_sigkill_timeout T (default 1 s): when mpirun aborts (a signal, a failed
+#: rank) it SIGTERMs every rank's process group after T and SIGKILLs it, client included,
+#: after 2T (seen with Open MPI 4.1). The ladder of a dozen ranks through one busy real daemon
+#: needed more than 1 s on an H100; T also delays the SIGTERM, so it stays small.
+OMPI_SIGKILL_TIMEOUT = "5"
 _SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
 
 
@@ -240,7 +243,7 @@ def _per_rank(args: argparse.Namespace, command: list[str]) -> int:
     if args.dry_run:
         layout, pairs = planned_gpus(settings, job_env, gpus)
         found = place(layout, pairs, settings, local_rank=rank, local_size=size, opts=opts)
-        _print_rank(rank, found.position, found.uuid, found.env, command)
+        print_rank(rank, found, found.env, command)
         return 0
     # Signals are recorded, not acted on, until the child runs: attach/release must finish.
     with SignalTrap() as trap:
@@ -262,16 +265,10 @@ def _per_rank(args: argparse.Namespace, command: list[str]) -> int:
                 verify_attach=opts.verify_attach,
                 verify_timeout=opts.verify_timeout,
                 name=f"rank {rank if job_env.rank is None else job_env.rank}",
+                lock=found.lock,
             )
         finally:
             release(att)
-
-
-def _print_rank(
-    rank: int, position: int, uuid: str, env: Mapping[str, str], command: Sequence[str]
-) -> None:
-    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    print(f"[{rank}] gpu {position} ({uuid}): {shown} {shlex.join(command)}")
 
 
 # --- prefix mode ---------------------------------------------------------------------------
@@ -279,6 +276,10 @@ def _prefix(args: argparse.Namespace, argv: list[str]) -> int:
     line = launchargs.parse(argv)
     settings = _settings(args)
     env = dict(os.environ)
+    exported = [v for s in line.segments for v in s.values("export")]
+    if any(not v.startswith("ALL") for v in exported):  # srun passes only what it names
+        log.warning("srun --export=%s: MPSWRAP_* settings reach the ranks only if named there",
+                    exported[-1])  # fmt: skip
     _check_launch_capacity(line, args, settings, env)
     job = _launch_job(line, args, env)
     extra = _launch_env(line, env, job)
@@ -297,9 +298,9 @@ def _prefix(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _signal_bound(settings: Settings, args: argparse.Namespace) -> float:
-    """How long the launcher may take to finish after a forwarded signal before SIGKILL."""
+    """How long the launcher may take to end its ranks after a signal: their ladders."""
     grace = settings.kill_grace if args.grace is None else args.grace
-    return float(grace + settings.terminate_timeout + 30)
+    return float(grace + settings.terminate_timeout + 5)
 
 
 def _launch_job(
@@ -326,14 +327,16 @@ def _launch_env(
 
 
 def _rank_wrapper(args: argparse.Namespace, job: str | None) -> list[str]:
-    """``python -m mpswrap <rank options> --``: the same interpreter on every node."""
-    out = [sys.executable, "-m", "mpswrap", *(["--job", job] if job else [])]
-    for flag in ("gpus", "policy", "threads", "mem_limit", "priority", "verify_attach", "grace"):
-        value = getattr(args, flag)
-        if value is not None:
-            out += [f"--{flag.replace('_', '-')}", str(value)]
-    if args.verify_attach:
-        out += ["--verify-timeout", f"{args.verify_timeout:g}"]
+    """``python -m mpswrap --opt=value ... --``: the same interpreter on every node.
+
+    One token per option: ``mpswrap.cli`` picks its mode from the first word that is not an
+    option, and a value such as ``--job stop`` must not read as the ``stop`` command.
+    """
+    values = {"job": job, "verify_timeout": args.verify_timeout if args.verify_attach else None}
+    for name in ("gpus", "policy", "threads", "mem_limit", "priority", "verify_attach", "grace"):
+        values[name] = getattr(args, name)
+    out = [sys.executable, "-m", "mpswrap"]
+    out += [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
     out += ["--no-shield"] if args.no_shield else []
     out += ["--debug"] if args.debug else []
     return [*out, "--"]
@@ -358,22 +361,34 @@ def _check_launch_capacity(
     check_gpus(gpus, per_node, settings, env, settings.gpu_policy)
 
 
-def _run_launcher(argv: list[str], env: Mapping[str, str], bound: float) -> int:
-    """Run the launcher in its own session (so a terminal ^C reaches it once, through us),
-    forward TERM/INT/HUP/USR1/USR2, and return its exit code (128+signal after TERM/INT/HUP)."""
+def _run_launcher(argv: list[str], env: Mapping[str, str], settle: float) -> int:
+    """Run the launcher in our process group and return its exit code (128+signal after
+    TERM/INT/HUP).
+
+    The terminal, ``kill -- -PGID`` and Slurm (every process of the step) signal the launcher
+    directly. Forwarding those at once would deliver them twice, and twice means "abort now"
+    to both launchers: mpirun then SIGKILLs every rank (mid terminate_client), srun kills the
+    tasks on a second ^C. So TERM/INT/HUP are forwarded only if the launcher still runs
+    ``settle`` seconds later (it may not have got it: ``kill <mpswrap pid>``), and killed
+    with its processes if it still runs ``settle + 30`` s after that. USR1/USR2 go at once.
+    """
     with SignalTrap() as trap:
-        proc = _proc.spawn(argv, env=env, new_session=True, stdin=None, cwd=None)
+        proc = _proc.spawn(argv, env=env, new_session=False, stdin=None, cwd=None)
         ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
         got: int | None = None
-        deadline = math.inf
+        steps: list[tuple[float, int]] = []  # (when, signal) still to send to the launcher
         while proc.poll() is None:
             for sig in trap.pop():
-                _proc.kill_procs([ident], sig)
-                if sig not in FORWARDED and got is None:
-                    got, deadline = sig, time.monotonic() + bound
-            if time.monotonic() > deadline:
-                log.error("%s still running %g s after signal %d: killing it", argv[0], bound, got)
-                _proc.kill_procs([ident, *_proc.children_of(ident.pid)])
-                deadline = math.inf
+                if sig in FORWARDED:
+                    _proc.kill_procs([ident], sig)
+                elif got is None:
+                    got, now = sig, time.monotonic()
+                    steps = [(now + settle, sig), (now + 2 * settle + 30, signal.SIGKILL)]
+            if steps and time.monotonic() >= steps[0][0]:
+                sig = steps.pop(0)[1]
+                log.warning("%s still running %g s after signal %d: sending it signal %d",
+                            argv[0], settle, got, sig)  # fmt: skip
+                tree = _proc.children_of(ident.pid) if sig == signal.SIGKILL else []
+                _proc.kill_procs([ident, *tree], sig)
             select.select([trap.wake_fd], [], [], 0.05)
         return 128 + got if got is not None else exit_code(proc.returncode)

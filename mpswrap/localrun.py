@@ -47,7 +47,15 @@ from .supervisor import (
     verifiers,
 )
 
-__all__ = ["Placement", "RankOptions", "check_gpus", "place", "rank_capacity", "run_local"]
+__all__ = [
+    "Placement",
+    "RankOptions",
+    "check_gpus",
+    "place",
+    "print_rank",
+    "rank_capacity",
+    "run_local",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,7 @@ class Placement:
     uuid: str
     env: dict[str, str]
     daemon: Daemon
+    lock: Path
 
 
 def place(
@@ -112,7 +121,7 @@ def place(
         mem_limit=_mem_limit(opts.mem_limit, settings, uuid, sharing),
         priority=opts.priority,
     )
-    return Placement(position, key, uuid, env, daemon)
+    return Placement(position, key, uuid, env, daemon, layout.lock_path(key))
 
 
 def _mem_limit(spec: str | None, settings: Settings, uuid: str, sharing: int) -> str | None:
@@ -222,13 +231,16 @@ def _print_plan(
 ) -> int:
     for rank in range(n):
         placement = place(layout, pairs, settings, local_rank=rank, local_size=n, opts=opts)
-        shown = _rank_env({}, placement, rank, n)
-        env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
-        print(
-            f"[{rank}] gpu {placement.position} ({placement.uuid}): {env_text} "
-            f"{shlex.join(command)}"
-        )
+        print_rank(rank, placement, _rank_env({}, placement, rank, n), command)
     return 0
+
+
+def print_rank(
+    rank: int, placement: Placement, env: Mapping[str, str], command: Sequence[str]
+) -> None:
+    """``--dry-run``: one rank's GPU, environment and command, ready to paste."""
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    print(f"[{rank}] gpu {placement.position} ({placement.uuid}): {shown} {shlex.join(command)}")
 
 
 def _run_ranks(att: Attachment, command: Sequence[str], n: int, *, opts: RankOptions,
@@ -241,7 +253,7 @@ def _run_ranks(att: Attachment, command: Sequence[str], n: int, *, opts: RankOpt
                           local_size=n, opts=opts)  # fmt: skip
             rank = spawn_rank(command, _rank_env(base, found, index, n), found.daemon,
                               shield=opts.shield, name=f"rank {index}", stdout=_proc.PIPE,
-                              stderr=_proc.PIPE, stdin=_proc.DEVNULL)  # fmt: skip
+                              stderr=_proc.PIPE, stdin=_proc.DEVNULL, lock=found.lock)  # fmt: skip
             ranks.append(rank)
             pumps += _start_pumps(rank, index)
         checks = verifiers(ranks, opts.verify_attach, opts.verify_timeout)

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 def _job_and_node(args: argparse.Namespace) -> tuple[str, str]:
     env = JobEnv.current()
-    return args.job or env.job_id or "local", args.node or env.node
+    job = args.job if args.job is not None else env.job_id or "local"
+    return job, args.node if args.node is not None else env.node
 
 
 def find_layouts(

@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Fault", "read_faults", "terminations"]
+__all__ = ["Fault", "read_faults", "server_pids", "terminations"]
 
 _LINE = re.compile(r"^\[(?P<stamp>[^\]]*?)\s+(?P<who>\w+)\s+(?P<pid>\d+)\]\s?(?P<text>.*)$")
 _FATAL_CLIENT = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
 _PID_ONLY = re.compile(r"^\s*(\d+)\s*$")
+_NEW_SERVER = re.compile(r"Starting new server (\d+)")
 
 
 @dataclass
@@ -86,3 +87,9 @@ def read_faults(server_log: Path) -> list[Fault]:
 def terminations(server_log: Path) -> int:
     """How many ``Client termination succeeded`` lines the server wrote."""
     return sum(1 for _, _, text in _lines(server_log) if "Client termination succeeded" in text)
+
+
+def server_pids(control_log: Path) -> set[int]:
+    """PIDs of every server the daemon started (``Starting new server <pid> for user <uid>``)."""
+    found = (_NEW_SERVER.search(text) for _, _, text in _lines(control_log))
+    return {int(m.group(1)) for m in found if m}

@@ -106,8 +106,8 @@ def attach(
     layout = user_layout(settings, node, job)
     check_run_dir_writable(layout)
     user = _proc.lookup_user()
+    gpus = gpus if gpus is not None else visible_gpus(env, settings)  # before creating dirs
     layout.create(user.uid, user.gid, shared_parents=False)
-    gpus = gpus if gpus is not None else visible_gpus(env, settings)
     with filelock.FileLock(str(layout.job_dir / OWNER_LOCK), timeout=settings.start_timeout * 4):
         manifests = JobDaemons(layout, settings).start(
             gpus,
@@ -178,7 +178,9 @@ def _ensure_watchdog(layout: JobLayout) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith(("MPSWRAP_", "PATH", "HOME"))}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # stdio away from the caller's: srun and test runners wait for EOF on their pipes.
-    child = _proc.spawn(argv, env=env, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL)
+    child = _proc.spawn(
+        argv, env=env, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL, ignore_signals=_proc.SHIELDED
+    )
     _WATCHDOGS.append(child)  # keep the Popen: it outlives this call by design
     ident = _proc.identify(child.pid)
     if ident:

@@ -41,7 +41,7 @@ _KEY_RE = re.compile(r"^g[0-9]{1,3}$")
 
 def validate_name(kind: str, value: str) -> str:
     """A job id or node name must be one safe path component (no ``/``, no ``..``)."""
-    if not _NAME_RE.match(value) or ".." in value:
+    if not _NAME_RE.fullmatch(value) or ".." in value:
         raise LayoutError(
             f"invalid {kind}",
             thing=repr(value),
@@ -159,8 +159,13 @@ class JobLayout:
             names = sorted(os.listdir(self.job_dir))
         except FileNotFoundError:
             return
+        except PermissionError as exc:
+            raise LayoutError(
+                "cannot read job directory", thing=str(self.job_dir), cause=exc.strerror
+            ) from exc
         for name in names:
-            if _KEY_RE.match(name):
+            # A symlink here was planted by the job's user: never follow it (root runs this).
+            if _KEY_RE.fullmatch(name) and not os.path.islink(self.job_dir / name):
                 yield GpuDirs(name, self.job_dir / name)
 
 

@@ -22,8 +22,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
+
+import filelock
 
 from . import _proc
 from .daemon import Daemon
@@ -73,6 +76,8 @@ class Rank:
     ident: _proc.ProcId
     daemon: Daemon | None
     name: str = "rank"
+    #: The daemon's start/stop lock: ladders of many ranks take turns at its control socket.
+    lock: Path | None = None
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts)."""
@@ -169,6 +174,7 @@ def spawn_rank(
     stdout: int | None = None,
     stderr: int | None = None,
     stdin: int | None = None,
+    lock: Path | None = None,
 ) -> Rank:
     """Start one client: shielded, in our process group, in the caller's directory."""
     _check_program(argv, env)
@@ -184,7 +190,7 @@ def spawn_rank(
     )
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
-    return Rank(proc, ident, daemon, name)
+    return Rank(proc, ident, daemon, name, lock)
 
 
 def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
@@ -192,7 +198,13 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
     live = [r for r in ranks if r.proc.poll() is None]
     if not live:
         return
-    _terminate_clients(live)
+    ended = _terminate_clients(live)
+    # Under load the real daemon has answered a listing with nothing (seen with 12 ranks on
+    # an H100): look once more for ranks none of whose processes was ended.
+    again = [r for r in live if r.proc.poll() is None and not ended & {p.pid for p in r.tree()}]
+    if again:
+        time.sleep(0.2)
+        _terminate_clients(again)
     live = [r for r in live if r.proc.poll() is None]
     _proc.kill_procs([r.ident for r in live], sig)
     deadline = time.monotonic() + grace
@@ -212,23 +224,69 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
         _wait(rank.proc, 5.0)
 
 
-def _terminate_clients(ranks: Sequence[Rank]) -> None:
-    """``terminate_client`` every MPS client among the ranks' process trees, per daemon."""
-    groups: dict[str, tuple[Daemon, set[int]]] = {}
+def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
+    """``terminate_client`` every MPS client among the ranks' process trees, per daemon;
+    returns the PIDs it ended."""
+    groups: dict[str, tuple[Daemon, Path | None, set[int]]] = {}
     for rank in ranks:
-        if rank.daemon is None:
-            continue
-        entry = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, set()))
-        entry[1].update(p.pid for p in rank.tree())
-    for daemon, pids in groups.values():
-        try:
-            report = daemon.end_clients(pids)
-        except MpswrapError as exc:
-            log.warning("could not end MPS clients of %s: %s", daemon.dirs.pipe, exc.line())
-            continue
-        for note in report.notes:
-            log.warning("%s", note)
-        log.debug("terminated clients %s, killed %s", report.terminated, report.killed)
+        if rank.daemon is not None:
+            key = str(rank.daemon.dirs.pipe)
+            groups.setdefault(key, (rank.daemon, rank.lock, set()))[2].update(
+                p.pid for p in rank.tree()
+            )
+    ended: set[int] = set()
+    for daemon, lock, pids in groups.values():
+        ended |= _end_clients(daemon, lock, pids)
+    return ended
+
+
+def _end_clients(daemon: Daemon, lock: Path | None, pids: set[int]) -> set[int]:
+    """Like ``Daemon.end_clients``, but the control commands are sent under the daemon's lock.
+
+    The real daemon refuses a command while it talks to another ("Cannot send command"):
+    twelve ladders at once on an H100 ran out of retries and a client was SIGKILLed. Only
+    the commands are serialised; waiting for the clients to exit is not.
+    """
+    control, ended = daemon.control, set()
+    idents = [p for p in map(_proc.identify, pids) if p]
+    try:
+        with _locked(lock, daemon.settings.terminate_timeout * 4):
+            for server in control.server_list():
+                for pid in (c for c in control.client_list(server) if c in pids):
+                    try:
+                        control.terminate_client(server, pid)
+                        ended.add(pid)
+                    except ControlError as exc:
+                        log.warning("terminate_client %d: %s", pid, exc.line())
+    except ControlError as exc:
+        log.warning("could not list MPS clients of %s: %s", daemon.dirs.pipe, exc.line())
+    alive = _proc.wait_gone(
+        [p for p in idents if p.pid in ended], daemon.settings.terminate_timeout
+    )
+    if alive:  # terminated but still running: not in a CUDA call for that long
+        _proc.kill_procs(alive, signal.SIGKILL)
+        _proc.wait_gone(alive, 2.0)
+    log.debug("terminated clients %s (still alive after it: %s)", sorted(ended), alive)
+    return ended
+
+
+@contextmanager
+def _locked(lock: Path | None, timeout: float) -> Iterator[None]:
+    """Hold ``lock`` if it can be had within ``timeout``; else go on without it."""
+    if lock is None:
+        yield
+        return
+    held = filelock.FileLock(str(lock), timeout=timeout)
+    try:
+        held.acquire()
+    except filelock.Timeout:
+        log.warning("%s busy for %g s: ending clients without it", lock, timeout)
+        yield
+        return
+    try:
+        yield
+    finally:
+        held.release()
 
 
 def _wait(proc: Child, timeout: float) -> int | None:
@@ -308,10 +366,11 @@ def supervise(
     verify_attach: str | None = None,
     verify_timeout: float = 30.0,
     name: str = "rank",
+    lock: Path | None = None,
 ) -> int:
     """Run ``argv`` as this rank's MPS client until it exits; return the exit code."""
     with SignalTrap() as trap:
-        rank = spawn_rank(argv, env, daemon, shield=shield, name=name)
+        rank = spawn_rank(argv, env, daemon, shield=shield, name=name, lock=lock)
         checks = verifiers([rank], verify_attach, verify_timeout)
         return _watch(rank, trap, grace, checks)
 

@@ -12,7 +12,7 @@ import pytest
 
 #: Variables that would change behaviour when the tests run inside an allocation.
 _JOB_VARS = re.compile(
-    r"^(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
+    r"^(?!OMPI_MCA_plm_)(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
     r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)"
 )
 

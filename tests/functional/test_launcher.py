@@ -42,7 +42,9 @@ def one_gpu() -> Iterator[SimNode]:
     assert not left, f"left behind: {left}"
 
 
-def run(node: SimNode, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    node: SimNode, *args: str, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MPSWRAP, *args], env=node.env(**env), text=True,
                           capture_output=True, timeout=timeout)  # fmt: skip
 
@@ -234,7 +236,7 @@ def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> Non
         "time.sleep(3)\n"
     )
     proc = start(node, "--job", "t4", "--", sys.executable, "-c", program)
-    wait_for(lambda: (tmp_path / "ready").exists())
+    wait_for((tmp_path / "ready").exists)
     os.kill(proc.pid, signal.SIGUSR1)  # the supervisor only: it must pass it on
     proc.communicate(timeout=30)
     assert marker.exists()
@@ -286,9 +288,9 @@ def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
               "./app", "-np", "9")  # fmt: skip
     assert res.returncode == 0, res.stderr
     cmd = res.stdout.splitlines()[-1]
-    assert re.search(r"-m mpswrap --job mpirun-\d+ --policy cyclic -- \./app -np 9$", cmd)
+    assert re.search(r"-m mpswrap --job=mpirun-\d+ --policy=cyclic -- \./app -np 9$", cmd)
     assert "-x MPSWRAP_GPU_INVENTORY" in cmd and cmd.startswith("mpirun -x ")
-    assert "OMPI_MCA_odls_base_sigkill_timeout=3" in res.stdout
+    assert "OMPI_MCA_odls_base_sigkill_timeout=5" in res.stdout
     assert "-x MPSWRAP_JOB" in cmd and re.search(r"^MPSWRAP_JOB=mpirun-\d+$", res.stdout, re.M)
 
 

@@ -256,8 +256,10 @@ def test_scancel_mid_kernel_under_srun_mpswrap(cluster: dict[str, str], gpu_user
         for p in (Path(cluster["state"]) / "mps-logs").glob(f"node1-{job}-*-server.log")
     )
     print(logs[-3000:])
-    control = "".join(p.read_text() for p in (Path(cluster["state"]) / "mps-logs").glob(
-        f"node1-{job}-*-control.log"))
+    control = "".join(
+        p.read_text()
+        for p in (Path(cluster["state"]) / "mps-logs").glob(f"node1-{job}-*-control.log")
+    )
     print(control[-4000:])
     assert logs.count("Client termination succeeded") == 4
     assert "fatal" not in logs.lower()

@@ -29,8 +29,10 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI mpirun"),
 ]
 MPSWRAP = [sys.executable, "-m", "mpswrap"]
-#: Root must say so to Open MPI; this machine has fewer cores than ranks.
-MPIRUN = ["mpirun", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+#: Root must say so to Open MPI; CI machines have fewer cores than ranks; every rank runs on
+#: this node, so no ssh/rsh is needed (machines without one refuse to start otherwise).
+MPIRUN = ["mpirun", "--oversubscribe", "--mca", "plm_rsh_agent", "false",
+          *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]  # fmt: skip
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
 
 
@@ -160,13 +162,39 @@ def test_failing_rank_sets_the_exit_code_and_others_end_cleanly(node: SimNode) -
     daemons = PrologDaemons(node, "fail")
     try:
         rec = node.root / "rec.json"
-        script = (f'if [ "$OMPI_COMM_WORLD_RANK" = 2 ]; then sleep 3; exit 3; fi; exec '
-                  f'{node.client} --seconds 120 --record {rec} --tag "$OMPI_COMM_WORLD_RANK"')  # fmt: skip
+        rank = "$OMPI_COMM_WORLD_RANK"
+        script = (f'if [ "{rank}" = 2 ]; then sleep 3; exit 3; fi; '
+                  f'exec {node.client} --seconds 120 --record {rec} --tag "{rank}"')  # fmt: skip
         res = mpswrap(node, "--job", "fail", "--grace", "5", *MPIRUN, "-np", "4",
                       "sh", "-c", script)  # fmt: skip
         assert res.returncode == 3, res.stderr
         assert end_reasons(rec) == ["terminated"] * 3, res.stderr
         assert daemons.terminations() == 3
+    finally:
+        daemons.stop()
+
+
+@needs_root
+def test_sigterm_to_mpswrap_alone_is_passed_on_after_settling(node: SimNode) -> None:
+    """``kill <mpswrap pid>``: the launcher never got it, so mpswrap sends it on (after
+    grace + terminate_timeout + 5 s, in case the launcher had got it directly)."""
+    daemons = PrologDaemons(node, "one")
+    try:
+        rec = node.root / "rec.json"
+        proc = subprocess.Popen(
+            [*MPSWRAP, "--job", "one", "--grace", "1", *MPIRUN, "-np", "2",
+             *client(node, rec, 120)],
+            env=node.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_for_starts(rec, 2, proc)
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, err
+        assert time.monotonic() - t0 >= 8.5  # settle = 1 + 3 + 5 s
+        assert end_reasons(rec) == ["terminated"] * 2, err
+        assert daemons.terminations() == 2
     finally:
         daemons.stop()
 
@@ -221,8 +249,8 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
                                  capture_output=True, text=True, check=True)  # fmt: skip
             bare.append(float(out.stdout) - t0)
             t0 = time.time()
-            out = subprocess.run([*MPSWRAP, "--job", "budget", "--", "date", "+%s.%N"],
-                                 env=node.env(), capture_output=True, text=True, check=True)  # fmt: skip
+            argv = [*MPSWRAP, "--job", "budget", "--", "date", "+%s.%N"]
+            out = subprocess.run(argv, env=node.env(), capture_output=True, text=True, check=True)
             latencies.append(float(out.stdout) - t0)
         for _ in range(3):
             proc = subprocess.Popen([*MPSWRAP, "--job", "budget", "--", "sleep", "1.5"],

@@ -30,7 +30,7 @@ W = ["python", "-m", "mpswrap", "--"]
         (["srun", "--lab", "x", "1"], ["srun", "--lab", *W, "x", "1"]),  # prefix of --label
         (["srun", "-K", "x"], ["srun", "-K", *W, "x"]),  # optional value only attached
         (["srun", "--unknown=v", "-y", "x"], ["srun", "--unknown=v", "-y", *W, "x"]),
-        (["srun", "-n", "2", "--", "x", "--", "-n"], ["srun", "-n", "2", "--", *W, "x", "--", "-n"]),
+        (["srun", "-n", "2", "--", "x", "--"], ["srun", "-n", "2", "--", *W, "x", "--"]),
         (
             ["mpirun", "-np", "6", "-x", "VAR", "--map-by", "ppr:2:node", "./a", "-np", "1"],
             ["mpirun", "-np", "6", "-x", "VAR", "--map-by", "ppr:2:node", *W, "./a", "-np", "1"],
@@ -40,17 +40,20 @@ W = ["python", "-m", "mpswrap", "--"]
             ["mpirun", "--mca", "btl", "self", "-H", "h:2", "--hostfile", "f", *W, "a"],
         ),
         (
-            ["mpiexec", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-n", "2", "a"],
-            ["mpiexec", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-n", "2",
-             *W, "a"],
-        ),  # fmt: skip
+            ["mpiexec", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "a"],
+            ["mpiexec", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", *W, "a"],
+        ),
         (["orterun", "-np=2", "a"], ["orterun", "-np=2", *W, "a"]),
-        (["mpirun", "-n", "1", "a", ":", "-n", "2", "b", "x"],
-         ["mpirun", "-n", "1", *W, "a", ":", "-n", "2", *W, "b", "x"]),  # fmt: skip
-        (["/usr/bin/mpirun.openmpi", "-c", "2", "a"], ["/usr/bin/mpirun.openmpi", "-c", "2", *W, "a"]),
+        (
+            ["mpirun", "-n", "1", "a", ":", "-n", "2", "b", "x"],
+            ["mpirun", "-n", "1", *W, "a", ":", "-n", "2", *W, "b", "x"],
+        ),
+        (["/bin/mpirun.openmpi", "-c", "2", "a"], ["/bin/mpirun.openmpi", "-c", "2", *W, "a"]),
         (["mpirun", "--version"], ["mpirun", "--version"]),
-        (["srun", "-n", "1", "a", ":", "-n", "2", "b"],
-         ["srun", "-n", "1", *W, "a", ":", "-n", "2", *W, "b"]),  # fmt: skip
+        (
+            ["srun", "-n", "1", "a", ":", "-n", "2", "b"],
+            ["srun", "-n", "1", *W, "a", ":", "-n", "2", *W, "b"],
+        ),
     ],
 )
 def test_wrap_examples(argv: list[str], wrapped: list[str]) -> None:
