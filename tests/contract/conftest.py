@@ -153,19 +153,33 @@ def _teardown(b: Backend) -> None:
         )
     except subprocess.TimeoutExpired:
         pass
-    left = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if str(b.pipe) in " ".join(proc.info["cmdline"] or ()) or any(
-                str(b.pipe) in v for v in proc.environ().values()
-            ):
-                if proc.pid != os.getpid():
-                    left.append(proc)
-        except psutil.Error:
-            continue
+    # quit answers before the daemon process has finished exiting (the real daemon, too, is
+    # reaped only later): give what quit ended a bounded moment, then anything alive leaked.
+    deadline = time.monotonic() + 10
+    while (left := _processes_of(b)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for proc in left:
         proc.kill()
     assert not left, f"left behind: {[p.pid for p in left]}"
+
+
+def _processes_of(b: Backend) -> list[psutil.Process]:
+    """Processes other than this one whose command line or environment names the pipe dir."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if (
+                proc.pid != os.getpid()
+                and proc.status() != psutil.STATUS_ZOMBIE
+                and (
+                    str(b.pipe) in " ".join(proc.info["cmdline"] or ())
+                    or any(str(b.pipe) in v for v in proc.environ().values())
+                )
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 def pytest_report_header() -> str:
