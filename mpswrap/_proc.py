@@ -26,9 +26,11 @@ import psutil
 from .errors import ProcError, UsageError
 
 __all__ = [
+    "Guard",
     "ProcId",
     "Result",
     "UserIds",
+    "fork_guard",
     "identify",
     "is_alive",
     "kill_procs",
@@ -360,3 +362,70 @@ def procs_mentioning(marker: str) -> list[ProcId]:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+# --- guards ----------------------------------------------------------------------------------
+@dataclass
+class Guard:
+    """A forked process that acts if its parent dies before ``release`` (see ``fork_guard``)."""
+
+    pid: int
+    fd: int
+
+    def release(self, timeout: float = 5.0) -> None:
+        """Tell the guard all is well, and reap it (bounded; killed if it lingers)."""
+        try:
+            os.write(self.fd, b"x")
+        except OSError:
+            pass  # the guard is gone already (killed with the step): nothing to tell
+        os.close(self.fd)
+        deadline = time.monotonic() + timeout
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() >= deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.002)
+
+
+def fork_guard(on_orphaned: Callable[[], None], ignore: Sequence[int]) -> Guard:
+    """Fork a guard that runs ``on_orphaned`` if this process dies without ``Guard.release``
+    (SIGKILL, the OOM killer): the death closes the only write end of the guard's pipe.
+
+    Fork only while no thread runs. The guard ignores ``ignore`` (the signals Slurm and mpirun
+    send to every process at once), keeps no descriptor of ours but stdio and its pipe, and
+    exits after ``on_orphaned`` or the release.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _guard_main(read_fd, on_orphaned, ignore)
+    os.close(read_fd)
+    return Guard(pid, write_fd)
+
+
+def _guard_main(read_fd: int, on_orphaned: Callable[[], None], ignore: Sequence[int]) -> None:
+    code = 0
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            if fd > 2 and fd != read_fd:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the descriptor of the listing itself, closed already
+        while True:
+            try:
+                told = os.read(read_fd, 1)
+                break
+            except InterruptedError:
+                continue
+        if not told:
+            on_orphaned()
+    except BaseException:
+        log.exception("guard failed")
+        code = 1
+    finally:
+        os._exit(code)

@@ -43,6 +43,7 @@ from .supervisor import (
     Verifier,
     end_ranks,
     exit_code,
+    guarded,
     spawn_rank,
     verifiers,
 )
@@ -121,7 +122,7 @@ def place(
         mem_limit=_mem_limit(opts.mem_limit, settings, uuid, sharing),
         priority=opts.priority,
     )
-    return Placement(position, key, uuid, env, daemon, layout.lock_path(key))
+    return Placement(position, key, uuid, env, daemon, layout.ranks_lock_path(key))
 
 
 def _mem_limit(spec: str | None, settings: Settings, uuid: str, sharing: int) -> str | None:
@@ -255,9 +256,11 @@ def _run_ranks(att: Attachment, command: Sequence[str], n: int, *, opts: RankOpt
                               shield=opts.shield, name=f"rank {index}", stdout=_proc.PIPE,
                               stderr=_proc.PIPE, stdin=_proc.DEVNULL, lock=found.lock)  # fmt: skip
             ranks.append(rank)
-            pumps += _start_pumps(rank, index)
-        checks = verifiers(ranks, opts.verify_attach, opts.verify_timeout)
-        return _wait_ranks(ranks, trap, opts.grace, checks)
+        with guarded(ranks, opts.grace):  # forked before the output threads start
+            for index, rank in enumerate(ranks):
+                pumps += _start_pumps(rank, index)
+            checks = verifiers(ranks, opts.verify_attach, opts.verify_timeout)
+            return _wait_ranks(ranks, trap, opts.grace, checks)
     except BaseException:
         end_ranks(ranks, signal.SIGTERM, opts.grace)  # an error of ours: end them cleanly
         raise

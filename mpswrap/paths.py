@@ -151,7 +151,13 @@ class JobLayout:
         return self.gpu(f"g{position}")
 
     def lock_path(self, key: str) -> Path:
+        """The GPU's start/stop lock (root's in prolog mode: the job user cannot open it)."""
         return self.job_dir / f".{key}{LOCK_SUFFIX}"
+
+    def ranks_lock_path(self, key: str) -> Path:
+        """The lock ranks take to send control commands to the GPU's daemon one at a time; the
+        job user creates it in the job directory it owns, in prolog and user mode alike."""
+        return self.job_dir / f".{key}.ranks{LOCK_SUFFIX}"
 
     def existing_gpus(self) -> Iterator[GpuDirs]:
         """GPU directories present on disk, in key order."""

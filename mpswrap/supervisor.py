@@ -40,6 +40,7 @@ __all__ = [
     "SignalTrap",
     "end_ranks",
     "exit_code",
+    "guarded",
     "spawn_rank",
     "supervise",
 ]
@@ -224,6 +225,31 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
         _wait(rank.proc, 5.0)
 
 
+@contextmanager
+def guarded(ranks: Sequence[Rank], grace: float) -> Iterator[None]:
+    """While inside, a forked guard ends the ranks through the ladder should this supervisor
+    die first (SIGKILL, OOM killer): they ignore the SIGTERM that would otherwise end them."""
+    guard = _proc.fork_guard(lambda: _end_orphans(ranks, grace), ignore=(*TERMINATING, *FORWARDED))
+    try:
+        yield
+    finally:
+        guard.release()
+
+
+def _end_orphans(ranks: Sequence[Rank], grace: float) -> None:
+    """The guard's ladder: like ``end_ranks``, but the ranks are no longer our children."""
+    live = [r for r in ranks if _proc.is_alive(r.ident)]
+    if not live:
+        return
+    names = ", ".join(f"{r.name} (pid {r.ident.pid})" for r in live)
+    log.warning("supervisor gone: ending %s through MPS terminate_client", names)
+    _terminate_clients(live)
+    idents = [r.ident for r in live]
+    _proc.kill_procs(idents, signal.SIGTERM)
+    for ident in _proc.wait_gone(idents, grace):
+        _proc.kill_procs([ident, *_proc.children_of(ident.pid)], signal.SIGKILL)
+
+
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     """``terminate_client`` every MPS client among the ranks' process trees, per daemon;
     returns the PIDs it ended."""
@@ -272,7 +298,10 @@ def _end_clients(daemon: Daemon, lock: Path | None, pids: set[int]) -> set[int]:
 
 @contextmanager
 def _locked(lock: Path | None, timeout: float) -> Iterator[None]:
-    """Hold ``lock`` if it can be had within ``timeout``; else go on without it."""
+    """Hold ``lock`` if it can be had within ``timeout``; else go on without it.
+
+    The lock only spaces out control commands: a ladder must never fail for want of it.
+    """
     if lock is None:
         yield
         return
@@ -281,6 +310,10 @@ def _locked(lock: Path | None, timeout: float) -> Iterator[None]:
         held.acquire()
     except filelock.Timeout:
         log.warning("%s busy for %g s: ending clients without it", lock, timeout)
+        yield
+        return
+    except OSError as exc:
+        log.warning("cannot take %s (%s): ending clients without it", lock, exc.strerror or exc)
         yield
         return
     try:
@@ -372,7 +405,17 @@ def supervise(
     with SignalTrap() as trap:
         rank = spawn_rank(argv, env, daemon, shield=shield, name=name, lock=lock)
         checks = verifiers([rank], verify_attach, verify_timeout)
-        return _watch(rank, trap, grace, checks)
+        with guarded([rank], grace):
+            try:
+                return _watch(rank, trap, grace, checks)
+            except BaseException:
+                # The child ignores the SIGTERM that would otherwise end it: never leave it
+                # behind, even when the ladder itself failed.
+                if rank.proc.poll() is None:
+                    log.error("%s: supervisor failed: killing pid %d", name, rank.ident.pid)
+                    _proc.kill_procs(rank.tree(), signal.SIGKILL)
+                    _wait(rank.proc, 5.0)
+                raise
 
 
 def _watch(rank: Rank, trap: SignalTrap, grace: float, checks: list[Verifier]) -> int:

@@ -48,8 +48,10 @@ class Client:
             os.close(fd)
 
     def fail(self, code: int, reason: str) -> int:
-        print(cuda_error(code), file=sys.stderr, flush=True)
+        # Recorded when the CUDA call returns the error, before the program reports it: with
+        # its supervisor gone, stderr may be a pipe nobody reads and the report kill it.
         self.record("end", reason=reason, time=time.time())
+        print(cuda_error(code), file=sys.stderr, flush=True)
         return 1
 
     # --- attach ---------------------------------------------------------------------------

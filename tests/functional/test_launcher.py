@@ -138,6 +138,19 @@ def test_run_sigterm_to_every_process_ends_clients_cleanly(node: SimNode) -> Non
     assert "CUDA error 810" in out + err
 
 
+def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> None:
+    """SIGKILL takes the supervisor (no ladder of its own): its guard ends the shielded
+    ranks through terminate_client."""
+    rec = node.root / "rec.json"
+    proc = start(node, "run", "-n", "2", "--grace", "5", "--", *client(node, rec, 60))
+    wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
+    proc.kill()  # the supervisor alone
+    proc.communicate(timeout=30)
+    wait_for(lambda: len(by_tag(records(rec), "end")) == 2)
+    ends = by_tag(records(rec), "end")
+    assert sorted(r["reason"] for r in ends.values()) == ["terminated"] * 2, ends
+
+
 def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode) -> None:
     res = run(node, "run", "-n", "2", "--", "sh", "-c",
               'printf "out $MPSWRAP_RANK\\nlast"; printf "err\\xff\\n" >&2')  # fmt: skip
@@ -224,6 +237,16 @@ def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> Non
     signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
+    assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+
+
+def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    proc = start(node, "--job", "t3k", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
+    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    proc.kill()  # the supervisor alone: its child ignores SIGTERM and outlives it
+    proc.communicate(timeout=30)
+    wait_for(lambda: "r" in by_tag(records(rec), "end"))
     assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
 
 
