@@ -138,8 +138,10 @@ class Daemon:
         if not self.settings.cpu_binding or not gpu.cpus:
             return []
         cpus = gpu.cpus & allowed if allowed else gpu.cpus
-        if not cpus:
-            log.warning("GPU %s: its local CPUs are outside the allowed set; not pinning", gpu.uuid)
+        if not cpus and allowed:
+            # Still inside what the job may use, if not near the GPU.
+            log.warning("GPU %s: its local CPUs are outside the allowed set", gpu.uuid)
+            cpus = allowed
         return sorted(cpus)
 
     def _start_locked(

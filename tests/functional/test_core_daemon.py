@@ -79,16 +79,18 @@ def test_start_is_idempotent_and_two_gpus_get_two_private_daemons(node: SimNode,
 
 
 def test_daemon_cpus_are_gpu_local_cpus_intersected_with_allowed(node: SimNode) -> None:
+    """The fake inventory gives each GPU half of the CPUs (cpu 0 and 1 on a 2-core machine)."""
     allowed = sorted(os.sched_getaffinity(0))
-    manifests = _start(node, "--cpus", ",".join(map(str, allowed[:1])))
-    gpus = {g["uuid"]: g for g in _gpus(node)}
-    for m in manifests:
-        local = set(_cpu_list(str(gpus[m["gpu_uuid"]]["cpus"])))
-        expected = sorted(local & set(allowed[:1]))
-        if expected:
-            assert m["cpus"] == expected
+    local = {g["uuid"]: _cpu_list(str(g["cpus"])) for g in _gpus(node)}
+    assert len(allowed) >= 2 and len({tuple(c) for c in local.values()}) == 2, local
+    for cpus in (allowed, allowed[:1]):
+        manifests = _start(node, "--cpus", ",".join(map(str, cpus)))
+        for m in manifests:
+            # local ∩ allowed; all allowed CPUs when the GPU's local ones are all outside
+            expected = sorted(set(local[m["gpu_uuid"]]) & set(cpus)) or cpus
+            assert m["cpus"] == expected, (m, local)
             assert sorted(psutil.Process(m["daemon_pid"]).cpu_affinity()) == expected
-    node.mpswrap("stop", *JOB)
+        assert node.mpswrap("stop", *JOB).returncode == 0
 
 
 def _cpu_list(text: str) -> list[int]:
