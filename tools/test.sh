@@ -13,7 +13,7 @@ log() { echo "tools/test.sh: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root (Slurm harness, test users)"; exit 2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
-      shellcheck util-linux procps passwd)
+      libpmix-dev shellcheck util-linux procps passwd)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -175,6 +175,19 @@ def test_daemons_and_servers_run_as_the_job_user_never_root(node: SimNode, users
     rank.communicate(timeout=30)
 
 
+def test_daemons_are_never_multi_user(node: SimNode, users) -> None:
+    """Multi-user MPS (-multiuser-server, -M) lets one user's fault kill another's clients:
+    mpswrap never starts it; each daemon is started as exactly ``<control> -d``."""
+    a, _ = users
+    found = prolog(node, a.pw_name)
+    for m in found.values():
+        argv = psutil.Process(int(m["daemon_pid"])).cmdline()
+        assert argv[-1] == "-d", argv
+        assert not {"-M", "-multiuser-server"} & set(argv), argv
+    end = slurm_hook(node, "epilog", user=a.pw_name)
+    assert end.returncode == 0, end.stderr
+
+
 # --- another user ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "command", ["get_server_list", "quit", "get_default_active_thread_percentage"]
