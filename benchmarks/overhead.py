@@ -1,6 +1,7 @@
 """mpswrap's own costs: prolog time vs GPU count, epilog time vs clients, status latency,
-per-rank wrapper start. With ``simulate=True`` everything runs against the MPS simulator and a
-fake inventory (CI's quick mode); otherwise against the real GPU and MPS binaries."""
+per-rank supervisor start and memory. With ``simulate=True`` everything runs against the MPS
+simulator and a fake inventory (CI's quick mode); otherwise against the real GPU and MPS
+binaries."""
 
 from __future__ import annotations
 
@@ -128,6 +129,9 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
                 "simulated": simulate,
             },
         )
+    key = f"overhead/{kind}/supervisor"
+    if not res.has(key):
+        res.add(key, _supervisor_costs(Bench(simulate, 1), "sup", 5 if quick else 11))
     for k in [0, 12] if quick else [0, 12, 48]:
         key = f"overhead/{kind}/epilog/clients{k}"
         if res.has(key):
@@ -161,3 +165,42 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
                 "simulated": simulate,
             },
         )
+
+
+def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
+    """Per-rank supervisor (``mpswrap -- prog``) with the job's daemons running: time from
+    its exec to the program's exec, and resident memory of the supervisor and of its guard."""
+    import psutil
+
+    bench.hook("prolog", job)
+    env = dict(bench.env(job), SLURM_SCRIPT_CONTEXT="", SLURM_LOCALID="0", SLURM_STEP_ID="0")
+    start, rss, guard_rss, guard_uss = [], [], [], []
+    try:
+        for _ in range(repeats):
+            t0 = time.time()
+            out = subprocess.run(
+                [PY, "-m", "mpswrap", "--", "date", "+%s.%N"],
+                env=env, capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            start.append(float(out.stdout) - t0)
+        for _ in range(3):
+            proc = subprocess.Popen([PY, "-m", "mpswrap", "--", "sleep", "2"], env=env)
+            time.sleep(1.2)
+            me = psutil.Process(proc.pid)
+            rss.append(me.memory_info().rss)
+            for kid in me.children():
+                if kid.cmdline()[:1] == [PY]:  # the guard: a fork of the supervisor
+                    guard_rss.append(kid.memory_info().rss)
+                    guard_uss.append(kid.memory_full_info().uss)
+            proc.wait(timeout=60)
+    finally:
+        bench.hook("epilog", job)
+    mib = 2**20
+    return {
+        "what": "supervisor",
+        "start": _median(start),
+        "rss_mib": round(statistics.median(rss) / mib, 1),
+        "guard_rss_mib": round(statistics.median(guard_rss) / mib, 1) if guard_rss else None,
+        "guard_uss_mib": round(statistics.median(guard_uss) / mib, 1) if guard_uss else None,
+        "simulated": bench.simulate,
+    }

@@ -7,6 +7,7 @@ against mpswrap's MPS simulator (CI runs that).
 
     python benchmarks/run.py --out benchmarks/results/h100.json --phases mlp,overhead
     python benchmarks/run.py --quick --out /tmp/overhead.json
+    python benchmarks/run.py --phases overhead --simulate --out benchmarks/results/cpu-sim.json
 """
 
 from __future__ import annotations
@@ -238,6 +239,9 @@ def main() -> int:
     ap.add_argument("--mlp-steps", type=int, default=3000)
     ap.add_argument("--ns", default="1,4,12,24,48")
     ap.add_argument("--quick", action="store_true", help="CPU overheads with the simulator")
+    ap.add_argument(
+        "--simulate", action="store_true", help="overhead phase against the simulator (no GPU)"
+    )
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget
     res = Results(args.out)
@@ -257,7 +261,7 @@ def main() -> int:
     if "provision" in phases:
         phase_provision(res, args.mlp_steps, args.repeats, deadline)
     if "overhead" in phases:
-        phase_overhead(res, simulate=False, quick=False)
+        phase_overhead(res, simulate=args.simulate, quick=False)
     return 0
 
 

@@ -1,0 +1,168 @@
+"""Tables (Markdown) and a throughput plot from the JSON files of benchmarks/run.py.
+
+    python benchmarks/report.py benchmarks/results/*.json [--plot docs/benchmarks-throughput.png]
+
+Medians over the repeats, with the spread (min-max) and the number of repeats; each figure
+compares only measurements of one file (one visit to one machine), never across files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+MODES = ("timesliced", "rawmps", "mpswrap")
+TITLES = {"timesliced": "time-sliced", "rawmps": "raw MPS", "mpswrap": "mpswrap"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    data["file"] = path.name
+    return data
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.2f} (1 run)"
+    return f"{med:.2f} ({min(values):.2f}-{max(values):.2f}, {len(values)} runs)"
+
+
+def _ratio(num: list[float], den: list[float]) -> str:
+    if not num or not den:
+        return "-"
+    return f"{statistics.median(num) / statistics.median(den):.2f}x"
+
+
+def throughput_table(data: dict[str, Any], workload: str) -> list[str]:
+    """Wall time of N processes started together, per mode; speed-ups from the medians."""
+    walls: dict[tuple[int, str], list[float]] = defaultdict(list)
+    starts: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for run in data["runs"]:
+        if run.get("workload") == workload and run.get("mode") in MODES and not run.get("threads"):
+            walls[run["n"], run["mode"]].append(run["wall_s"])
+            starts[run["n"], run["mode"]].append(run["startup_s"])
+    ns = sorted({n for n, _ in walls})
+    if not ns:
+        return []
+    head = " | ".join(f"{TITLES[m]} wall s" for m in MODES)
+    lines = [
+        f"| N | {head} | MPS speed-up | mpswrap / raw MPS throughput | start-up s (ts / raw / mpswrap) |",  # noqa: E501
+        "|---|" + "---|" * (len(MODES) + 3),
+    ]
+    for n in ns:
+        cells = " | ".join(_cell(walls[n, m]) for m in MODES)
+        speed = _ratio(walls[n, "timesliced"], walls[n, "rawmps"])
+        wrap = _ratio(walls[n, "rawmps"], walls[n, "mpswrap"])
+        up = " / ".join(
+            f"{statistics.median(starts[n, m]):.1f}" if starts[n, m] else "-" for m in MODES
+        )
+        lines.append(f"| {n} | {cells} | {speed} | {wrap} | {up} |")
+    return lines
+
+
+def provisioning_table(data: dict[str, Any]) -> list[str]:
+    walls: dict[str, list[float]] = defaultdict(list)
+    for run in data["runs"]:
+        if run["key"].startswith("mixed/"):
+            walls[run.get("threads") or "none"].append(run["wall_s"])
+    if not walls:
+        return []
+    base = walls.get("none", [])
+    lines = ["| --threads | wall s | vs none |", "|---|---|---|"]
+    for policy, values in walls.items():
+        lines.append(f"| {policy} | {_cell(values)} | {_ratio(base, values)} |")
+    return lines
+
+
+def overhead_table(data: dict[str, Any]) -> list[str]:
+    lines = ["| what | measure | median ms (min-max) |", "|---|---|---|"]
+    for run in data["runs"]:
+        if not run["key"].startswith("overhead/"):
+            continue
+        what = run["key"].split("/", 1)[1]
+        for measure in ("prolog", "epilog_no_clients", "epilog", "status", "start"):
+            if measure in run:
+                v = run[measure]
+                lines.append(
+                    f"| {what} | {measure} | {v['median_ms']} ({v['min_ms']}-{v['max_ms']}) |"
+                )
+        if "rss_mib" in run:
+            guard = f", guard RSS {run['guard_rss_mib']} MiB (USS {run['guard_uss_mib']} MiB)"
+            lines.append(f"| {what} | memory | supervisor RSS {run['rss_mib']} MiB{guard} |")
+    return lines if len(lines) > 2 else []
+
+
+def markdown(files: Iterable[dict[str, Any]]) -> str:
+    out: list[str] = []
+    for data in files:
+        meta = data.get("meta", {})
+        dates = sorted({r["date"] for r in data["runs"]})
+        out.append(
+            f"### {data['file']}: {meta.get('gpu', '?')}, driver {meta.get('driver', '?')}, "
+            f"torch {meta.get('torch', '-')}, Python {meta.get('python', '?')}, "
+            f"{', '.join(dates)}"
+        )
+        for workload in ("mlp", "nbody"):
+            table = throughput_table(data, workload)
+            if table:
+                out += ["", f"Workload `{workload}`:", "", *table]
+        for title, table in (
+            ("Provisioning, mixed set", provisioning_table(data)),
+            ("Overheads", overhead_table(data)),
+        ):
+            if table:
+                out += ["", f"{title}:", "", *table]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(files: list[dict[str, Any]], path: Path) -> None:
+    """Throughput (steps/s, all processes) against N, one line per mode and file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for data in files:
+        for mode in MODES:
+            points: dict[int, list[float]] = defaultdict(list)
+            for run in data["runs"]:
+                same = run.get("workload") == "mlp" and run.get("mode") == mode
+                if same and not run.get("threads"):
+                    points[run["n"]].append(run["throughput_steps_per_s"])
+            if points:
+                ns = sorted(points)
+                ys = [statistics.median(points[n]) for n in ns]
+                ax.plot(ns, ys, marker="o", label=f"{TITLES[mode]} ({data['file']})")
+    ax.set_xlabel("processes on one GPU (N)")
+    ax.set_ylabel("training steps per second, all processes")
+    ax.set_title("Small-MLP workers: throughput vs N")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--plot", type=Path, help="write a PNG of MLP throughput vs N")
+    args = ap.parse_args()
+    files = [load(p) for p in args.files]
+    print(markdown(files))
+    if args.plot:
+        plot(files, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
