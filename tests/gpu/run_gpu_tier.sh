@@ -2,9 +2,11 @@
 # run_gpu_tier.sh [PHASE...] -- the gpu tier in one go, on the GPU machine (root, no network).
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
-# real CUDA test client, runs the chosen phases and writes logs + JUnit XML to $OUT (or
-# ./gpu-out). Phases: contract core launcher session faults slurm bench (default: contract
-# core).
+# real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
+# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe bench (default:
+# contract core). Each phase's log is complete when the phase ends, so a visit cut short still
+# brings back every finished phase.
+# PHASE_TIMEOUT (seconds, default 540) bounds each test phase.
 # Never touches the GPU's compute mode, clocks, MIG or persistence settings.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,8 +34,8 @@ export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
 
 pt() {  # pt NAME ARGS... : one pytest run with its own log and JUnit file
   local name=$1; shift
-  timeout 540 "$PY" -m pytest -p no:cacheprovider -o addopts="" -o timeout=300 -rA \
-    --junitxml="$OUT/$name.xml" "$@" 2>&1 | tee "$OUT/$name.log" | tail -40
+  timeout "${PHASE_TIMEOUT:-540}" "$PY" -m pytest -p no:cacheprovider -o addopts="" -o timeout=300 -rA \
+    "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
 }
 rc=0
 for phase in "${PHASES[@]}"; do
@@ -44,9 +46,11 @@ for phase in "${PHASES[@]}"; do
     launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
+    tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     probe) bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1; tail -40 "$OUT/probe/probe.txt" ;;
-    bench) "$PY" benchmarks/run.py --out "$OUT/bench.json" || rc=1 ;;
+    bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
+      "$PY" benchmarks/run.py --out "$OUT/bench.json" "${bench_args[@]}" || rc=1 ;;
     *) echo "unknown phase $phase"; rc=2 ;;
   esac
 done

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -54,8 +56,9 @@ def _make_importable() -> None:
     pth.write_text(str(REPO) + "\n")
 
 
-@pytest.fixture(scope="module")
-def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
+@contextmanager
+def slurm_cluster(**knobs: str) -> Iterator[dict[str, str]]:
+    """One-node Slurm on the real GPU with mpswrap's hooks installed; ``knobs`` go to up.sh."""
     _install_slurm()
     _make_importable()
     state = Path(_sh(["mktemp", "-d", "/tmp/mpswrap-gslurm.XXXX"], check=True).stdout.strip())
@@ -97,17 +100,26 @@ def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
         EPILOG=str(hooks / "epilog"),
         TASK_PROLOG=str(hooks / "task_prolog"),
     )
+    env.update(knobs)
     up = _sh(
         ["bash", str(REPO / "tests/integration/cluster/up.sh"), str(state)], env=env, timeout=120
     )
     print(up.stdout, up.stderr)
     assert up.returncode == 0, up.stderr
-    yield {
-        "state": str(state),
-        "SLURM_CONF": str(state / "etc" / "slurm.conf"),
-        "config": str(conf),
-    }
-    _sh(["bash", str(REPO / "tests/integration/cluster/down.sh"), str(state)], timeout=120)
+    try:
+        yield {
+            "state": str(state),
+            "SLURM_CONF": str(state / "etc" / "slurm.conf"),
+            "config": str(conf),
+        }
+    finally:
+        _sh(["bash", str(REPO / "tests/integration/cluster/down.sh"), str(state)], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster(gpu_user: str) -> Iterator[dict[str, str]]:
+    with slurm_cluster() as c:
+        yield c
 
 
 def _slurm_env(cluster: dict[str, str]) -> dict[str, str]:
@@ -121,6 +133,18 @@ def _as_user(
     return _sh(
         ["runuser", "-u", user, "--", "env", "-i", *env, "HOME=/tmp", *argv], cwd=cwd, timeout=120
     )
+
+
+def job_status(job: str, config: str | None = None) -> dict[str, Any]:
+    """``mpswrap status --json`` of a job on node1 ({} when it has no daemons yet)."""
+    env = dict(os.environ, **({"MPSWRAP_CONFIG": config} if config else {}))
+    argv = [sys.executable, "-m", "mpswrap", "status", "--json", "--run-dir", "/run/mpswrap"]
+    res = _sh([*argv, "--node", "node1", "--job", job], env=env)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def client_pids(status: dict[str, Any]) -> set[int]:
+    return {c["pid"] for g in status.get("gpus", []) for s in g["servers"] for c in s["clients"]}
 
 
 def _mps_procs() -> list[psutil.Process]:
@@ -140,43 +164,20 @@ def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
     script = work / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH -n 8 --gres=gpu:1 --comment=mps -o job.out\n"
-        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 40\n"
+        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 30\n"
     )
     script.chmod(0o755)
     sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
-    status: dict[str, object] = {}
+    status: dict[str, Any] = {}
     deadline = time.monotonic() + 120
     clients: set[int] = set()
     while time.monotonic() < deadline:
-        res = _sh(
-            [
-                sys.executable,
-                "-m",
-                "mpswrap",
-                "status",
-                "--json",
-                "--run-dir",
-                "/run/mpswrap",
-                "--node",
-                "node1",
-                "--job",
-                job,
-            ],
-            env=dict(os.environ, MPSWRAP_CONFIG=cluster["config"]),
-        )
-        if res.returncode == 0:
-            status = json.loads(res.stdout)
-            gpus = status.get("gpus", [])
-            clients = {
-                c["pid"]
-                for g in gpus
-                for s in g.get("servers", [])  # type: ignore[union-attr]
-                for c in s["clients"]
-            }
-            if len(clients) == 8:
-                break
+        status = job_status(job, cluster["config"])
+        clients = client_pids(status)
+        if len(clients) == 8:
+            break
         time.sleep(1)
     smi = _sh(["nvidia-smi"]).stdout
     print(json.dumps(status, indent=1))
@@ -226,23 +227,7 @@ def test_scancel_mid_kernel_under_srun_mpswrap(cluster: dict[str, str], gpu_user
     job = sub.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        res = _sh(
-            [
-                sys.executable,
-                "-m",
-                "mpswrap",
-                "status",
-                "--json",
-                "--run-dir",
-                "/run/mpswrap",
-                "--node",
-                "node1",
-                "--job",
-                job,
-            ]
-        )
-        gpus = json.loads(res.stdout).get("gpus", []) if res.returncode == 0 else []
-        if sum(len(s["clients"]) for g in gpus for s in g.get("servers", [])) == 4:
+        if len(client_pids(job_status(job))) == 4:
             break
         time.sleep(1)
     else:

@@ -64,6 +64,9 @@
 #   CGROUP_CONF=       text of STATE_DIR/etc/cgroup.conf (\n for newlines), e.g.
 #                      "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n" on a cgroup-v2-only
 #                      machine without systemd (see ../notes/gpu-lab.md)
+#   JOB_CONTAINER_CONF=  text of STATE_DIR/etc/job_container.conf (\n for newlines), for
+#                      JobContainerType=job_container/tmpfs in EXTRA_CONF (which also needs
+#                      PROLOG_FLAGS=Alloc,Contain)
 #   ISOLATE=none       none : all slurmd on 127.0.0.1, `hostname` in jobs = real host
 #                      uts  : each slurmd in its own UTS namespace, so `hostname`
 #                             in a job (and in prolog/epilog) prints nodeK
@@ -359,6 +362,9 @@ done
 chmod 0644 "$D/etc/slurm.conf" "$D/etc/gres.conf"
 # cgroup.conf, only when asked (the GPU machine has cgroup v2 only and no systemd)
 if [ -n "${CGROUP_CONF:-}" ]; then printf "%b" "$CGROUP_CONF" >"$D/etc/cgroup.conf"; chmod 0644 "$D/etc/cgroup.conf"; fi
+if [ -n "${JOB_CONTAINER_CONF:-}" ]; then
+  printf "%b" "$JOB_CONTAINER_CONF" >"$D/etc/job_container.conf"; chmod 0644 "$D/etc/job_container.conf"
+fi
 
 cat >"$D/env.sh" <<EOF
 # source me: points the Slurm client commands at the test cluster in $D
