@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import filelock
 from . import _proc
 from .config import Settings, load_settings
 from .daemon import Defaults, StopReport
-from .errors import GpuError
+from .errors import GpuError, MpswrapError
 from .gpu import (
     GpuInfo,
     default_gres_conf,
@@ -154,16 +155,22 @@ def _live_refs(layout: JobLayout) -> list[Path]:
     except FileNotFoundError:
         return []
     for ref in refs:
-        pid_text, _, start_text = ref.name.partition("-")
-        try:
-            owner = _proc.ProcId(int(pid_text), float(start_text))
-        except ValueError:
+        owner = _owner_of(ref)
+        if owner is None:
             continue
         if _proc.is_alive(owner):
             live.append(ref)
         else:
             ref.unlink(missing_ok=True)
     return live
+
+
+def _owner_of(ref: Path) -> _proc.ProcId | None:
+    pid_text, _, start_text = ref.name.partition("-")
+    try:
+        return _proc.ProcId(int(pid_text), float(start_text))
+    except ValueError:
+        return None
 
 
 def _ensure_watchdog(layout: JobLayout) -> None:
@@ -192,8 +199,13 @@ def watchdog(job_dir: Path) -> int:
     layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name)
     settings = load_settings()
     gone_since: float | None = None
+    daemons: list[_proc.ProcId] = []
+    owners: list[_proc.ProcId] = []
     while layout.job_dir.exists():
-        if _live_refs(layout):
+        daemons = _daemons_of(layout, settings) or daemons
+        live = _live_refs(layout)
+        owners = [o for o in map(_owner_of, live) if o] or owners
+        if live:
             gone_since = None
         elif gone_since is None:
             gone_since = time.monotonic()
@@ -203,7 +215,32 @@ def watchdog(job_dir: Path) -> int:
                     JobDaemons(layout, settings).stop()
                     return 0
         time.sleep(WATCH_INTERVAL)
+    # The last owner's stop removes the directory once the daemons are gone. If some still
+    # run, it went away under them (a tmp cleaner, a logout removing $XDG_RUNTIME_DIR): once
+    # the owners we saw are gone too, end them by identity.
+    daemons = [d for d in daemons if _proc.is_alive(d)]
+    while daemons and any(_proc.is_alive(o) for o in owners):
+        time.sleep(WATCH_INTERVAL)
+    _kill_orphaned(daemons)
     return 0
+
+
+def _daemons_of(layout: JobLayout, settings: Settings) -> list[_proc.ProcId]:
+    """The job's daemons by identity, while their manifests can still be read."""
+    try:
+        manifests = JobDaemons(layout, settings).manifests()
+    except MpswrapError:
+        return []
+    return [_proc.ProcId(m.daemon_pid, m.daemon_start_time) for m in manifests]
+
+
+def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
+    """No socket is left to quit them through: kill the daemons and their servers."""
+    for daemon in (d for d in daemons if _proc.is_alive(d)):
+        servers = _proc.children_of(daemon.pid)
+        log.warning("job directory gone: killing MPS daemon %d and servers %s",
+                    daemon.pid, [s.pid for s in servers])  # fmt: skip
+        _proc.kill_procs([daemon, *servers], signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,8 @@ class Daemon:
             self._poll_quit(self.quitting, now)
         if now >= self._next_dir_check:
             self._next_dir_check = now + DIR_POLL
-            if _dir_gone(self.pipe, self._dir_id):
+            outlive = _faults.load(self.faults_path).outlive_pipe_dir
+            if not outlive and _dir_gone(self.pipe, self._dir_id):
                 self.log.control(self.me, "Pipe directory removed: exiting (simulator)")
                 self.pool.stop_all()
                 self.exit_code = 0

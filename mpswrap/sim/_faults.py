@@ -21,6 +21,9 @@ class Faults:
     hang: frozenset[str] = field(default_factory=frozenset)
     die_on: frozenset[str] = field(default_factory=frozenset)
     client_limit: int = CLIENT_LIMIT
+    #: Like the real daemon, run on after the pipe directory is deleted (the simulator's own
+    #: safety net, off here, otherwise ends it within a second).
+    outlive_pipe_dir: bool = False
 
     def hangs(self, command: str) -> bool:
         return "*" in self.hang or command in self.hang
@@ -64,4 +67,5 @@ def load(path: str | None) -> Faults:
         hang=_names(data.get("hang")),
         die_on=_names(data.get("die_on")),
         client_limit=limit,
+        outlive_pipe_dir=data.get("outlive_pipe_dir") is True,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -248,6 +249,25 @@ def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimN
     proc.communicate(timeout=30)
     wait_for(lambda: "r" in by_tag(records(rec), "end"))
     assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+
+
+def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> None:
+    """A tmp cleaner or a logout removes the user-mode job directory under running daemons
+    (which, like the real ones, outlive their pipe directory): once its owners are gone, the
+    watchdog ends them by the identities it saw."""
+    node.faults.write_text(json.dumps({"outlive_pipe_dir": True}))
+    rec = node.root / "rec.json"
+    proc = start(node, "--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
+    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    job_dir = next(node.user_run_dir.glob("*/gone"))
+    daemons = [psutil.Process(json.loads(m.read_text())["daemon_pid"])
+               for m in job_dir.glob("g*/manifest.json")]  # fmt: skip
+    assert daemons and all(d.is_running() for d in daemons)
+    shutil.rmtree(job_dir)
+    signal_tree(proc, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    _, alive = psutil.wait_procs(daemons, timeout=15)
+    assert not alive, f"daemons outlived their job directory: {alive}"
 
 
 def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> None:

@@ -157,6 +157,27 @@ def test_sigterm_to_every_process_ends_each_client_through_mps(node: SimNode) ->
         daemons.stop()
 
 
+def test_sigterm_to_every_process_with_user_mode_daemons_leaves_nothing(
+    node: SimNode, tmp_path: Path
+) -> None:
+    """As above, with the ranks' own (user-mode) daemons: the last rank to go stops them, and
+    server.log, archived before the directories go, shows every client terminated."""
+    rec, archive = node.root / "rec.json", tmp_path / "logs"
+    proc = subprocess.Popen(
+        [*MPSWRAP, "--grace", "5", *MPIRUN, "-np", "4", *client(node, rec, 120)],
+        env=node.env(MPSWRAP_LOG_ARCHIVE=str(archive)), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    wait_for_starts(rec, 4, proc)
+    signal_everything(proc, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert end_reasons(rec) == ["terminated"] * 4, err
+    logs = "".join(p.read_text() for p in archive.glob("*-server.log"))
+    assert logs.count("Client termination succeeded.") == 4, (sorted(archive.iterdir()), err)
+    assert not any(node.user_run_dir.glob("*/*")), "user-mode job directory left behind"
+
+
 @needs_root
 def test_failing_rank_sets_the_exit_code_and_others_end_cleanly(node: SimNode) -> None:
     daemons = PrologDaemons(node, "fail")
