@@ -294,6 +294,9 @@ class Daemon:
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
         if info["daemon"] and info["daemon"]["alive"]:
             info.update(self._live_status())
+        active = {s["pid"] for s in info["servers"] if s["status"] == "ACTIVE"}
+        for fault in info["faults"]:  # the live state outranks the log's wording
+            fault["recovered"] = fault["recovered"] or fault["server_pid"] in active
         return info
 
     def _live_status(self) -> dict[str, Any]:

@@ -173,8 +173,8 @@ def print_status(status: dict[str, Any]) -> None:
                 print(f"      client {client['pid']} {client['cmdline']}")
         for fault in gpu.get("faults", []):
             print(
-                f"    FAULT at {fault['time']}: server {fault['server_pid']}, caused by "
-                f"{fault['culprits']}, affected {fault['affected']}, "
+                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
                 f"{'recovered' if fault['recovered'] else 'not recovered'}"
             )
 

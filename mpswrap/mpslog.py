@@ -20,11 +20,17 @@ _NEW_SERVER = re.compile(r"Starting new server (\d+)")
 
 @dataclass
 class Fault:
-    """One fatal GPU error handled by a server."""
+    """One fatal GPU error handled by a server.
+
+    ``reported_by`` are the clients the server names in "Client {PID: …} encountered a fatal
+    GPU error": the ones that met the error first, not necessarily the one that caused it (on
+    Volta and later MPS does not say which client caused a fault; on the H100 it named a
+    bystander). ``affected`` are the clients left with the sticky error.
+    """
 
     time: str
     server_pid: int
-    culprits: list[int] = field(default_factory=list)
+    reported_by: list[int] = field(default_factory=list)
     affected: list[int] = field(default_factory=list)
     recovered: bool = False
 
@@ -32,7 +38,7 @@ class Fault:
         return {
             "time": self.time,
             "server_pid": self.server_pid,
-            "culprits": self.culprits,
+            "reported_by": self.reported_by,
             "affected": self.affected,
             "recovered": self.recovered,
         }
@@ -61,12 +67,12 @@ def read_faults(server_log: Path) -> list[Fault]:
     current: Fault | None = None
     collecting = False
     for stamp, pid, text in _lines(server_log):
-        culprit = _FATAL_CLIENT.search(text)
-        if culprit:
+        reporter = _FATAL_CLIENT.search(text)
+        if reporter:
             if current is None or current.recovered:
                 current = Fault(stamp, pid)
                 faults.append(current)
-            current.culprits.append(int(culprit.group(1)))
+            current.reported_by.append(int(reporter.group(1)))
             collecting = False
             continue
         if current is None:
@@ -79,7 +85,9 @@ def read_faults(server_log: Path) -> list[Fault]:
             current.affected.append(int(only.group(1)))
             continue
         collecting = False
-        if "recovered" in text.lower() or "is ACTIVE" in text:
+        # The H100 logs no recovery as such: its last client gone, the server destroys its
+        # context, and the next client is ACTIVE again.
+        if "Destroy server context" in text or "is ACTIVE" in text:
             current.recovered = True
     return faults
 

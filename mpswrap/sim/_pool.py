@@ -162,8 +162,8 @@ class Pool:
         )
         server.sticky.discard(conn.pid)
         if server.status == "FAULT" and not server.sticky:
-            server.status = "ACTIVE"
-            self.log.server(server.pid, "Server has recovered from a fatal GPU error.")
+            server.status = "ACTIVE"  # the H100's log says no more than this about it
+            self.log.server(server.pid, "Destroy server context on device 0")
         self._serve_waiting()
 
     def _serve_waiting(self) -> None:
@@ -179,10 +179,19 @@ class Pool:
         if server is None or server.status == "FAULT":
             return
         pids = sorted(server.clients)
+        # The lines of an H100 (driver 580): every client is called an "error trigging process".
+        torn = [f"Client {{PID: {p}, Context ID: 1}} on device 0 to be torn down" for p in pids]
+        for p in pids:
+            torn += [
+                f"All clients belonging to error trigging process {p} will be torn down",
+                f"Client {{PID: {p}, Context ID: 1}} on the error-trigging process {p} "
+                "to be torn down",
+            ]
         self.log.server(
             server.pid,
             f"Client {{PID: {conn.pid}, Context: 1}} encountered a fatal GPU error.",
             "Server is handling a fatal GPU error.",
+            *torn,
             "The following devices will be reset:",
             "0",
             "The following client process have a sticky error set:",

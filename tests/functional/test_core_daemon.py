@@ -178,12 +178,12 @@ def test_status_reports_faults_from_server_log(node: SimNode) -> None:
     assert culprit.returncode != 0
     victim.wait(timeout=30)
     faults = _status(node)["gpus"][0]["faults"]
-    assert faults and culprit_pid_in(faults, victim.pid)
+    assert faults and named_in_fault(faults, victim.pid)
     node.mpswrap("stop", *JOB)
 
 
-def culprit_pid_in(faults: list[dict[str, object]], pid: int) -> bool:
-    return any(pid in f["affected"] or pid in f["culprits"] for f in faults)  # type: ignore[operator]
+def named_in_fault(faults: list[dict[str, object]], pid: int) -> bool:
+    return any(pid in f["affected"] or pid in f["reported_by"] for f in faults)  # type: ignore[operator]
 
 
 def _wait(cond: object, timeout: float = 30) -> None:
