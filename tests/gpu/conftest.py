@@ -6,12 +6,17 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 GPU_USER = "mpsgpu"
+MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+#: User-mode daemons stop after their last owner exits, or by the owner watchdog ~2.5 s later.
+SETTLE = 20.0
 
 
 def _have_gpu() -> bool:
@@ -72,3 +77,64 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
     env.update(extra or {})
     return env
+
+
+def _mps_now() -> dict[tuple[int, float], str]:
+    found = {}
+    for proc in psutil.process_iter(["name", "create_time"]):
+        try:
+            if proc.info["name"] in MPS_NAMES and proc.status() != psutil.STATUS_ZOMBIE:
+                found[proc.pid, proc.info["create_time"]] = f"{proc.pid} {proc.info['name']}"
+        except psutil.Error:
+            continue
+    return found
+
+
+def new_mps(before: set[tuple[int, float]], timeout: float = SETTLE) -> list[str]:
+    """MPS daemons and servers started since ``before`` and still running after up to
+    ``timeout`` seconds (so a daemon that stops a moment after its job is not a leftover)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [name for key, name in _mps_now().items() if key not in before]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def mps_baseline() -> Iterator[set[tuple[int, float]]]:
+    """The MPS processes that ran before the test. After it, any new one still running fails
+    the test and is killed, so one failure does not spill into the tests after it."""
+    before = set(_mps_now())
+    yield before
+    left = new_mps(before)
+    for key in _mps_now():
+        if key not in before:
+            try:
+                psutil.Process(key[0]).kill()
+            except psutil.Error:
+                pass
+    assert not left, f"MPS processes left behind by this test (killed now): {left}"
+
+
+def leftovers(root: Path, before: set[tuple[int, float]], timeout: float = SETTLE) -> list[str]:
+    """New MPS processes and processes naming ``root`` (an owner watchdog finishing its stop)
+    still running after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = new_mps(before, timeout=0) + _naming(root)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _naming(root: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            named = str(root) in " ".join(proc.info["cmdline"] or ())
+            if named and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.pid} {proc.info['name']}")
+        except psutil.Error:
+            continue
+    return found

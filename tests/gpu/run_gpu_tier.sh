@@ -20,6 +20,7 @@ PY=$(command -v python3)
 # An unprivileged user must read the code: work from a world-readable copy.
 SRC=/opt/mpswrap-src; rm -rf "$SRC"; mkdir -p "$SRC"
 cp -a "$REPO"/. "$SRC"/; chmod -R a+rX "$SRC"; cd "$SRC" || exit 1
+mkdir -p /opt/mpswrap-site  # also where the CUDA test client is built
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /opt/mpswrap-site .whl/*.whl
   chmod -R a+rX /opt/mpswrap-site

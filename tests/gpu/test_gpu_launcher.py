@@ -14,23 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from .conftest import leftovers
+
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-
-
-def mps_leftovers(root: Path) -> list[str]:
-    """MPS daemons/servers still running, and processes naming ``root``."""
-    out = []
-    for p in psutil.process_iter(["pid", "name", "cmdline"]):
-        try:
-            name = p.info["name"] or ""
-            if name.startswith("nvidia-cuda-mps") or str(root) in " ".join(p.info["cmdline"] or ()):
-                if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(f"{p.pid} {name}")
-        except psutil.Error:
-            continue
-    return out
 
 
 def _run_mpirun(n: int, steps: int, tmp: Path) -> float:
@@ -81,19 +69,23 @@ def _run_mpirun(n: int, steps: int, tmp: Path) -> float:
     return max(ends) - t_go
 
 
-def test_mpirun_12_mlp_ranks_match_raw_mps(shared_tmp: Path) -> None:
+def test_mpirun_12_mlp_ranks_match_raw_mps(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
     from run import run_once
 
-    steps = 1500
+    steps = 4000  # ~5 s under MPS at N=12: long enough that one run of each can be compared
     raw = run_once("mlp", "rawmps", 12, steps)["wall_s"]
     wrapped = _run_mpirun(12, steps, shared_tmp / "a")
     print(f"raw MPS {raw:.3f} s, mpswrap mpirun {wrapped:.3f} s, ratio {wrapped / raw:.3f}")
     (shared_tmp / "result.json").write_text(json.dumps({"raw": raw, "mpswrap": wrapped}))
     assert wrapped <= raw * 1.05
-    assert mps_leftovers(shared_tmp) == []
+    assert leftovers(shared_tmp, mps_baseline) == []
 
 
-def test_sigterm_to_the_whole_tree_ends_every_client_through_mps(shared_tmp: Path) -> None:
+def test_sigterm_to_the_whole_tree_ends_every_client_through_mps(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
     ready = shared_tmp / "ready"
     ready.mkdir()
     worker = [
@@ -146,10 +138,11 @@ def test_sigterm_to_the_whole_tree_ends_every_client_through_mps(shared_tmp: Pat
         except ProcessLookupError:
             pass
     out = proc.communicate(timeout=120)[0]
+    left = leftovers(shared_tmp, mps_baseline)  # waits for the daemons to stop (log archived)
     log_copy = "".join(p.read_text() for p in archive.glob("*-server.log"))
     print(out[-4000:])
     print(log_copy[-3000:])
     assert proc.returncode == 143, proc.returncode
     assert log_copy.count("Client termination succeeded") == 12
     assert "fatal" not in log_copy.lower()
-    assert mps_leftovers(shared_tmp) == []
+    assert left == []

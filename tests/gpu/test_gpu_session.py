@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from .test_gpu_launcher import mps_leftovers
+from .conftest import leftovers
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_mpirun_8_torch_ranks_attach_through_session(shared_tmp: Path) -> None:
+def test_mpirun_8_torch_ranks_attach_through_session(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
     env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(shared_tmp / "run"))
     res = subprocess.run(
         [
@@ -37,11 +39,13 @@ def test_mpirun_8_torch_ranks_attach_through_session(shared_tmp: Path) -> None:
     lines = [ln for ln in res.stdout.splitlines() if "attached to MPS server" in ln]
     assert len(lines) == 8, res.stdout
     assert len({ln.split("attached to MPS server ")[1].split(":")[0] for ln in lines}) == 1
-    assert mps_leftovers(shared_tmp) == []
+    assert leftovers(shared_tmp, mps_baseline) == []
     assert not any((shared_tmp / "run").rglob("manifest.json"))
 
 
-def test_cuda_before_session_is_refused(shared_tmp: Path) -> None:
+def test_cuda_before_session_is_refused(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
     code = (
         "import torch, mpswrap\ntorch.zeros(1, device='cuda')\nwith mpswrap.session():\n    pass\n"
     )
@@ -52,4 +56,4 @@ def test_cuda_before_session_is_refused(shared_tmp: Path) -> None:
     print(res.stdout, res.stderr[-2000:])
     assert res.returncode != 0
     assert "CUDA is already initialised in this process" in res.stderr
-    assert mps_leftovers(shared_tmp) == []
+    assert leftovers(shared_tmp, mps_baseline) == []

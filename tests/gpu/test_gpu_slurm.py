@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from .conftest import new_mps
+
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -57,11 +59,13 @@ def _make_importable() -> None:
 
 
 @contextmanager
-def slurm_cluster(**knobs: str) -> Iterator[dict[str, str]]:
-    """One-node Slurm on the real GPU with mpswrap's hooks installed; ``knobs`` go to up.sh."""
+def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, str]]:
+    """One-node Slurm on the real GPU with mpswrap's hooks installed (in ``state_root``, as
+    is the cluster's state); ``knobs`` go to up.sh."""
     _install_slurm()
     _make_importable()
-    state = Path(_sh(["mktemp", "-d", "/tmp/mpswrap-gslurm.XXXX"], check=True).stdout.strip())
+    made = _sh(["mktemp", "-d", f"{state_root}/mpswrap-gslurm.XXXX"], check=True)
+    state = Path(made.stdout.strip())
     state.chmod(0o755)
     (state / ".mpswrap-slurm-state").touch()
     conf = state / "mpswrap.conf"
@@ -135,6 +139,33 @@ def _as_user(
     )
 
 
+def submit(cluster: dict[str, str], user: str, name: str, header: str, command: str) -> str:
+    """sbatch ``#SBATCH header`` + ``command`` as ``user`` from the cluster's work dir (output
+    in ``<name>.out`` there); the job id."""
+    work = Path(cluster["state"]) / "work"
+    work.mkdir(mode=0o777, exist_ok=True)
+    work.chmod(0o777)
+    script = work / f"{name}.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH {header} -o {name}.out\n{command}\n")
+    script.chmod(0o755)
+    sub = _as_user(user, cluster, ["sbatch", "--parsable", str(script)], str(work))
+    assert sub.returncode == 0, sub.stderr
+    return sub.stdout.strip().split(";")[0]
+
+
+def assert_job_left_nothing(
+    cluster: dict[str, str], job: str, baseline: set[tuple[int, float]]
+) -> None:
+    """After the epilog: no job directory, no MPS process or GPU process started since
+    ``baseline``, no drained node."""
+    assert not Path("/run/mpswrap/node1", job).exists()
+    assert not new_mps(baseline)
+    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
+    assert not left.split(), left
+    drained = _sh(["sinfo", "-h", "-N", "-o", "%N %t %E"], env=_slurm_env(cluster)).stdout
+    assert "drain" not in drained, drained
+
+
 def job_status(job: str, config: str | None = None) -> dict[str, Any]:
     """``mpswrap status --json`` of a job on node1 ({} when it has no daemons yet)."""
     env = dict(os.environ, **({"MPSWRAP_CONFIG": config} if config else {}))
@@ -147,29 +178,12 @@ def client_pids(status: dict[str, Any]) -> set[int]:
     return {c["pid"] for g in status.get("gpus", []) for s in g["servers"] for c in s["clients"]}
 
 
-def _mps_procs() -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
-            out.append(p)
-    return out
-
-
 def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
-    cluster: dict[str, str], gpu_user: str
+    cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
 ) -> None:
     work = Path(cluster["state"]) / "work"
-    work.mkdir(mode=0o777, exist_ok=True)
-    work.chmod(0o777)
-    script = work / "job.sh"
-    script.write_text(
-        "#!/bin/bash\n#SBATCH -n 8 --gres=gpu:1 --comment=mps -o job.out\n"
-        f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 30\n"
-    )
-    script.chmod(0o755)
-    sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip().split(";")[0]
+    run = f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 30"
+    job = submit(cluster, gpu_user, "job", "-n 8 --gres=gpu:1 --comment=mps", run)
     status: dict[str, Any] = {}
     deadline = time.monotonic() + 120
     clients: set[int] = set()
@@ -190,12 +204,7 @@ def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
         assert psutil.Process(pid).username() == gpu_user
     _wait_job_gone(cluster, job)
     print((work / "job.out").read_text()[-2000:])
-    assert not Path("/run/mpswrap/node1", job).exists()
-    assert not _mps_procs(), [p.pid for p in _mps_procs()]
-    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
-    assert not left.split(), left
-    drained = _sh(["sinfo", "-h", "-N", "-o", "%N %t %E"], env=_slurm_env(cluster)).stdout
-    assert "drain" not in drained, drained
+    assert_job_left_nothing(cluster, job, mps_baseline)
 
 
 def _wait_job_gone(cluster: dict[str, str], job: str, timeout: float = 180) -> None:
@@ -210,21 +219,16 @@ def _wait_job_gone(cluster: dict[str, str], job: str, timeout: float = 180) -> N
     raise AssertionError(f"job {job} did not finish")
 
 
-def test_scancel_mid_kernel_under_srun_mpswrap(cluster: dict[str, str], gpu_user: str) -> None:
+def test_scancel_mid_kernel_under_srun_mpswrap(
+    cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
+) -> None:
     """scancel while 4 ranks compute: each supervisor ends its client through
     terminate_client before any kill; the epilog finds nothing; the next job runs normally."""
     work = Path(cluster["state"]) / "work"
-    work.mkdir(mode=0o777, exist_ok=True)
-    script = work / "long.sh"
-    script.write_text(
-        "#!/bin/bash\n#SBATCH -n 4 --gres=gpu:1 --comment=mps -o long.out\n"
-        f"srun {sys.executable} -m mpswrap {sys.executable} {HERE / 'torch_client.py'} "
-        "--seconds 600\n"
+    run = f"srun {sys.executable} -m mpswrap {sys.executable} {HERE / 'torch_client.py'}"
+    job = submit(
+        cluster, gpu_user, "long", "-n 4 --gres=gpu:1 --comment=mps", run + " --seconds 600"
     )
-    script.chmod(0o755)
-    sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if len(client_pids(job_status(job))) == 4:
@@ -248,10 +252,7 @@ def test_scancel_mid_kernel_under_srun_mpswrap(cluster: dict[str, str], gpu_user
     print(control[-4000:])
     assert logs.count("Client termination succeeded") == 4
     assert "fatal" not in logs.lower()
-    assert not Path("/run/mpswrap/node1", job).exists()
-    assert not _mps_procs(), [p.pid for p in _mps_procs()]
-    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
-    assert not left.split(), left
+    assert_job_left_nothing(cluster, job, mps_baseline)
     # the GPU is usable by the next job
     nxt = _as_user(
         gpu_user,

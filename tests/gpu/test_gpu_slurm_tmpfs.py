@@ -22,14 +22,13 @@ import pytest
 
 from .test_gpu_slurm import (
     HERE,
-    _as_user,
-    _mps_procs,
     _sh,
-    _slurm_env,
     _wait_job_gone,
+    assert_job_left_nothing,
     client_pids,
     job_status,
     slurm_cluster,
+    submit,
 )
 
 pytestmark = pytest.mark.gpu
@@ -51,24 +50,20 @@ def _tasks(user: str) -> list[psutil.Process]:
     ]
 
 
-def test_prolog_daemon_and_job_container_tmpfs(gpu_user: str) -> None:
+def test_prolog_daemon_and_job_container_tmpfs(
+    gpu_user: str, mps_baseline: set[tuple[int, float]]
+) -> None:
+    # Not under /tmp: the job sees a private /tmp, where the TaskProlog would not be found
+    # (seen on 2026-11-23, "task_prolog can not be executed ... No such file or directory").
     with slurm_cluster(
+        state_root="/var/tmp",
         PROLOG_FLAGS="Alloc,Contain",
         EXTRA_CONF="JobContainerType=job_container/tmpfs",
         JOB_CONTAINER_CONF=JOB_CONTAINER_CONF,
     ) as cluster:
         work = Path(cluster["state"]) / "work"
-        work.mkdir(mode=0o777, exist_ok=True)
-        work.chmod(0o777)
-        script = work / "jc.sh"
-        script.write_text(
-            "#!/bin/bash\n#SBATCH -n 2 --gres=gpu:1 --comment=mps -o jc.out\n"
-            f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 20\n"
-        )
-        script.chmod(0o755)
-        sub = _as_user(gpu_user, cluster, ["sbatch", "--parsable", str(script)], str(work))
-        assert sub.returncode == 0, sub.stderr
-        job = sub.stdout.strip().split(";")[0]
+        run = f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 20"
+        job = submit(cluster, gpu_user, "jc", "-n 2 --gres=gpu:1 --comment=mps", run)
         found: dict[str, object] = {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -93,9 +88,4 @@ def test_prolog_daemon_and_job_container_tmpfs(gpu_user: str) -> None:
         print(found["smi"])
         print(f"attached {len(found['clients'])} of 2 tasks")  # type: ignore[arg-type]
         assert found["tasks"], "the job's tasks never ran"
-        assert not Path("/run/mpswrap/node1", job).exists()
-        assert not _mps_procs(), [p.pid for p in _mps_procs()]
-        left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
-        assert not left.split(), left
-        drained = _sh(["sinfo", "-h", "-N", "-o", "%N %t %E"], env=_slurm_env(cluster)).stdout
-        assert "drain" not in drained, drained
+        assert_job_left_nothing(cluster, job, mps_baseline)

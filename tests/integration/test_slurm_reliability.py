@@ -87,8 +87,9 @@ def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir:
     cluster.wait_gone(job_id)
 
 
+@pytest.mark.timeout(60 + 4 * LOAD_JOBS)
 def test_back_to_back_jobs_leave_nothing(cluster: Cluster, workdir: Path) -> None:
-    """LOAD_JOBS jobs with the hooks, one after the other; 4 at a time per node at the end."""
+    """LOAD_JOBS jobs with the hooks, one after the other (MPS_LOAD_JOBS, default 30)."""
     rec = workdir / "load.jsonl"
     started = time.monotonic()
     for _ in range(LOAD_JOBS):
