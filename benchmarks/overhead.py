@@ -173,7 +173,8 @@ def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
     import psutil
 
     bench.hook("prolog", job)
-    env = dict(bench.env(job), SLURM_SCRIPT_CONTEXT="", SLURM_LOCALID="0", SLURM_STEP_ID="0")
+    env = dict(bench.env(job), SLURM_SCRIPT_CONTEXT="", SLURM_STEP_ID="0", SLURM_LOCALID="0")
+    env.update(SLURM_STEP_TASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1", SLURM_NTASKS="1")
     start, rss, guard_rss, guard_uss = [], [], [], []
     try:
         for _ in range(repeats):

@@ -110,6 +110,9 @@ def markdown(files: Iterable[dict[str, Any]]) -> str:
             f"torch {meta.get('torch', '-')}, Python {meta.get('python', '?')}, "
             f"{', '.join(dates)}"
         )
+        gpus = sorted({r["gpu_uuid"] for r in data["runs"] if r.get("gpu_uuid")})
+        if len(gpus) > 1:
+            out += ["", f"Runs of this file come from {len(gpus)} GPUs: {', '.join(gpus)}."]
         for workload in ("mlp", "nbody"):
             table = throughput_table(data, workload)
             if table:

@@ -43,7 +43,10 @@ class Results:
         return any(r["key"] == key for r in self.data["runs"])
 
     def add(self, key: str, record: dict[str, Any]) -> None:
-        self.data["runs"].append({"key": key, "date": time.strftime("%Y-%m-%d"), **record})
+        # A resumed file may gather visits to several machines: each run names its GPU.
+        gpu = self.data["meta"].get("gpu_uuid")
+        stamp = {"key": key, "date": time.strftime("%Y-%m-%d"), "gpu_uuid": gpu}
+        self.data["runs"].append({**stamp, **record})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
@@ -58,12 +61,12 @@ def machine_meta() -> dict[str, Any]:
     meta: dict[str, Any] = {"python": sys.version.split()[0], "host": os.uname().nodename}
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,driver_version,uuid", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
         ).stdout.strip()
-        meta["gpu"], meta["driver"] = [s.strip() for s in out.split(",")][:2]
+        meta["gpu"], meta["driver"], meta["gpu_uuid"] = [s.strip() for s in out.split(",")][:3]
     except (OSError, ValueError, subprocess.SubprocessError):
         meta["gpu"] = "none"
     try:
@@ -195,8 +198,10 @@ def phase_throughput(
     res: Results, workload: str, ns: list[int], steps: int, repeats: int, deadline: float
 ) -> None:
     for rep in range(repeats):
+        # Each repeat starts with another mode, so no mode always runs right after another.
+        order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
         for n in ns:
-            for mode in MODES:
+            for mode in order:
                 key = f"{workload}/{mode}/n{n}/r{rep}"
                 if res.has(key):
                     continue
@@ -236,7 +241,8 @@ def main() -> int:
     ap.add_argument("--phases", default="mlp,nbody,provision,overhead")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=float, default=540, help="seconds before stopping")
-    ap.add_argument("--mlp-steps", type=int, default=3000)
+    ap.add_argument("--mlp-steps", type=int, default=5000)
+    ap.add_argument("--nbody-steps", type=int, default=2000)
     ap.add_argument("--ns", default="1,4,12,24,48")
     ap.add_argument("--quick", action="store_true", help="CPU overheads with the simulator")
     ap.add_argument(
@@ -257,7 +263,9 @@ def main() -> int:
     if "mlp" in phases:
         phase_throughput(res, "mlp", ns, args.mlp_steps, args.repeats, deadline)
     if "nbody" in phases:
-        phase_throughput(res, "nbody", [n for n in ns if n <= 12], 150, args.repeats, deadline)
+        phase_throughput(
+            res, "nbody", [n for n in ns if n <= 12], args.nbody_steps, args.repeats, deadline
+        )
     if "provision" in phases:
         phase_provision(res, args.mlp_steps, args.repeats, deadline)
     if "overhead" in phases:
