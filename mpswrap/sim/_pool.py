@@ -162,7 +162,9 @@ class Pool:
         )
         server.sticky.discard(conn.pid)
         if server.status == "FAULT" and not server.sticky:
-            server.status = "ACTIVE"  # the H100's log says no more than this about it
+            server.status = "ACTIVE"
+            # An H100 logs no recovery line: the fault's end shows only as this, once the
+            # last affected client has gone.
             self.log.server(server.pid, "Destroy server context on device 0")
         self._serve_waiting()
 

@@ -179,6 +179,8 @@ def test_status_reports_faults_from_server_log(node: SimNode) -> None:
     victim.wait(timeout=30)
     faults = _status(node)["gpus"][0]["faults"]
     assert faults and named_in_fault(faults, victim.pid)
+    # every affected client has exited: the server takes clients again
+    _wait(lambda: _status(node)["gpus"][0]["faults"][-1]["recovered"])
     node.mpswrap("stop", *JOB)
 
 
