@@ -12,6 +12,7 @@ daemon would block and refuse every other command.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -19,11 +20,10 @@ import signal
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import filelock
+from typing import TYPE_CHECKING, Any
 
 from . import _proc
+from ._lock import file_lock
 from .config import Settings
 from .control import Control, daemon_env, find_binary
 from .errors import ControlError, DaemonError, MpswrapError
@@ -31,6 +31,9 @@ from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest, write_manifest
 from .mpslog import read_faults, server_pids, terminations
 from .paths import GpuDirs, ensure_private_dir
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ._lock import FileLock
 
 __all__ = ["Daemon", "Defaults", "StopReport"]
 
@@ -82,7 +85,12 @@ class Daemon:
     def __init__(self, dirs: GpuDirs, lock: Path, settings: Settings) -> None:
         self.dirs = dirs
         self.settings = settings
-        self._lock = filelock.FileLock(str(lock), timeout=settings.start_timeout * 4)
+        self._lock_path = lock
+
+    @functools.cached_property
+    def _lock(self) -> FileLock:
+        """The start/stop lock, made on first use (start and stop take it; queries do not)."""
+        return file_lock(self._lock_path, timeout=self.settings.start_timeout * 4)
 
     @property
     def control(self) -> Control:

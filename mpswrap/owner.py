@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import filelock
-
-from . import _proc
+from . import _lock, _proc
 from .config import Settings, load_settings
 from .daemon import Defaults, StopReport
 from .errors import GpuError, MpswrapError
@@ -109,7 +107,7 @@ def attach(
     user = _proc.lookup_user()
     gpus = gpus if gpus is not None else visible_gpus(env, settings)  # before creating dirs
     layout.create(user.uid, user.gid, shared_parents=False)
-    with filelock.FileLock(str(layout.job_dir / OWNER_LOCK), timeout=settings.start_timeout * 4):
+    with _lock.file_lock(layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
         manifests = JobDaemons(layout, settings).start(
             gpus,
             user,
@@ -129,7 +127,7 @@ def release(att: Attachment) -> list[StopReport]:
     lock = att.layout.job_dir / OWNER_LOCK
     if not att.layout.job_dir.exists():
         return []
-    with filelock.FileLock(str(lock), timeout=30):
+    with _lock.file_lock(lock, timeout=30):
         att.ref.unlink(missing_ok=True)
         att.ref = None
         if _live_refs(att.layout):
@@ -210,7 +208,7 @@ def watchdog(job_dir: Path) -> int:
         elif gone_since is None:
             gone_since = time.monotonic()
         elif time.monotonic() - gone_since >= WATCH_GRACE:
-            with filelock.FileLock(str(job_dir / OWNER_LOCK), timeout=30):
+            with _lock.file_lock(job_dir / OWNER_LOCK, timeout=30):
                 if not _live_refs(layout):
                     JobDaemons(layout, settings).stop()
                     return 0

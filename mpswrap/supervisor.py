@@ -26,9 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-import filelock
-
-from . import _proc
+from . import _lock, _proc
 from .daemon import Daemon
 from .errors import ControlError, MpswrapError, ProcError
 
@@ -305,10 +303,10 @@ def _locked(lock: Path | None, timeout: float) -> Iterator[None]:
     if lock is None:
         yield
         return
-    held = filelock.FileLock(str(lock), timeout=timeout)
+    held = _lock.file_lock(lock, timeout=timeout)
     try:
         held.acquire()
-    except filelock.Timeout:
+    except TimeoutError:
         log.warning("%s busy for %g s: ending clients without it", lock, timeout)
         yield
         return

@@ -17,6 +17,7 @@ LAYER = {
     "jobenv": 1,
     "gpu": 1.5,
     "_proc": 1,
+    "_lock": 1,
     "control": 2,
     "manifest": 2,
     "mpslog": 2,
@@ -37,7 +38,13 @@ LAYER = {
     "__main__": 6,
     "__init__": 6,
 }
-OWNERS = {"subprocess": {"_proc"}, "pynvml": {"gpu"}, "mpi4py": {"session"}}
+OWNERS = {
+    "subprocess": {"_proc"},
+    "psutil": {"_proc"},
+    "filelock": {"_lock"},
+    "pynvml": {"gpu"},
+    "mpi4py": {"session"},
+}
 
 
 def _imports(path: Path) -> set[str]:
@@ -79,9 +86,12 @@ def test_layers_and_owners() -> None:
 
 
 def test_import_mpswrap_is_light() -> None:
+    """Every rank, hook and ``import mpswrap`` pays for what is imported at start: NVML and
+    MPI only where used; filelock only where a lock is taken (never by a rank that joins the
+    prolog's daemons)."""
     code = (
-        "import sys, mpswrap, mpswrap.cli; "
-        "bad = [m for m in ('mpi4py', 'pynvml') if m in sys.modules]; "
+        "import sys, mpswrap, mpswrap.cli, mpswrap.launcher, mpswrap.hooks; "
+        "bad = [m for m in ('mpi4py', 'pynvml', 'filelock') if m in sys.modules]; "
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent)
