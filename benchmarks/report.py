@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("timesliced", "rawmps", "mpswrap")
-TITLES = {"timesliced": "time-sliced", "rawmps": "raw MPS", "mpswrap": "mpswrap"}
+#: Run on request only: mpswrap's daemon with the workers started plainly (no supervisor).
+EXTRA = ("mpswrap-daemon",)
+TITLES = {
+    "timesliced": "time-sliced",
+    "rawmps": "raw MPS",
+    "mpswrap": "mpswrap",
+    "mpswrap-daemon": "mpswrap daemon, no supervisor",
+}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -46,39 +53,65 @@ def throughput_table(data: dict[str, Any], workload: str) -> list[str]:
     walls: dict[tuple[int, str], list[float]] = defaultdict(list)
     starts: dict[tuple[int, str], list[float]] = defaultdict(list)
     for run in data["runs"]:
-        if run.get("workload") == workload and run.get("mode") in MODES and not run.get("threads"):
+        if run.get("workload") == workload and run.get("mode") and not run.get("threads"):
             walls[run["n"], run["mode"]].append(run["wall_s"])
             starts[run["n"], run["mode"]].append(run["startup_s"])
     ns = sorted({n for n, _ in walls})
     if not ns:
         return []
-    head = " | ".join(f"{TITLES[m]} wall s" for m in MODES)
+    modes = MODES + tuple(m for m in EXTRA if any(mode == m for _, mode in walls))
+    head = " | ".join(f"{TITLES[m]} wall s" for m in modes)
+    extra = "".join(f" | {TITLES[m]} / raw MPS throughput" for m in modes[len(MODES) :])
+    short = " / ".join(("ts", "raw", "mpswrap", "daemon")[: len(modes)])
     lines = [
-        f"| N | {head} | MPS speed-up | mpswrap / raw MPS throughput | start-up s (ts / raw / mpswrap) |",  # noqa: E501
-        "|---|" + "---|" * (len(MODES) + 3),
+        f"| N | {head} | MPS speed-up | mpswrap / raw MPS throughput{extra} "
+        f"| start-up s ({short}) |",
+        "|---|" + "---|" * (2 * len(modes)),
     ]
     for n in ns:
-        cells = " | ".join(_cell(walls[n, m]) for m in MODES)
+        cells = " | ".join(_cell(walls[n, m]) for m in modes)
         speed = _ratio(walls[n, "timesliced"], walls[n, "rawmps"])
-        wrap = _ratio(walls[n, "rawmps"], walls[n, "mpswrap"])
+        wraps = " | ".join(_ratio(walls[n, "rawmps"], walls[n, m]) for m in modes[2:])
         up = " / ".join(
-            f"{statistics.median(starts[n, m]):.1f}" if starts[n, m] else "-" for m in MODES
+            f"{statistics.median(starts[n, m]):.1f}" if starts[n, m] else "-" for m in modes
         )
-        lines.append(f"| {n} | {cells} | {speed} | {wrap} | {up} |")
+        lines.append(f"| {n} | {cells} | {speed} | {wraps} | {up} |")
     return lines
 
 
+def _class_seconds(run: dict[str, Any], heavy: bool) -> float | None:
+    """Median working time of the heavy (weight > 1) or light workers of one run."""
+    times = [w["end"] - w["start"] for w in run["workers"] if (w.get("weight", 1) > 1) == heavy]
+    return statistics.median(times) if times else None
+
+
 def provisioning_table(data: dict[str, Any]) -> list[str]:
+    """The mixed set: each mode, and mpswrap under each ``--threads`` policy, against
+    mpswrap without a limit; with the heavy and the light workers' own times."""
     walls: dict[str, list[float]] = defaultdict(list)
+    classes: dict[tuple[str, bool], list[float]] = defaultdict(list)
     for run in data["runs"]:
-        if run["key"].startswith("mixed/"):
-            walls[run.get("threads") or "none"].append(run["wall_s"])
+        if run.get("workload") != "mixed":
+            continue
+        row = TITLES.get(run["mode"], run["mode"])
+        if run["mode"] == "mpswrap":
+            row = f"mpswrap --threads {run.get('threads') or 'none'}"
+        walls[row].append(run["wall_s"])
+        for heavy in (True, False):
+            seconds = _class_seconds(run, heavy)
+            if seconds is not None:
+                classes[row, heavy].append(seconds)
     if not walls:
         return []
-    base = walls.get("none", [])
-    lines = ["| --threads | wall s | vs none |", "|---|---|---|"]
-    for policy, values in walls.items():
-        lines.append(f"| {policy} | {_cell(values)} | {_ratio(base, values)} |")
+    base = walls.get("mpswrap --threads none", [])
+    lines = [
+        "| mode | wall s (whole set) | speed-up vs mpswrap --threads none "
+        "| heavy workers s | light workers s |",
+        "|---|---|---|---|---|",
+    ]
+    for row, values in walls.items():
+        heavy, light = (_cell(classes[row, h]) for h in (True, False))
+        lines.append(f"| {row} | {_cell(values)} | {_ratio(base, values)} | {heavy} | {light} |")
     return lines
 
 
@@ -113,12 +146,12 @@ def markdown(files: Iterable[dict[str, Any]]) -> str:
         gpus = sorted({r["gpu_uuid"] for r in data["runs"] if r.get("gpu_uuid")})
         if len(gpus) > 1:
             out += ["", f"Runs of this file come from {len(gpus)} GPUs: {', '.join(gpus)}."]
-        for workload in ("mlp", "nbody"):
+        for workload in ("mlp", "nbody", "mixed"):
             table = throughput_table(data, workload)
             if table:
                 out += ["", f"Workload `{workload}`:", "", *table]
         for title, table in (
-            ("Provisioning, mixed set", provisioning_table(data)),
+            ("Provisioning study, mixed set", provisioning_table(data)),
             ("Overheads", overhead_table(data)),
         ):
             if table:
@@ -136,7 +169,7 @@ def plot(files: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for data in files:
-        for mode in MODES:
+        for mode in MODES + EXTRA:
             points: dict[int, list[float]] = defaultdict(list)
             for run in data["runs"]:
                 same = run.get("workload") == "mlp" and run.get("mode") == mode

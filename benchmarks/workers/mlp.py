@@ -54,7 +54,14 @@ for _ in range(args.steps):
 end = time.time()
 print(
     json.dumps(
-        {"pid": os.getpid(), "init": ready - t0, "start": start, "end": end, "weight": weight}
+        {
+            "pid": os.getpid(),
+            "init": ready - t0,
+            "start": start,
+            "end": end,
+            "weight": weight,
+            "threads": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+        }
     ),
     flush=True,
 )

@@ -38,4 +38,6 @@ start = time.time()
 for _ in range(args.steps):
     step()
 end = time.time()
-print(json.dumps({"pid": os.getpid(), "init": ready - t0, "start": start, "end": end}), flush=True)
+threads = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+out = {"pid": os.getpid(), "init": ready - t0, "start": start, "end": end, "threads": threads}
+print(json.dumps(out), flush=True)

@@ -3,7 +3,7 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe bench (default:
+# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe startup bench (default:
 # contract core). Each phase's log is complete when the phase ends, so a visit cut short still
 # brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each test phase.
@@ -26,6 +26,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   chmod -R a+rX /opt/mpswrap-site
 fi
 export PYTHONPATH=$SRC:/opt/mpswrap-site
+# Bytecode, as an installed package has: without it every Python start compiles mpswrap (and
+# the carried wheels, installed --no-compile) again where PYTHONDONTWRITEBYTECODE is set.
+"$PY" -m compileall -q "$SRC/mpswrap" /opt/mpswrap-site >/dev/null 2>&1
 nvcc -O2 -o /opt/mpswrap-site/cuda_client tests/gpu/cuda_client.cu 2>&1 | tail -3
 chmod a+rx /opt/mpswrap-site/cuda_client
 export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
@@ -50,6 +53,7 @@ for phase in "${PHASES[@]}"; do
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     probe) bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1; tail -40 "$OUT/probe/probe.txt" ;;
+    startup) bash tests/gpu/startup_costs.sh "$PY" >"$OUT/startup.txt" 2>&1; tail -25 "$OUT/startup.txt" ;;
     bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
       "$PY" benchmarks/run.py --out "$OUT/bench.json" "${bench_args[@]}" || rc=1 ;;
     *) echo "unknown phase $phase"; rc=2 ;;

@@ -1,0 +1,87 @@
+"""Per-rank supervisor start and memory of two mpswrap source trees, side by side.
+
+    git worktree add /tmp/base <commit>
+    python benchmarks/startup_ab.py /tmp/base . --rounds 4 --out benchmarks/results/<file>.json
+
+Each round measures both trees, one after the other (the order alternates), against the MPS
+simulator; every measurement is ``overhead.py``'s (``mpswrap -- date`` with the job's daemons
+up: exec to the program's exec; RSS of the supervisor and of its guard). The trees' bytecode
+is compiled first. Medians over the rounds; no GPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MEASURE = """
+import json, sys
+sys.path.insert(0, {root!r})
+from benchmarks.overhead import Bench, _supervisor_costs, compiled
+compiled()
+print(json.dumps(_supervisor_costs(Bench(True, 1), "ab", {repeats})))
+"""
+
+
+def measure(root: Path, repeats: int) -> dict[str, float]:
+    code = MEASURE.format(root=str(root), repeats=repeats)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def commit_of(root: Path) -> str:
+    res = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "mpswrap"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return (res.stdout.strip() or "?") + ("+changes" if dirty else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trees", nargs=2, type=Path, help="two checkouts: base, then changed")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=7, help="starts per measurement")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    trees = [t.resolve() for t in args.trees]
+    runs: dict[str, list[dict[str, float]]] = {str(t): [] for t in trees}
+    for r in range(args.rounds):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            runs[str(tree)].append(measure(tree, args.repeats))
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "python": sys.version.split()[0],
+        "host": subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip(),
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "trees": [],
+    }
+    for tree in trees:
+        mine = runs[str(tree)]
+        starts = [m["start"]["median_ms"] for m in mine]
+        summary = {
+            "tree": str(tree),
+            "commit": commit_of(tree),
+            "start_median_ms": round(statistics.median(starts), 1),
+            "start_round_medians_ms": starts,
+            "rss_mib": statistics.median(m["rss_mib"] for m in mine),
+            "guard_rss_mib": statistics.median(m["guard_rss_mib"] or 0 for m in mine),
+            "guard_uss_mib": statistics.median(m["guard_uss_mib"] or 0 for m in mine),
+        }
+        result["trees"].append(summary)  # type: ignore[attr-defined]
+        print(json.dumps(summary))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
