@@ -4,9 +4,10 @@
     python benchmarks/startup_ab.py /tmp/base . --rounds 4 --out benchmarks/results/<file>.json
 
 Each round measures both trees, one after the other (the order alternates), against the MPS
-simulator; every measurement is ``overhead.py``'s (``mpswrap -- date`` with the job's daemons
-up: exec to the program's exec; RSS of the supervisor and of its guard). The trees' bytecode
-is compiled first. Medians over the rounds; no GPU needed.
+simulator, with this checkout's ``overhead.py`` pointed at the tree's mpswrap: ``mpswrap --
+date`` with the job's daemons up, from exec to the program's exec, and the RSS of the
+supervisor and of its guard. The trees' bytecode is compiled first. Medians over the rounds;
+no GPU needed.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ import sys
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+#: This checkout's measuring code, pointed at the tree measured (its mpswrap and simulator).
 MEASURE = """
 import json, sys
-sys.path.insert(0, {root!r})
-from benchmarks.overhead import Bench, _supervisor_costs, compiled
-compiled()
-print(json.dumps(_supervisor_costs(Bench(True, 1), "ab", {repeats})))
+from pathlib import Path
+sys.path[:0] = [{here!r}, {root!r}]
+import overhead
+overhead.REPO = Path({root!r})
+overhead.compiled()
+print(json.dumps(overhead._supervisor_costs(overhead.Bench(True, 1), "ab", {repeats})))
 """
 
 
 def measure(root: Path, repeats: int) -> dict[str, float]:
-    code = MEASURE.format(root=str(root), repeats=repeats)
+    code = MEASURE.format(here=str(HERE), root=str(root), repeats=repeats)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     ).stdout

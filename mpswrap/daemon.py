@@ -195,7 +195,10 @@ class Daemon:
             )
         daemon = self._wait_ready(gpu)
         applied = self._apply_defaults(defaults, user)
-        servers = [p for p in (_proc.identify(s) for s in self.control.server_list()) if p]
+        # A new daemon has a server only if prestarted: otherwise no query (one command less
+        # per GPU in the prolog). Servers started later are found in control.log at stop.
+        listed = self.control.server_list() if defaults.prestart_server else []
+        servers = [p for p in map(_proc.identify, listed) if p]
         manifest = Manifest(
             gpu_uuid=gpu.uuid,
             gpu_index=gpu.index,

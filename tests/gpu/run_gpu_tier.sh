@@ -3,9 +3,9 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe startup bench (default:
-# contract core). Each phase's log is complete when the phase ends, so a visit cut short still
-# brings back every finished phase.
+# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe teardown startup
+# bench (default: contract core). Each phase's log is complete when the phase ends, so a visit
+# cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each test phase.
 # Never touches the GPU's compute mode, clocks, MIG or persistence settings.
 set -uo pipefail
@@ -53,6 +53,7 @@ for phase in "${PHASES[@]}"; do
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     probe) bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1; tail -40 "$OUT/probe/probe.txt" ;;
+    teardown) bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1; cat "$OUT/probe/teardown.txt" ;;
     startup) bash tests/gpu/startup_costs.sh "$PY" >"$OUT/startup.txt" 2>&1; tail -25 "$OUT/startup.txt" ;;
     bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
       "$PY" benchmarks/run.py --out "$OUT/bench.json" "${bench_args[@]}" || rc=1 ;;
