@@ -1,4 +1,4 @@
-"""Per-rank supervisor start and memory of two mpswrap source trees, side by side.
+"""Supervisor start and memory, prolog and epilog time of two mpswrap trees, side by side.
 
     git worktree add /tmp/base <commit>
     python benchmarks/startup_ab.py /tmp/base . --rounds 4 --out benchmarks/results/<file>.json
@@ -6,8 +6,8 @@
 Each round measures both trees, one after the other (the order alternates), against the MPS
 simulator, with this checkout's ``overhead.py`` pointed at the tree's mpswrap: ``mpswrap --
 date`` with the job's daemons up, from exec to the program's exec, and the RSS of the
-supervisor and of its guard. The trees' bytecode is compiled first. Medians over the rounds;
-no GPU needed.
+supervisor and of its guard; the prolog and the epilog of a one-GPU job with no clients. The
+trees' bytecode is compiled first. Medians over the rounds; no GPU needed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 #: This checkout's measuring code, pointed at the tree measured (its mpswrap and simulator).
@@ -29,16 +30,24 @@ sys.path[:0] = [{here!r}, {root!r}]
 import overhead
 overhead.REPO = Path({root!r})
 overhead.compiled()
-print(json.dumps(overhead._supervisor_costs(overhead.Bench(True, 1), "ab", {repeats})))
+out = overhead._supervisor_costs(overhead.Bench(True, 1), "ab", {repeats})
+bench = overhead.Bench(True, 1)
+hooks = {{"prolog": [], "epilog": []}}
+for r in range({repeats}):
+    for hook in hooks:
+        hooks[hook].append(bench.hook(hook, f"h{{r}}"))
+out.update({{hook: overhead._median(times) for hook, times in hooks.items()}})
+print(json.dumps(out))
 """
 
 
-def measure(root: Path, repeats: int) -> dict[str, float]:
+def measure(root: Path, repeats: int) -> dict[str, Any]:
     code = MEASURE.format(here=str(HERE), root=str(root), repeats=repeats)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 def commit_of(root: Path) -> str:
@@ -57,17 +66,18 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     trees = [t.resolve() for t in args.trees]
-    runs: dict[str, list[dict[str, float]]] = {str(t): [] for t in trees}
+    runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
             runs[str(tree)].append(measure(tree, args.repeats))
+    summaries: list[dict[str, Any]] = []
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "python": sys.version.split()[0],
         "host": subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip(),
         "rounds": args.rounds,
         "repeats": args.repeats,
-        "trees": [],
+        "trees": summaries,
     }
     for tree in trees:
         mine = runs[str(tree)]
@@ -77,11 +87,13 @@ def main() -> int:
             "commit": commit_of(tree),
             "start_median_ms": round(statistics.median(starts), 1),
             "start_round_medians_ms": starts,
+            "prolog_median_ms": round(statistics.median(m["prolog"]["median_ms"] for m in mine), 1),
+            "epilog_median_ms": round(statistics.median(m["epilog"]["median_ms"] for m in mine), 1),
             "rss_mib": statistics.median(m["rss_mib"] for m in mine),
             "guard_rss_mib": statistics.median(m["guard_rss_mib"] or 0 for m in mine),
             "guard_uss_mib": statistics.median(m["guard_uss_mib"] or 0 for m in mine),
         }
-        result["trees"].append(summary)  # type: ignore[attr-defined]
+        summaries.append(summary)
         print(json.dumps(summary))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
