@@ -11,13 +11,13 @@ set -u
 out=${1:?usage: probe_teardown.sh OUTDIR}; mkdir -p "$out"
 exec > >(tee "$out/teardown.txt") 2>&1
 CLIENT=${MPS_CONTRACT_CLIENT:-/opt/mpswrap-site/cuda_client}
-N=${PROBE_CLIENTS:-12}
+COUNTS=${PROBE_CLIENTS:-12 48}  # client counts to try, each with every way
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 ms() { date +%s%3N; }
 ctl() { echo "$*" | nvidia-cuda-mps-control; }
 
-round() {  # round NAME: a fresh daemon, N clients, end them the NAME way, report
-  local name=$1 dir=/tmp/probe-td-$1
+round() {  # round NAME N: a fresh daemon, N clients, end them the NAME way, report
+  local name=$1 N=$2 dir=/tmp/probe-td-$1
   rm -rf "$dir"; mkdir -p "$dir/pipe" "$dir/log"
   export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
   CUDA_VISIBLE_DEVICES=$UUID nvidia-cuda-mps-control -d
@@ -57,4 +57,6 @@ round() {  # round NAME: a fresh daemon, N clients, end them the NAME way, repor
   tail -3 "$dir/log/control.log"
 }
 date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for name in serial batched shutdown; do round "$name"; done
+for n in $COUNTS; do
+  for name in serial batched shutdown; do round "$name" "$n"; done
+done
