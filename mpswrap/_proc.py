@@ -14,6 +14,7 @@ import grp
 import logging
 import os
 import pwd
+import select
 import signal
 import subprocess
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "lookup_user",
     "run",
     "spawn",
+    "wait_child",
     "wait_gone",
 ]
 
@@ -291,18 +293,71 @@ def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
             log.debug("cannot signal %d: %s", pid_id.pid, exc)
 
 
+#: Longest sleep between two looks at a process that has no pidfd to wake the waiter.
+POLL_CAP = 0.02
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that turns readable when ``pid`` exits (Linux >= 5.3), or None."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        fd: int = opener(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def _sleep_on(fds: Iterable[int], timeout: float) -> None:
+    """Sleep up to ``timeout``, or less if one of ``fds`` turns readable."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    poller.poll(max(0.0, timeout) * 1000)
+
+
 def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:
-    """Wait until the processes are gone (zombies count as gone); return those still alive."""
-    pending = list(procs)
+    """Wait until the processes are gone (zombies count as gone); return those still alive.
+
+    Each exit wakes the waiter through a pidfd (the process is identified again after the
+    pidfd is opened, so a reused PID is never waited on); without pidfds it polls, at most
+    POLL_CAP apart.
+    """
     deadline = time.monotonic() + timeout
-    delay = 0.005
-    while pending:
-        pending = [p for p in pending if is_alive(p)]
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    fds = {p: _pidfd(p.pid) for p in procs}
+    pending = [p for p in fds if is_alive(p)]
+    delay = 0.002
+    try:
+        while pending and time.monotonic() < deadline:
+            watched = [fd for p in pending if (fd := fds[p]) is not None]
+            nap = deadline - time.monotonic()
+            if len(watched) < len(pending):
+                nap = min(nap, delay)
+                delay = min(delay * 2, POLL_CAP)
+            _sleep_on(watched, nap)
+            pending = [p for p in pending if is_alive(p)]
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
     return pending
+
+
+def wait_child(proc: subprocess.Popen[str], timeout: float) -> int:
+    """``proc.wait(timeout)`` that wakes when the child exits: subprocess's own wait with a
+    timeout polls, up to 50 ms late. Raises ``subprocess.TimeoutExpired``."""
+    fd = _pidfd(proc.pid)
+    if fd is None:
+        return proc.wait(timeout=timeout)
+    try:
+        _sleep_on([fd], timeout)
+    finally:
+        os.close(fd)
+    code = proc.poll()
+    if code is None:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return code
 
 
 def backoff(timeout: float, first: float = 0.002, cap: float = 0.1) -> Iterable[float]:

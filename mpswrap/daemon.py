@@ -177,7 +177,7 @@ class Daemon:
                 argv, env=env, user=user, cpus=cpus, stdout=out.fileno(), stderr=out.fileno()
             )
         try:
-            code = fg.wait(timeout=self.settings.start_timeout)
+            code = _proc.wait_child(fg, self.settings.start_timeout)
         except Exception:
             fg.kill()
             fg.wait()
@@ -229,7 +229,7 @@ class Daemon:
 
     def _wait_ready(self, gpu: GpuInfo) -> _proc.ProcId:
         control = self.control
-        for _ in _proc.backoff(self.settings.start_timeout):
+        for _ in _proc.backoff(self.settings.start_timeout, cap=_proc.POLL_CAP):
             pid = _read_pid(self.dirs.pid_file)
             ident = _proc.identify(pid) if pid else None
             if ident and control.ping():
