@@ -31,18 +31,24 @@ import overhead
 overhead.REPO = Path({root!r})
 overhead.compiled()
 out = overhead._supervisor_costs(overhead.Bench(True, 1), "ab", {repeats})
-bench = overhead.Bench(True, 1)
-hooks = {{"prolog": [], "epilog": []}}
-for r in range({repeats}):
-    for hook in hooks:
-        hooks[hook].append(bench.hook(hook, f"h{{r}}"))
-out.update({{hook: overhead._median(times) for hook, times in hooks.items()}})
+for gpus in {gpus!r}:
+    bench = overhead.Bench(True, gpus)
+    hooks = {{"prolog": [], "epilog": []}}
+    for r in range({repeats}):
+        for hook in hooks:
+            hooks[hook].append(bench.hook(hook, f"h{{r}}"))
+    out[f"hooks{{gpus}}"] = {{hook: overhead._median(t) for hook, t in hooks.items()}}
 print(json.dumps(out))
 """
 
 
-def measure(root: Path, repeats: int) -> dict[str, Any]:
-    code = MEASURE.format(here=str(HERE), root=str(root), repeats=repeats)
+def _name(hook: str, gpus: int) -> str:
+    """``prolog_median_ms`` for one GPU, ``prolog_gpus8_median_ms`` for eight."""
+    return f"{hook}_median_ms" if gpus == 1 else f"{hook}_gpus{gpus}_median_ms"
+
+
+def measure(root: Path, repeats: int, gpus: list[int]) -> dict[str, Any]:
+    code = MEASURE.format(here=str(HERE), root=str(root), repeats=repeats, gpus=gpus)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     ).stdout
@@ -63,13 +69,17 @@ def main() -> int:
     ap.add_argument("trees", nargs=2, type=Path, help="two checkouts: base, then changed")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7, help="starts per measurement")
+    ap.add_argument("--gpus", default="1", help="GPU counts for the hooks, e.g. 1,8")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     trees = [t.resolve() for t in args.trees]
+    gpus = [int(g) for g in args.gpus.split(",")]
+    if 1 not in gpus:
+        ap.error("--gpus must include 1")
     runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            runs[str(tree)].append(measure(tree, args.repeats))
+            runs[str(tree)].append(measure(tree, args.repeats, gpus))
     summaries: list[dict[str, Any]] = []
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -87,8 +97,13 @@ def main() -> int:
             "commit": commit_of(tree),
             "start_median_ms": round(statistics.median(starts), 1),
             "start_round_medians_ms": starts,
-            "prolog_median_ms": round(statistics.median(m["prolog"]["median_ms"] for m in mine), 1),
-            "epilog_median_ms": round(statistics.median(m["epilog"]["median_ms"] for m in mine), 1),
+            **{
+                _name(hook, g): round(
+                    statistics.median(m[f"hooks{g}"][hook]["median_ms"] for m in mine), 1
+                )
+                for g in gpus
+                for hook in ("prolog", "epilog")
+            },
             "rss_mib": statistics.median(m["rss_mib"] for m in mine),
             "guard_rss_mib": statistics.median(m["guard_rss_mib"] or 0 for m in mine),
             "guard_uss_mib": statistics.median(m["guard_uss_mib"] or 0 for m in mine),

@@ -28,6 +28,7 @@ from .errors import ProcError, UsageError
 
 __all__ = [
     "Guard",
+    "Popen",
     "ProcId",
     "Result",
     "UserIds",
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 DEVNULL = subprocess.DEVNULL
 PIPE = subprocess.PIPE
+#: A started process, as ``spawn`` returns it (for annotations elsewhere).
+Popen = subprocess.Popen
 
 #: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
 #: process of a step at once, and the supervisor must end the client through MPS first.

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import stat
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +36,12 @@ from .paths import GpuDirs, ensure_private_dir
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ._lock import FileLock
 
-__all__ = ["Daemon", "Defaults", "StopReport"]
+__all__ = ["Daemon", "Defaults", "StopReport", "finish"]
 
 log = logging.getLogger(__name__)
+
+#: What ``nvidia-cuda-mps-control -d`` printed, in the log directory (read when it fails).
+START_ERR = "mpswrap-start.err"
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class Daemon:
         return read_manifest(self.dirs.manifest)
 
     # --- start ------------------------------------------------------------------------
-    def start(
+    def starting(
         self,
         gpu: GpuInfo,
         user: _proc.UserIds,
@@ -115,30 +119,45 @@ class Daemon:
         started_by: str,
         defaults: Defaults,
         allowed_cpus: frozenset[int] | None = None,
-    ) -> Manifest:
-        """Start the daemon for ``gpu`` as ``user``; a running one is returned unchanged."""
+    ) -> Generator[None, None, Manifest]:
+        """Start the daemon for ``gpu`` as ``user`` in two steps; a running one is returned
+        unchanged.
+
+        The first ``next()`` takes the lock and launches ``nvidia-cuda-mps-control -d``; the
+        second waits until the daemon answers and returns its manifest (``finish``). A node's
+        daemons come up together this way: each launched before the first is waited for.
+        Closed in between, it stops what it launched and releases the lock.
+        """
         self.dirs.check_socket_length()
         binary = find_binary(self.settings.control_binary)
         with self._lock:
             current = self._running()
             if current is not None:
                 log.info("daemon for %s already running (pid %d)", gpu.uuid, current.daemon_pid)
+                yield
                 return current
             self._clear_stale()
             for path in (self.dirs.root, self.dirs.pipe, self.dirs.log):
                 ensure_private_dir(path, user.uid, user.gid)
+            launched: _proc.Popen[str] | None = None
             try:
-                return self._start_locked(
+                cpus = self._cpus(gpu, allowed_cpus)
+                launched = self._launch(gpu, user, binary, cpus)
+                yield
+                self._wait_detached(launched, gpu, binary)
+                return self._started(
                     gpu,
                     user,
                     binary,
+                    cpus,
                     node=node,
                     job_id=job_id,
                     started_by=started_by,
                     defaults=defaults,
-                    allowed_cpus=allowed_cpus,
                 )
             except BaseException:
+                if launched is not None and launched.returncode is None:
+                    self._detached(launched)  # closed before the second step: reap '-d'
                 self._stop_locked(StopReport(self.dirs.key))
                 raise
 
@@ -152,47 +171,62 @@ class Daemon:
             cpus = allowed
         return sorted(cpus)
 
-    def _start_locked(
-        self,
-        gpu: GpuInfo,
-        user: _proc.UserIds,
-        binary: str,
-        *,
-        node: str,
-        job_id: str,
-        started_by: str,
-        defaults: Defaults,
-        allowed_cpus: frozenset[int] | None,
-    ) -> Manifest:
-        cpus = self._cpus(gpu, allowed_cpus)
-        argv = [binary, "-d"]
+    def _launch(
+        self, gpu: GpuInfo, user: _proc.UserIds, binary: str, cpus: list[int]
+    ) -> _proc.Popen[str]:
+        """``nvidia-cuda-mps-control -d`` as ``user`` on ``cpus``, not waited for."""
         env = daemon_env(
             self.dirs.pipe,
             self.dirs.log,
             {"CUDA_VISIBLE_DEVICES": gpu.uuid, "HOME": user.home, "USER": user.name},
         )
-        out_path = self.dirs.log / "mpswrap-start.err"
-        with open(out_path, "w") as out:
-            fg = _proc.spawn(
-                argv, env=env, user=user, cpus=cpus, stdout=out.fileno(), stderr=out.fileno()
-            )
+        with open(self.dirs.log / START_ERR, "w") as out:
+            return _proc.spawn(
+                [binary, "-d"], env=env, user=user, cpus=cpus, stdout=out.fileno(),
+                stderr=out.fileno(),
+            )  # fmt: skip
+
+    def _detached(self, fg: _proc.Popen[str]) -> int | None:
+        """Wait for ``-d`` to return, as it does once the daemon has forked away; None (and
+        ``-d`` killed) if it does not within start_timeout."""
         try:
-            code = _proc.wait_child(fg, self.settings.start_timeout)
-        except Exception:
+            return _proc.wait_child(fg, self.settings.start_timeout)
+        except Exception:  # subprocess.TimeoutExpired: _proc owns the subprocess module
             fg.kill()
             fg.wait()
+            return None
+
+    def _wait_detached(self, fg: _proc.Popen[str], gpu: GpuInfo, binary: str) -> None:
+        """``-d``'s exit code says whether the daemon could start."""
+        code = self._detached(fg)
+        if code is None:
             raise DaemonError(
                 "MPS control daemon did not detach",
                 thing=gpu.uuid,
                 cause=f"'{binary} -d' still running after {self.settings.start_timeout:g} s",
-            ) from None
+            )
         if code != 0:
             raise DaemonError(
                 "couldn't start MPS",
                 thing=f"{gpu.uuid}, pipe {self.dirs.pipe}",
-                cause=f"{os.path.basename(binary)} -d exited {code}: {_tail(out_path)}",
+                cause=f"{os.path.basename(binary)} -d exited {code}: "
+                f"{_tail(self.dirs.log / START_ERR)}",
                 hint="is the NVIDIA driver loaded? run nvidia-smi",
             )
+
+    def _started(
+        self,
+        gpu: GpuInfo,
+        user: _proc.UserIds,
+        binary: str,
+        cpus: list[int],
+        *,
+        node: str,
+        job_id: str,
+        started_by: str,
+        defaults: Defaults,
+    ) -> Manifest:
+        """Once detached: wait until it answers, apply the defaults, write the manifest."""
         daemon = self._wait_ready(gpu)
         applied = self._apply_defaults(defaults, user)
         # A new daemon has a server only if prestarted: otherwise no query (one command less
@@ -452,6 +486,16 @@ class Daemon:
             self.control.quit(force_after=self.settings.quit_timeout)
         except ControlError as exc:
             report.notes.append(f"quit: {exc.cause}")
+
+
+def finish(steps: Generator[None, None, Manifest]) -> Manifest:
+    """The second step of ``Daemon.starting``: its manifest."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        manifest: Manifest = done.value
+        return manifest
+    raise AssertionError("Daemon.starting yields once")  # pragma: no cover
 
 
 def _copy_regular(src: Path, dest: Path) -> None:

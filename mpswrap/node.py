@@ -16,7 +16,7 @@ from typing import Any
 
 from . import _proc
 from .config import Settings
-from .daemon import Daemon, Defaults, StopReport
+from .daemon import Daemon, Defaults, StopReport, finish
 from .errors import DaemonError, LayoutError
 from .gpu import GpuInfo
 from .manifest import Manifest
@@ -71,29 +71,35 @@ class JobDaemons:
         keys: Sequence[str] | None = None,
         allowed_cpus: frozenset[int] | None = None,
     ) -> list[Manifest]:
-        """Start one daemon per GPU (``keys[i]`` or ``g<i>``); on any failure stop them all."""
+        """Start one daemon per GPU (``keys[i]`` or ``g<i>``); on any failure stop them all.
+
+        All are launched before the first is waited for, so they come up together: the
+        time grows with the GPU count only by what each costs once it answers.
+        """
         keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
         for key in keys:  # before creating anything: a bad layout must leave nothing behind
             self.layout.gpu(key).check_socket_length()
         self.layout.create(user.uid, user.gid, shared_parents=shared_parents)
-        started: list[Manifest] = []
+        pending = []
         try:
             for key, gpu in zip(keys, gpus):
-                started.append(
-                    self.daemon(key).start(
-                        gpu,
-                        user,
-                        node=self.layout.node,
-                        job_id=self.layout.job_id,
-                        started_by=started_by,
-                        defaults=defaults,
-                        allowed_cpus=allowed_cpus,
-                    )
+                steps = self.daemon(key).starting(
+                    gpu,
+                    user,
+                    node=self.layout.node,
+                    job_id=self.layout.job_id,
+                    started_by=started_by,
+                    defaults=defaults,
+                    allowed_cpus=allowed_cpus,
                 )
+                next(steps)  # launched, its lock held
+                pending.append(steps)
+            return [finish(steps) for steps in pending]
         except BaseException:
+            for steps in pending:  # stop what is half started and release its lock first
+                steps.close()
             self.stop()
             raise
-        return started
 
     def status(self) -> dict[str, Any]:
         return {

@@ -534,6 +534,54 @@ def test_when_the_second_gpu_fails_the_first_gpus_daemon_is_stopped_too(node: Si
     assert_nothing_left(node, job_dir(node))
 
 
+@pytest.fixture
+def four_gpus() -> Iterator[SimNode]:
+    sim = make_sim_node(gpus=4)
+    yield sim
+    left = finish_sim_node(sim)
+    assert not left, f"left behind: {left}"
+
+
+def test_a_nodes_daemons_come_up_together(four_gpus: SimNode) -> None:
+    # Each simulated daemon takes 2 s to answer: one after another, 4 GPUs take over 8 s.
+    four_gpus.faults.write_text(json.dumps({"start": "slow:2"}))
+    t0 = time.monotonic()
+    manifests = start(four_gpus)
+    took = time.monotonic() - t0
+    four_gpus.faults.write_text("{}")
+    assert len(manifests) == 4
+    assert took < 6.5, f"4 daemons took {took:.1f} s: started one after another"
+    res = four_gpus.mpswrap("stop", *JOB)
+    assert res.returncode == 0, res.stderr
+    assert_nothing_left(four_gpus, job_dir(four_gpus))
+
+
+def test_a_failing_gpu_stops_the_daemons_launched_after_it_too(four_gpus: SimNode) -> None:
+    # GPU 1's control program fails; GPUs 2 and 3 are launched by then and waited for later.
+    (four_gpus.root / "fail.json").write_text(json.dumps({"start": "fail"}))
+    wrapper = four_gpus.bin / "mps-control-gpu1-broken"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={REPO}; export PYTHONPATH\n"
+        f"MPSWRAP_SIM_FAULTS={four_gpus.faults}\n"
+        f'if [ "$1" = -d ] && [ "$CUDA_VISIBLE_DEVICES" = {UUID1} ]; then\n'
+        f"  MPSWRAP_SIM_FAULTS={four_gpus.root / 'fail.json'}\n"
+        "fi\n"
+        "export MPSWRAP_SIM_FAULTS\n"
+        f'exec {sys.executable} -m mpswrap.sim.control "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    res = four_gpus.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=str(wrapper))
+    assert res.returncode == 1
+    assert f"mpswrap: couldn't start MPS ({UUID1}, pipe " in res.stderr, res.stderr
+    assert_nothing_left(four_gpus, job_dir(four_gpus))
+    # The locks were released: the job starts at once with a working control program.
+    manifests = start(four_gpus)
+    assert len(manifests) == 4
+    assert four_gpus.mpswrap("stop", *JOB).returncode == 0
+    assert_nothing_left(four_gpus, job_dir(four_gpus))
+
+
 @pytest.mark.parametrize(
     ("faults", "log"),
     [
