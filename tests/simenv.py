@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,17 @@ def finish_sim_node(node: SimNode) -> list[str]:
             pass
     shutil.rmtree(node.root, ignore_errors=True)
     return report
+
+
+@contextmanager
+def sim_node(gpus: int = 2, **inventory: Any) -> Iterator[SimNode]:
+    """A simulated node for one test, which fails if anything of the node survives it."""
+    node = make_sim_node(gpus, **inventory)
+    try:
+        yield node
+    finally:
+        left = finish_sim_node(node)
+    assert not left, f"left behind: {left}"
 
 
 def ensure_test_user() -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, sim_node
 
 pytestmark = pytest.mark.functional
 REPO = Path(__file__).resolve().parents[2]
@@ -47,10 +47,8 @@ def test_quick_overhead_benchmarks_write_json_and_render(tmp_path: Path) -> None
 
 @pytest.fixture
 def sim() -> Iterator[SimNode]:
-    node = make_sim_node(gpus=1)
-    yield node
-    left = finish_sim_node(node)
-    assert not left, f"left behind: {left}"
+    with sim_node(gpus=1) as node:
+        yield node
 
 
 @pytest.mark.timeout(600)

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, ensure_test_user, sim_node
 
 pytestmark = pytest.mark.functional
 JOB = ("--job", "j1", "--node", "n1")
@@ -134,10 +134,8 @@ def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "condi
 # --- fixtures -------------------------------------------------------------------------------
 @pytest.fixture
 def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
+    with sim_node(gpus=2) as sim:
+        yield sim
 
 
 @pytest.fixture
@@ -510,7 +508,24 @@ def test_a_gpu_whose_daemon_cannot_start_gives_one_line_and_leaves_nothing(node:
 
 
 def test_when_the_second_gpu_fails_the_first_gpus_daemon_is_stopped_too(node: SimNode) -> None:
-    # A control program that fails to start only for GPU 1, as a broken GPU would.
+    res = node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=gpu1_broken(node))
+    assert res.returncode == 1
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap: couldn't")]
+    assert len(errors) == 1 and f"({UUID1}, pipe " in errors[0], res.stderr
+    assert "started MPS daemon pid" in res.stderr  # GPU 0's daemon did start ...
+    started = int(re.findall(r"started MPS daemon pid (\d+)", res.stderr)[0])
+    assert gone(started)  # ... and was stopped with the failed start
+    assert_nothing_left(node, job_dir(node))
+
+
+@pytest.fixture
+def four_gpus() -> Iterator[SimNode]:
+    with sim_node(gpus=4) as sim:
+        yield sim
+
+
+def gpu1_broken(node: SimNode) -> str:
+    """A control program that fails to start only for GPU 1, as a broken GPU would."""
     (node.root / "fail.json").write_text(json.dumps({"start": "fail"}))
     wrapper = node.bin / "mps-control-gpu1-broken"
     wrapper.write_text(
@@ -524,22 +539,7 @@ def test_when_the_second_gpu_fails_the_first_gpus_daemon_is_stopped_too(node: Si
         f'exec {sys.executable} -m mpswrap.sim.control "$@"\n'
     )
     wrapper.chmod(0o755)
-    res = node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=str(wrapper))
-    assert res.returncode == 1
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap: couldn't")]
-    assert len(errors) == 1 and f"({UUID1}, pipe " in errors[0], res.stderr
-    assert "started MPS daemon pid" in res.stderr  # GPU 0's daemon did start ...
-    started = int(re.findall(r"started MPS daemon pid (\d+)", res.stderr)[0])
-    assert gone(started)  # ... and was stopped with the failed start
-    assert_nothing_left(node, job_dir(node))
-
-
-@pytest.fixture
-def four_gpus() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=4)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
+    return str(wrapper)
 
 
 def test_a_nodes_daemons_come_up_together(four_gpus: SimNode) -> None:
@@ -558,20 +558,7 @@ def test_a_nodes_daemons_come_up_together(four_gpus: SimNode) -> None:
 
 def test_a_failing_gpu_stops_the_daemons_launched_after_it_too(four_gpus: SimNode) -> None:
     # GPU 1's control program fails; GPUs 2 and 3 are launched by then and waited for later.
-    (four_gpus.root / "fail.json").write_text(json.dumps({"start": "fail"}))
-    wrapper = four_gpus.bin / "mps-control-gpu1-broken"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO}; export PYTHONPATH\n"
-        f"MPSWRAP_SIM_FAULTS={four_gpus.faults}\n"
-        f'if [ "$1" = -d ] && [ "$CUDA_VISIBLE_DEVICES" = {UUID1} ]; then\n'
-        f"  MPSWRAP_SIM_FAULTS={four_gpus.root / 'fail.json'}\n"
-        "fi\n"
-        "export MPSWRAP_SIM_FAULTS\n"
-        f'exec {sys.executable} -m mpswrap.sim.control "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    res = four_gpus.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=str(wrapper))
+    res = four_gpus.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=gpu1_broken(four_gpus))
     assert res.returncode == 1
     assert f"mpswrap: couldn't start MPS ({UUID1}, pipe " in res.stderr, res.stderr
     assert_nothing_left(four_gpus, job_dir(four_gpus))
