@@ -37,6 +37,7 @@ __all__ = [
     "is_alive",
     "kill_procs",
     "lookup_user",
+    "pidfd",
     "run",
     "spawn",
     "wait_child",
@@ -300,7 +301,7 @@ def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
 POLL_CAP = 0.02
 
 
-def _pidfd(pid: int) -> int | None:
+def pidfd(pid: int) -> int | None:
     """A descriptor that turns readable when ``pid`` exits (Linux >= 5.3), or None."""
     opener = getattr(os, "pidfd_open", None)
     if opener is None:
@@ -328,7 +329,7 @@ def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:
     POLL_CAP apart.
     """
     deadline = time.monotonic() + timeout
-    fds = {p: _pidfd(p.pid) for p in procs}
+    fds = {p: pidfd(p.pid) for p in procs}
     pending = [p for p in fds if is_alive(p)]
     delay = 0.002
     try:
@@ -350,7 +351,7 @@ def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:
 def wait_child(proc: subprocess.Popen[str], timeout: float) -> int:
     """``proc.wait(timeout)`` that wakes when the child exits: subprocess's own wait with a
     timeout polls, up to 50 ms late. Raises ``subprocess.TimeoutExpired``."""
-    fd = _pidfd(proc.pid)
+    fd = pidfd(proc.pid)
     if fd is None:
         return proc.wait(timeout=timeout)
     try:

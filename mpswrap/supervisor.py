@@ -450,13 +450,7 @@ def _on_signal(rank: Rank, sig: int, ended_by: int | None, grace: float) -> int 
 @contextmanager
 def _exit_fd(pid: int) -> Iterator[int | None]:
     """A pidfd that becomes readable when the child exits (Linux ≥ 5.3), else None (poll)."""
-    opener = getattr(os, "pidfd_open", None)
-    fd: int | None = None
-    if opener is not None:
-        try:
-            fd = opener(pid)
-        except OSError:
-            fd = None
+    fd = _proc.pidfd(pid)
     try:
         yield fd
     finally:
