@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from .entry.session import session
 from .errors import (
     CapacityError,
     ConfigError,
@@ -16,7 +17,6 @@ from .errors import (
     ProcError,
     UsageError,
 )
-from .session import session
 
 __version__ = "0.1.0"
 

@@ -10,38 +10,30 @@ Rules kept here so no other module has to remember them:
 
 from __future__ import annotations
 
-import grp
 import logging
 import os
 import pwd
-import select
 import signal
 import subprocess
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import psutil
 
 from .errors import ProcError, UsageError
 
 __all__ = [
-    "Guard",
     "Popen",
     "ProcId",
     "Result",
     "UserIds",
-    "fork_guard",
     "identify",
     "is_alive",
     "kill_procs",
     "lookup_user",
-    "pidfd",
     "run",
     "spawn",
-    "wait_child",
-    "wait_gone",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,9 +43,21 @@ PIPE = subprocess.PIPE
 #: A started process, as ``spawn`` returns it (for annotations elsewhere).
 Popen = subprocess.Popen
 
+#: The PATH of every tool mpswrap runs for itself (hooks run with a minimal one, and a task's
+#: PATH is its user's own).
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 #: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
 #: process of a step at once, and the supervisor must end the client through MPS first.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Child(Protocol):
+    """A started child process, as ``spawn`` returns it."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -87,13 +91,6 @@ def lookup_user(who: str | int | None = None, gid: int | None = None) -> UserIds
     except OSError:
         groups = (primary,)
     return UserIds(entry.pw_name, entry.pw_uid, primary, groups, entry.pw_dir)
-
-
-def group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 @dataclass(frozen=True)
@@ -297,86 +294,6 @@ def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
             log.debug("cannot signal %d: %s", pid_id.pid, exc)
 
 
-#: Longest sleep between two looks at a process that has no pidfd to wake the waiter.
-POLL_CAP = 0.02
-
-
-def pidfd(pid: int) -> int | None:
-    """A descriptor that turns readable when ``pid`` exits (Linux >= 5.3), or None."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        fd: int = opener(pid)
-    except OSError:
-        return None
-    return fd
-
-
-def _sleep_on(fds: Iterable[int], timeout: float) -> None:
-    """Sleep up to ``timeout``, or less if one of ``fds`` turns readable."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    poller.poll(max(0.0, timeout) * 1000)
-
-
-def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:
-    """Wait until the processes are gone (zombies count as gone); return those still alive.
-
-    Each exit wakes the waiter through a pidfd (the process is identified again after the
-    pidfd is opened, so a reused PID is never waited on); without pidfds it polls, at most
-    POLL_CAP apart.
-    """
-    deadline = time.monotonic() + timeout
-    fds = {p: pidfd(p.pid) for p in procs}
-    pending = [p for p in fds if is_alive(p)]
-    delay = 0.002
-    try:
-        while pending and time.monotonic() < deadline:
-            watched = [fd for p in pending if (fd := fds[p]) is not None]
-            nap = deadline - time.monotonic()
-            if len(watched) < len(pending):
-                nap = min(nap, delay)
-                delay = min(delay * 2, POLL_CAP)
-            _sleep_on(watched, nap)
-            pending = [p for p in pending if is_alive(p)]
-    finally:
-        for fd in fds.values():
-            if fd is not None:
-                os.close(fd)
-    return pending
-
-
-def wait_child(proc: subprocess.Popen[str], timeout: float) -> int:
-    """``proc.wait(timeout)`` that wakes when the child exits: subprocess's own wait with a
-    timeout polls, up to 50 ms late. Raises ``subprocess.TimeoutExpired``."""
-    fd = pidfd(proc.pid)
-    if fd is None:
-        return proc.wait(timeout=timeout)
-    try:
-        _sleep_on([fd], timeout)
-    finally:
-        os.close(fd)
-    code = proc.poll()
-    if code is None:
-        raise subprocess.TimeoutExpired(proc.args, timeout)
-    return code
-
-
-def backoff(timeout: float, first: float = 0.002, cap: float = 0.1) -> Iterable[float]:
-    """Yield elapsed seconds at growing intervals until ``timeout``: bounded polling."""
-    start = time.monotonic()
-    delay = first
-    while True:
-        elapsed = time.monotonic() - start
-        yield elapsed
-        if elapsed >= timeout:
-            return
-        time.sleep(min(delay, max(0.0, timeout - elapsed)))
-        delay = min(delay * 2, cap)
-
-
 def children_of(pid: int) -> list[ProcId]:
     """Descendants of ``pid`` (recursive), identified."""
     try:
@@ -421,70 +338,3 @@ def procs_mentioning(marker: str) -> list[ProcId]:
         except (psutil.Error, OSError):
             continue
     return found
-
-
-# --- guards ----------------------------------------------------------------------------------
-@dataclass
-class Guard:
-    """A forked process that acts if its parent dies before ``release`` (see ``fork_guard``)."""
-
-    pid: int
-    fd: int
-
-    def release(self, timeout: float = 5.0) -> None:
-        """Tell the guard all is well, and reap it (bounded; killed if it lingers)."""
-        try:
-            os.write(self.fd, b"x")
-        except OSError:
-            pass  # the guard is gone already (killed with the step): nothing to tell
-        os.close(self.fd)
-        deadline = time.monotonic() + timeout
-        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
-            if time.monotonic() >= deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-                return
-            time.sleep(0.002)
-
-
-def fork_guard(on_orphaned: Callable[[], None], ignore: Sequence[int]) -> Guard:
-    """Fork a guard that runs ``on_orphaned`` if this process dies without ``Guard.release``
-    (SIGKILL, the OOM killer): the death closes the only write end of the guard's pipe.
-
-    Fork only while no thread runs. The guard ignores ``ignore`` (the signals Slurm and mpirun
-    send to every process at once), keeps no descriptor of ours but stdio and its pipe, and
-    exits after ``on_orphaned`` or the release.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _guard_main(read_fd, on_orphaned, ignore)
-    os.close(read_fd)
-    return Guard(pid, write_fd)
-
-
-def _guard_main(read_fd: int, on_orphaned: Callable[[], None], ignore: Sequence[int]) -> None:
-    code = 0
-    try:
-        signal.set_wakeup_fd(-1)
-        for sig in ignore:
-            signal.signal(sig, signal.SIG_IGN)
-        for fd in map(int, os.listdir("/proc/self/fd")):
-            if fd > 2 and fd != read_fd:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass  # the descriptor of the listing itself, closed already
-        while True:
-            try:
-                told = os.read(read_fd, 1)
-                break
-            except InterruptedError:
-                continue
-        if not told:
-            on_orphaned()
-    except BaseException:
-        log.exception("guard failed")
-        code = 1
-    finally:
-        os._exit(code)

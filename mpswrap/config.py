@@ -8,10 +8,11 @@ choices. ``Settings.describe()`` shows every resolved value and where it came fr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Literal, cast
 
 from .errors import ConfigError
 
@@ -30,7 +31,8 @@ _NOT_SETTINGS = {
     "MPSWRAP_DEBUG",
 }
 
-Parser = Callable[[str], Any]
+#: Turns admin text into a value of its setting's attribute type (``Settings`` declares it).
+Parser = Callable[[str], object]
 
 
 def _choice(*choices: str) -> Parser:
@@ -59,7 +61,7 @@ def _seconds(text: str) -> float:
 
 
 def _optional(parse: Parser) -> Parser:
-    def wrapped(text: str) -> Any:
+    def wrapped(text: str) -> object:
         return None if text.lower() in ("", "none", "off") else parse(text)
 
     return wrapped
@@ -72,7 +74,7 @@ def _percent(text: str) -> float:
     return value
 
 
-def _limit(text: str) -> Any:
+def _limit(text: str) -> int | Literal["auto"]:
     if text == "auto":
         return "auto"
     value = int(text)
@@ -179,7 +181,7 @@ FIELDS: tuple[Field, ...] = (
 _BY_NAME = {f.name: f for f in FIELDS}
 
 
-def _parse(name: str, text: str, where: str) -> Any:
+def _spec(name: str, where: str) -> Field:
     spec = _BY_NAME.get(name)
     if spec is None:
         raise ConfigError(
@@ -187,6 +189,11 @@ def _parse(name: str, text: str, where: str) -> Any:
             thing=f"{name} in {where}",
             hint=f"valid settings: {', '.join(sorted(_BY_NAME))}",
         )
+    return spec
+
+
+def _parse(name: str, text: str, where: str) -> object:
+    spec = _spec(name, where)
     try:
         return spec.parse(text.strip())
     except ValueError as exc:
@@ -218,33 +225,76 @@ def read_config_file(path: Path) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved settings; ``sources`` says where each came from."""
+    """Resolved settings: one typed attribute per entry of ``FIELDS``, in the same order.
 
-    values: Mapping[str, Any]
-    sources: Mapping[str, str] = field(default_factory=dict)
+    Names, parsers, defaults and docs are written only in ``FIELDS``; this class adds just
+    the static types, and a unit test keeps its attributes and ``FIELDS`` in step.
+    """
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    run_dir: str
+    user_run_dir: str | None
+    control_binary: str
+    gpu_inventory: str
+    client_limit: int | Literal["auto"]
+    gpu_policy: str
+    prolog_mode: Literal["always", "opt-in", "never"]
+    opt_in: tuple[str, ...]
+    prolog_failure: Literal["drain", "continue"]
+    epilog_failure: Literal["drain", "continue"]
+    cpu_binding: bool
+    prestart_server: bool
+    active_thread_percentage: float | None
+    pinned_mem_limit: str | None
+    client_priority: int | None
+    start_timeout: float
+    command_timeout: float
+    terminate_timeout: float
+    quit_timeout: float
+    kill_grace: float
+    log_archive: str | None
+    health_check: bool
+    syslog: bool
+    log_level: str
+    #: Where each value came from: ``default``, ``file PATH``, ``env VAR`` or ``argument``.
+    sources: Mapping[str, str]
 
-    def replace(self, **overrides: Any) -> Settings:
+    @property
+    def values(self) -> Mapping[str, object]:
+        """Every setting by name, read-only, for code that walks all of them."""
+        return MappingProxyType({f.name: getattr(self, f.name) for f in FIELDS})
+
+    def replace(self, **overrides: object) -> Settings:
         """A copy with explicit overrides (already parsed values or strings)."""
         values, sources = dict(self.values), dict(self.sources)
         for name, value in overrides.items():
             if value is None:
-                continue
-            values[name] = _parse(name, value, "argument") if isinstance(value, str) else value
+                continue  # an option the caller left unset keeps the resolved value
+            values[name] = _override(name, value)
             sources[name] = "argument"
-        return Settings(values, sources)
+        return _settings(values, sources)
 
     def describe(self) -> list[tuple[str, str, str]]:
         """Rows of (name, value, source) for ``mpswrap config``."""
-        return [(f.name, _show(self.values[f.name]), self.sources[f.name]) for f in FIELDS]
+        values = self.values
+        return [(f.name, _show(values[f.name]), self.sources[f.name]) for f in FIELDS]
 
 
-def _show(value: Any) -> str:
+def _override(name: str, value: object) -> object:
+    if isinstance(value, str):
+        return _parse(name, value, "argument")
+    _spec(name, "argument")  # an already parsed value must still name a setting
+    return value
+
+
+def _settings(values: Mapping[str, object], sources: Mapping[str, str]) -> Settings:
+    # Parsers are typed ``str -> object`` so that one table can hold them all; each returns
+    # its attribute's declared type (tests/unit/test_config.py checks this), so the values
+    # go in unchecked rather than re-validated here.
+    typed = cast("dict[str, Any]", dict(values))
+    return Settings(**typed, sources=dict(sources))
+
+
+def _show(value: object) -> str:
     if isinstance(value, tuple):
         return ", ".join(value)
     if isinstance(value, bool):
@@ -252,8 +302,28 @@ def _show(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+def _file_layer(env: Mapping[str, str], config_file: str | None) -> Iterator[tuple[str, str, str]]:
+    """(name, text, where) for each line of the admin file, when there is one to read."""
+    path = config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
+    explicit = bool(config_file or env.get("MPSWRAP_CONFIG"))
+    # Only a file someone named must exist; the default location is optional.
+    if explicit or os.path.exists(path):
+        for name, text in read_config_file(Path(path)).items():
+            yield name, text, path
+
+
+def _env_layer(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
+    """(name, text, variable) for each ``MPSWRAP_*`` variable that is a setting."""
+    for var, text in env.items():
+        if var.startswith(ENV_PREFIX) and var not in _NOT_SETTINGS:
+            name = var[len(ENV_PREFIX) :].lower()
+            if name.startswith("sim_"):
+                continue  # the simulator's own variables
+            yield name, text, var
+
+
 def load_settings(
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: str | None = None,
 ) -> Settings:
@@ -261,17 +331,10 @@ def load_settings(
     env = os.environ if env is None else env
     values = {f.name: f.parse(f.default) for f in FIELDS}
     sources = {f.name: "default" for f in FIELDS}
-    path = config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
-    explicit = bool(config_file or env.get("MPSWRAP_CONFIG"))
-    if explicit or os.path.exists(path):
-        for name, text in read_config_file(Path(path)).items():
-            values[name] = _parse(name, text, path)
-            sources[name] = f"file {path}"
-    for var, text in env.items():
-        if var.startswith(ENV_PREFIX) and var not in _NOT_SETTINGS:
-            name = var[len(ENV_PREFIX) :].lower()
-            if name.startswith("sim_"):
-                continue  # the simulator's own variables
-            values[name] = _parse(name, text, var)
-            sources[name] = f"env {var}"
-    return Settings(values, sources).replace(**(overrides or {}))
+    for name, text, path in _file_layer(env, config_file):
+        values[name] = _parse(name, text, path)
+        sources[name] = f"file {path}"
+    for name, text, var in _env_layer(env):
+        values[name] = _parse(name, text, var)
+        sources[name] = f"env {var}"
+    return _settings(values, sources).replace(**(overrides or {}))

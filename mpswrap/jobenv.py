@@ -48,14 +48,6 @@ RANK_VARS = (
     "SLURM_PROCID",
     "RANK",
 )
-SIZE_VARS = (
-    "MPSWRAP_NPROCS",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_SIZE",
-    "MV2_COMM_WORLD_SIZE",
-    "SLURM_NTASKS",
-    "WORLD_SIZE",
-)
 
 
 def tasks_per_node(spec: str, node_id: int) -> int | None:
@@ -123,6 +115,18 @@ class JobEnv:
     def job_id(self) -> str | None:
         return self._get("SLURM_JOB_ID") or self._get("SLURM_JOBID")
 
+    def job_key(self, given: str | None = None, fresh: str | None = None) -> str | None:
+        """THE job id mpswrap keeps a job's state under, the same for every rank of a node.
+
+        In order: ``given`` (``--job``), ``MPSWRAP_JOB`` (set by the launcher for its ranks),
+        Slurm's job id, the PMIx namespace (ranks of one ``mpirun``), then ``fresh`` (what the
+        caller names a job of its own, e.g. ``run-<pid>``; None: no job is known).
+        """
+        pmix = (self._get("PMIX_NAMESPACE") or "").replace("/", "-")[:60]
+        if given is not None:  # as given, even empty: the layout refuses a bad id by name
+            return given
+        return self._get("MPSWRAP_JOB") or self.job_id or pmix or fresh
+
     @property
     def job_uid(self) -> int | None:
         value = self._get("SLURM_JOB_UID")
@@ -132,10 +136,6 @@ class JobEnv:
     def job_gid(self) -> int | None:
         value = self._get("SLURM_JOB_GID")
         return int(value) if value and value.isdigit() else None
-
-    @property
-    def job_user(self) -> str | None:
-        return self._get("SLURM_JOB_USER")
 
     @property
     def node(self) -> str:
@@ -206,7 +206,3 @@ class JobEnv:
     @property
     def rank(self) -> int | None:
         return self._first_int(RANK_VARS)[0]
-
-    @property
-    def world_size(self) -> int | None:
-        return self._first_int(SIZE_VARS)[0]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,8 @@ __all__ = [
     "SOCKET_PATH_MAX",
     "GpuDirs",
     "JobLayout",
-    "default_user_run_dir",
     "ensure_private_dir",
+    "remove_tree",
     "validate_name",
 ]
 
@@ -48,16 +50,6 @@ def validate_name(kind: str, value: str) -> str:
             cause="expected letters, digits, '.', '_' or '-' (no '/' or '..'), at most 64",
         )
     return value
-
-
-def default_user_run_dir(uid: int | None = None, env: dict[str, str] | None = None) -> Path:
-    """User-mode run directory: ``$XDG_RUNTIME_DIR/mpswrap`` or ``/tmp/mpswrap-<uid>``."""
-    uid = os.getuid() if uid is None else uid
-    env = dict(os.environ) if env is None else env
-    xdg = env.get("XDG_RUNTIME_DIR", "")
-    if xdg and os.path.isabs(xdg) and uid == os.getuid():
-        return Path(xdg) / "mpswrap"
-    return Path(f"/tmp/mpswrap-{uid}")
 
 
 @dataclass(frozen=True)
@@ -147,9 +139,6 @@ class JobLayout:
             raise LayoutError("invalid GPU key", thing=repr(key), cause="expected g<N>")
         return GpuDirs(key, self.job_dir / key)
 
-    def gpu_for_index(self, position: int) -> GpuDirs:
-        return self.gpu(f"g{position}")
-
     def lock_path(self, key: str) -> Path:
         """The GPU's start/stop lock (root's in prolog mode: the job user cannot open it)."""
         return self.job_dir / f".{key}{LOCK_SUFFIX}"
@@ -176,6 +165,9 @@ class JobLayout:
 
 
 def _check_dir(path: Path, uid: int, mode: int) -> None:
+    """An existing directory must be ``uid``'s own and closed to others. Owner permissions
+    taken from it (a ``chmod 500`` by its user) are given back: a start needs them, and the
+    directory is that user's anyway."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise LayoutError("refusing a path that is not a plain directory", thing=str(path))
@@ -192,6 +184,26 @@ def _check_dir(path: Path, uid: int, mode: int) -> None:
             thing=str(path),
             cause=f"mode {stat.S_IMODE(st.st_mode):04o}, expected {mode:04o}",
         )
+    if stat.S_IMODE(st.st_mode) & 0o700 != mode & 0o700:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | (mode & 0o700))
+
+
+def remove_tree(path: Path) -> str | None:
+    """Remove ``path`` and everything under it (never following a symlink); None when it is
+    gone, else what is left and why, for the report."""
+    errors: list[str] = []
+
+    def note(_func: object, failed: str, info: object) -> None:
+        exc = info[1] if isinstance(info, tuple) else info  # onerror: exc_info; onexc: exc
+        errors.append(f"{failed}: {getattr(exc, 'strerror', None) or exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=note)
+    else:  # pragma: no cover - Python < 3.12 has only onerror (deprecated from 3.12)
+        shutil.rmtree(path, onerror=note)
+    if not os.path.lexists(path):
+        return None
+    return f"directory {path} ({errors[0] if errors else 'still there'})"
 
 
 def ensure_private_dir(path: Path, uid: int, gid: int, mode: int = 0o700) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mpswrap.control import Control
+from mpswrap.mps.control import Control
 
 
 @dataclass

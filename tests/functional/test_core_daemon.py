@@ -49,7 +49,9 @@ def _start(node: SimNode, *args: str, user: str | None = None) -> list[dict[str,
 def _status(node: SimNode, user: str | None = None) -> dict[str, object]:
     res = node.mpswrap("status", "--json", *JOB, user=user)
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    jobs = json.loads(res.stdout)["jobs"]  # --job: at most one
+    assert len(jobs) <= 1, jobs
+    return jobs[0] if jobs else {"gpus": []}
 
 
 def _job_dir(node: SimNode, base: Path | None = None) -> Path:

@@ -186,8 +186,8 @@ def client(
 def clients_listed(node: SimNode) -> list[int]:
     res = node.mpswrap("status", "--json", *JOB)
     assert res.returncode == 0, res.stderr
-    status = json.loads(res.stdout)
-    return [c["pid"] for g in status["gpus"] for s in g["servers"] for c in s["clients"]]
+    jobs = json.loads(res.stdout)["jobs"]
+    return [c["pid"] for j in jobs for g in j["gpus"] for s in g["servers"] for c in s["clients"]]
 
 
 def assert_nothing_left(node: SimNode, where: Path) -> None:

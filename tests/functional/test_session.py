@@ -19,15 +19,14 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from mpswrap import _proc
+from mpswrap import _proc, session
 from mpswrap.config import load_settings
-from mpswrap.daemon import Defaults
 from mpswrap.errors import MpswrapError
-from mpswrap.gpu import load_inventory
+from mpswrap.job.job import JobDaemons
 from mpswrap.jobenv import JobEnv
-from mpswrap.node import JobDaemons
+from mpswrap.mps.daemon import Defaults
+from mpswrap.mps.gpu import load_inventory
 from mpswrap.paths import JobLayout
-from mpswrap.session import session
 
 pytestmark = [
     pytest.mark.functional,
@@ -191,8 +190,8 @@ def test_refuses_when_torch_says_cuda_started(sim: Sim, monkeypatch: pytest.Monk
 
 def test_import_mpswrap_stays_light_and_session_is_callable() -> None:
     code = (
-        "import sys, mpswrap, mpswrap.session; s = mpswrap.session; "
-        "assert callable(s) and mpswrap.session is s, s; "
+        "import sys, mpswrap, mpswrap.entry.session; s = mpswrap.session; "
+        "assert callable(s) and s is mpswrap.entry.session.session, s; "
         "bad = [m for m in ('mpi4py', 'pynvml') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -306,8 +305,8 @@ def test_prolog_daemons_are_used_and_left_running(
         assert all(_proc.is_alive(m.daemon) for m in manifests), "session stopped the prolog's"
         assert not job_dir(sim, "4242").exists(), "user-mode daemons started beside the prolog's"
     finally:
-        reports = daemons.stop()
-    assert all(r.clean for r in reports)
+        done = daemons.stop()
+    assert done.clean, done.lines()
 
 
 @needs_sim
@@ -317,7 +316,7 @@ def test_comm_path_on_comm_self_in_a_fresh_process(sim: Sim, tmp_path: Path) -> 
     script.write_text(
         "import json, os\n"
         "from mpi4py import MPI\n"
-        "from mpswrap.session import session\n"
+        "from mpswrap import session\n"
         "with session(MPI.COMM_SELF) as s:\n"
         "    print(json.dumps([s.mode, s.local_rank, s.local_size, s.gpu_uuid,\n"
         "                      os.environ['CUDA_MPS_PIPE_DIRECTORY']]))\n"
@@ -342,7 +341,7 @@ def test_a_rank_that_is_still_a_client_leaves_the_stop_to_the_watchdog(
     script.write_text(
         "import json\n"
         "from mpswrap import _proc\n"
-        "from mpswrap.session import session\n"
+        "from mpswrap import session\n"
         "from mpswrap.sim.client import Client, parse\n"
         "with session() as s:\n"
         "    client = Client(parse([]))\n"
@@ -377,7 +376,7 @@ def test_mpi4py_auto_init_disabled_is_respected(sim: Sim, tmp_path: Path) -> Non
         "import json, mpi4py\n"
         "mpi4py.rc.initialize = False\n"
         "from mpi4py import MPI\n"
-        "from mpswrap.session import session\n"
+        "from mpswrap import session\n"
         "with session() as s:\n"
         "    print(json.dumps([MPI.Is_initialized(), s.local_rank, s.local_size]))\n"
     )

@@ -663,7 +663,7 @@ def test_fake_inventory_orders_minors_against_indices(tmp_path: Path) -> None:
     assert [g["numa_node"] for g in gpus] == [0, 1, 0, 1]
     assert len({g["uuid"] for g in gpus}) == 4 and fake_inventory(4, range(16)) == inv
     assert fake_inventory(2, cpus=[0])["gpus"][1]["cpus"] == "0"
-    from mpswrap.gpu import load_inventory
+    from mpswrap.mps.gpu import load_inventory
 
     path = write_inventory(tmp_path / "inv.json", 2)
     loaded = load_inventory(str(path))

@@ -23,10 +23,10 @@ median_ms -c pass
 median_ms -c "import psutil"
 median_ms -c "import filelock"
 median_ms -c "import mpswrap"
-median_ms -c "import mpswrap.launcher"
+median_ms -c "import mpswrap.entry.launch"
 median_ms -m mpswrap --version
-echo "--- -X importtime, import mpswrap.launcher: heaviest cumulative entries (us)"
-"$PY" -X importtime -c "import mpswrap.launcher" 2>&1 >/dev/null \
+echo "--- -X importtime, import mpswrap.entry.launch: heaviest cumulative entries (us)"
+"$PY" -X importtime -c "import mpswrap.entry.launch" 2>&1 >/dev/null \
   | awk -F'|' 'NR > 1 { print $2 "|" $3 }' | sort -n -r | head -30
 echo "--- site-packages .pth files"
 "$PY" -c 'import site; print(*site.getsitepackages(), sep="\n")' | while read -r d; do

@@ -62,7 +62,7 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         deadline = time.monotonic() + 90
         while True:
             status = json.loads(_mpswrap(gpu_user, ["status", "--json"], env).stdout)
-            servers = status["gpus"][0]["servers"]
+            servers = status["jobs"][0]["gpus"][0]["servers"]
             pids = {c["pid"] for s in servers for c in s["clients"]}
             if len(pids) == 4 or time.monotonic() > deadline:
                 break

@@ -73,7 +73,7 @@ def test_illegal_memory_access_is_reported_and_the_server_recovers(
     print(culprit_out, outs)
     assert culprit.returncode != 0 and "CUDA error 700" in culprit_out
     assert all(b.returncode != 0 and "CUDA error 700" in o for b, o in zip(bystanders, outs))
-    status = json.loads(_mpswrap(env, "status", "--json").stdout)
+    status = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]
     print(json.dumps(status, indent=1))
     faults = status["gpus"][0]["faults"]
     assert faults, status
@@ -84,7 +84,7 @@ def test_illegal_memory_access_is_reported_and_the_server_recovers(
     assert {culprit.pid, *(b.pid for b in bystanders)} <= named, faults
     deadline = time.monotonic() + 60
     while True:  # the server recovers once every affected client has exited
-        st = json.loads(_mpswrap(env, "status", "--json").stdout)["gpus"][0]
+        st = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]["gpus"][0]
         if all(s["status"] == "ACTIVE" for s in st["servers"]):
             break
         assert time.monotonic() < deadline, st
@@ -129,7 +129,7 @@ def test_a_second_user_cannot_reach_the_first_users_daemon(
     status = as_user(
         gpu_user, [sys.executable, "-m", "mpswrap", "status", "--json"], env, timeout=60
     )
-    gpu = json.loads(status.stdout)["gpus"][0]
+    gpu = json.loads(status.stdout)["jobs"][0]["gpus"][0]
     assert gpu["daemon"]["alive"]
     assert all(not s["clients"] for s in gpu["servers"])
     stopped = as_user(gpu_user, [sys.executable, "-m", "mpswrap", "stop"], env, timeout=120)

@@ -171,7 +171,8 @@ def job_status(job: str, config: str | None = None) -> dict[str, Any]:
     env = dict(os.environ, **({"MPSWRAP_CONFIG": config} if config else {}))
     argv = [sys.executable, "-m", "mpswrap", "status", "--json", "--run-dir", "/run/mpswrap"]
     res = _sh([*argv, "--node", "node1", "--job", job], env=env)
-    return json.loads(res.stdout) if res.returncode == 0 else {}
+    jobs = json.loads(res.stdout)["jobs"] if res.returncode == 0 else []
+    return jobs[0] if jobs else {}
 
 
 def client_pids(status: dict[str, Any]) -> set[int]:

@@ -411,8 +411,9 @@ class Cluster:
         where = ["--run-dir", str(self.run_dir), "--node", node, "--job", job]
         res = self.mpswrap(user, "status", "--json", "--config", str(self.config_path), *where)
         assert res.returncode == 0, res.stderr
-        data: dict[str, Any] = json.loads(res.stdout)
-        return data
+        jobs: list[dict[str, Any]] = json.loads(res.stdout)["jobs"]  # --job: at most one
+        assert len(jobs) <= 1, jobs
+        return jobs[0] if jobs else {"gpus": []}
 
     # --- jobs --------------------------------------------------------------------------------
     def slurm(

@@ -38,7 +38,7 @@ from pathlib import Path
 path, action, out, client = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 if path == "comm":
     from mpi4py import MPI  # MPI initialised before the session: the node-leader path
-from mpswrap.session import session
+from mpswrap import session
 
 with session() as s:
     from mpi4py import MPI
@@ -144,8 +144,8 @@ def test_prolog_daemons_are_used_and_left_alone(sim: Sim, tmp_path: Path) -> Non
         res = mpirun(sim, tmp_path, "early", "ok")
         assert res.returncode == 0, res.stderr
         assert_placed(sim, seen(tmp_path), sim.admin_run, "prolog")
-        status = json.loads(cli(sim, "status", "--json").stdout)
-        alive = [g["daemon"]["alive"] for g in status["gpus"]]
+        jobs = json.loads(cli(sim, "status", "--json").stdout)["jobs"]
+        alive = [g["daemon"]["alive"] for j in jobs for g in j["gpus"]]
         assert alive == [True, True], "the session stopped daemons it did not start"
         assert not (sim.user_run / NODE / JOB).exists(), "started user daemons beside them"
     finally:

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from mpswrap.config import load_settings
+from mpswrap.config import FIELDS, Field, Settings, load_settings
 from mpswrap.errors import ConfigError
 
 
@@ -65,3 +68,91 @@ def test_describe_lists_every_setting() -> None:
     names = [r[0] for r in rows]
     assert "run_dir" in names and "prolog_failure" in names
     assert all(source == "default" for _, _, source in rows)
+
+
+def test_settings_attributes_and_fields_table_name_the_same_settings_in_order() -> None:
+    # FIELDS is the one place a setting is written; Settings only types it. If either list
+    # gains, loses or reorders a name without the other, this is where it shows.
+    attributes = [f.name for f in dataclasses.fields(Settings) if f.name != "sources"]
+    assert attributes == [f.name for f in FIELDS]
+    assert dataclasses.fields(Settings)[-1].name == "sources"
+
+
+#: A text for each setting whose default parses to None or "auto", to check the other branch.
+_OTHER_BRANCH = {
+    "user_run_dir": "/run/user/1000/mpswrap",
+    "client_limit": "8",
+    "active_thread_percentage": "50",
+    "pinned_mem_limit": "2g",
+    "client_priority": "1",
+    "log_archive": "/var/log/mpswrap",
+}
+
+
+def _conforms(value: object, hint: object) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return value in args
+    if args and origin is not tuple:  # typing.Union or X | Y
+        return any(_conforms(value, arg) for arg in args)
+    if origin is tuple:  # only tuple[str, ...] is used
+        return isinstance(value, tuple) and all(_conforms(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):  # bool is an int to isinstance, but never a count or seconds
+        return type(value) is hint
+    return isinstance(value, typing.cast(type, hint))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="evaluating X | Y needs Python 3.10")
+@pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
+def test_each_parser_returns_its_attributes_declared_type(spec: Field) -> None:
+    # mypy cannot link a parser in FIELDS to its Settings attribute, so check it here.
+    hint = typing.get_type_hints(Settings)[spec.name]
+    texts = [spec.default] + ([_OTHER_BRANCH[spec.name]] if spec.name in _OTHER_BRANCH else [])
+    for text in texts:
+        value = spec.parse(text)
+        assert _conforms(value, hint), (spec.name, text, value, hint)
+    if spec.name in _OTHER_BRANCH:
+        assert spec.parse(spec.default) in (None, "auto")
+
+
+def test_attributes_are_typed_values_and_unknown_names_fail() -> None:
+    s = load_settings(env={"MPSWRAP_CLIENT_LIMIT": "8", "MPSWRAP_CPU_BINDING": "no"})
+    assert s.client_limit == 8
+    assert s.cpu_binding is False
+    assert s.values["client_limit"] == 8
+    with pytest.raises(AttributeError):
+        getattr(s, "no_such_setting")  # noqa: B009 - the name must not resolve
+
+
+def test_replace_parses_strings_skips_none_and_marks_the_source() -> None:
+    base = load_settings(env={"MPSWRAP_QUIT_TIMEOUT": "2"})
+    s = base.replace(start_timeout="3", prestart_server=True, quit_timeout=None)
+    assert (s.start_timeout, s.prestart_server, s.quit_timeout) == (3.0, True, 2.0)
+    assert s.sources["start_timeout"] == "argument"
+    assert s.sources["prestart_server"] == "argument"
+    assert s.sources["quit_timeout"] == "env MPSWRAP_QUIT_TIMEOUT"
+    assert base.start_timeout == 15.0  # the original is untouched
+    with pytest.raises(ConfigError, match="bad value for start_timeout") as err:
+        base.replace(start_timeout="never")
+    assert "in argument" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["1", 1])
+def test_replace_rejects_unknown_settings_parsed_or_not(value: object) -> None:
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_settings(env={}).replace(no_such=value)
+
+
+def test_describe_shows_values_as_an_admin_would_write_them() -> None:
+    s = load_settings({"pinned_mem_limit": "2g", "health_check": True}, env={})
+    rows = {name: (value, source) for name, value, source in s.describe()}
+    assert list(rows) == [f.name for f in FIELDS]
+    assert rows["opt_in"] == ("gres-mps, feature:mps, comment:mps", "default")
+    assert rows["pinned_mem_limit"] == ("2G", "argument")
+    assert rows["health_check"] == ("yes", "argument")
+    assert rows["syslog"] == ("yes", "default")
+    assert rows["log_archive"] == ("none", "default")
+    assert rows["start_timeout"] == ("15.0", "default")
+    assert rows["client_limit"] == ("auto", "default")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpswrap import launchargs as la
+from mpswrap.cli.main import split_options
+from mpswrap.entry import launchargs as la
 from mpswrap.errors import UsageError
-from mpswrap.launcher import split_options
 
 W = ["python", "-m", "mpswrap", "--"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpswrap import mpslog
+from mpswrap.mps import mpslog
 
 H100_FAULT = Path(__file__).parent / "data" / "h100-fault-server.log"
 

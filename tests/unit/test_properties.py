@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mpswrap import client, config, gpu, jobenv, mpslog, paths
+from mpswrap import config, jobenv, paths
 from mpswrap.errors import ConfigError, GpuError, LayoutError, MpswrapError, UsageError
+from mpswrap.job import placement as client
+from mpswrap.mps import gpu, mpslog
 
 T = TypeVar("T")
 

@@ -17,15 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import _proc
-from .client import client_env, plan_positions
-from .config import Settings, load_settings
-from .control import find_binary
-from .daemon import Defaults
-from .errors import MpswrapError
-from .gpu import load_inventory
-from .manage import print_status, report_lines
-from .node import JobDaemons, user_layout
+from .. import _proc
+from ..config import Settings, load_settings
+from ..errors import MpswrapError
+from ..job import state
+from ..job.job import JobDaemons
+from ..job.placement import plan_positions
+from ..mps.control import client_env, find_binary
+from ..mps.daemon import Defaults
+from ..mps.gpu import load_inventory
+from .manage import print_status
 
 __all__ = ["cli"]
 
@@ -49,8 +50,8 @@ def _real_available() -> bool:
 def _settings(tmp: Path, simulate: bool) -> Settings:
     overrides: dict[str, Any] = {"user_run_dir": str(tmp / "run")}
     if simulate:
-        from .sim import install_bin
-        from .sim.inventory import write_inventory
+        from ..sim import install_bin
+        from ..sim.inventory import write_inventory
 
         install_bin(tmp / "bin")
         write_inventory(tmp / "gpus.json", n_gpus=2)
@@ -81,6 +82,20 @@ def _wait_for_clients(daemons: JobDaemons, count: int, timeout: float) -> dict[s
         time.sleep(0.2)
 
 
+def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[Any]:
+    if argv is None:
+        print("2. PyTorch is not installed: no clients to attach")
+        return []
+    print(f"2. attaching {n} clients, block placement over the GPUs")
+    slots = daemons.slots(None)
+    procs = []
+    for position in plan_positions(n, len(slots)):
+        env = dict(os.environ, **client_env(slots[position].dirs, slots[position].uuid))
+        procs.append(_proc.spawn(argv, env=env, new_session=False, stdout=_proc.DEVNULL,
+                                 stderr=_proc.DEVNULL))  # fmt: skip
+    return procs
+
+
 def run_demo(n_clients: int, simulate: bool) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir="/tmp"))
     procs = []
@@ -88,38 +103,21 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         settings = _settings(tmp, simulate)
         kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
         gpus = load_inventory(settings.gpu_inventory).gpus
-        daemons = JobDaemons(user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
+        daemons = JobDaemons(state.user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
         print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
-        manifests = daemons.start(
-            gpus,
-            _proc.lookup_user(),
-            started_by="cli",
-            defaults=Defaults.from_settings(settings),
-            shared_parents=False,
-        )
-        argv = _client_argv(tmp, simulate, seconds=120)
-        if argv is None:
-            print("2. PyTorch is not installed: no clients to attach")
-        else:
-            print(f"2. attaching {n_clients} clients, block placement over the GPUs")
-            for position in plan_positions(n_clients, len(manifests)):
-                m = manifests[position]
-                env = dict(os.environ, **client_env(daemons.layout.gpu(m.key), m.gpu_uuid))
-                procs.append(
-                    _proc.spawn(
-                        argv, env=env, new_session=False, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL
-                    )
-                )
+        daemons.start(gpus, _proc.lookup_user(), started_by="cli", shared_parents=False,
+                      defaults=Defaults.from_settings(settings))  # fmt: skip
+        procs += _start_clients(daemons, _client_argv(tmp, simulate, seconds=120), n_clients)
         print("3. mpswrap status")
         print_status(_wait_for_clients(daemons, len(procs), timeout=90))
         print("4. stopping: terminate_client for every client, then quit, then checks")
-        reports = daemons.stop()
-        for line in report_lines(reports):
+        done = daemons.stop()
+        for line in done.lines():
             print(f"   {line}")
         for proc in procs:
             proc.wait(timeout=30)
         left = _proc.procs_mentioning(str(tmp))
-        clean = all(r.clean for r in reports) and not left and not daemons.layout.job_dir.exists()
+        clean = done.clean and not left and not daemons.layout.job_dir.exists()
         print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
         return 0 if clean else 1
     finally:

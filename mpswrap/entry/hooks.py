@@ -7,27 +7,23 @@ the epilog runs the teardown ladder for this job only and proves nothing is left
 
 from __future__ import annotations
 
-import argparse
 import logging
 import logging.handlers
 import os
-import stat
 import sys
-from pathlib import Path
 
-from . import _proc
-from .client import choose_gpu
-from .config import Settings, load_settings
-from .control import SAFE_PATH
-from .daemon import Defaults
-from .errors import MpswrapError
-from .gpu import default_gres_conf, health_problem, load_inventory, resolve_gres_positions
-from .jobenv import JobEnv
-from .node import JobDaemons
-from .paths import JobLayout
-from .slurmjob import is_launcher_daemon_step, job_opted_in, tasks_on_node
+from .. import _proc
+from ..config import Settings, load_settings
+from ..errors import MpswrapError
+from ..job import state
+from ..job.job import JobDaemons
+from ..job.placement import place
+from ..jobenv import JobEnv
+from ..mps.daemon import Defaults
+from ..mps.gpu import default_gres_conf, health_problem, load_inventory, resolve_gres_positions
+from .slurmjob import is_launcher_daemon_step, job_opted_in
 
-__all__ = ["cli", "epilog", "prolog", "task_prolog"]
+__all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +55,19 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings) -> None:
     root.propagate = False
 
 
-def _layout(settings: Settings, env: JobEnv) -> JobLayout:
-    if env.job_id is None:
+def _job(env: JobEnv) -> str:
+    job = env.job_key()
+    if job is None:
         raise MpswrapError(
             "SLURM_JOB_ID is not set",
             context="hook",
             hint="the hooks run from slurmd; use mpswrap start by hand",
         )
-    return JobLayout(Path(settings.run_dir), env.node, env.job_id)
+    return job
+
+
+def _daemons(settings: Settings, env: JobEnv) -> JobDaemons:
+    return JobDaemons(state.admin_layout(settings, env.node, _job(env)), settings)
 
 
 # --- prolog --------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def _start_job(env: JobEnv, settings: Settings, positions: tuple[int, ...]) -> N
         raise MpswrapError("SLURM_JOB_UID is not set")
     user = _proc.lookup_user(env.job_uid, gid=env.job_gid)
     defaults = Defaults.from_settings(settings, active_thread_percentage=env.mps_percentage)
-    manifests = JobDaemons(_layout(settings, env), settings).start(
+    manifests = _daemons(settings, env).start(
         gpus,
         user,
         started_by="prolog",
@@ -119,7 +120,7 @@ def _drain(env: JobEnv, reason: str) -> None:
     """Name the cause in the node's drain reason; Slurm drains it anyway when we exit 1."""
     argv = ["scontrol", "update", f"NodeName={env.node}", "State=DRAIN", f"Reason={reason}"]
     try:
-        _proc.run(argv, env={"PATH": SAFE_PATH, **_slurm_conf(env)}, timeout=10)
+        _proc.run(argv, env={"PATH": _proc.SAFE_PATH, **_slurm_conf(env)}, timeout=10)
     except MpswrapError as exc:
         log.warning("could not set the drain reason: %s", exc.line())
 
@@ -134,84 +135,40 @@ def task_prolog(env: JobEnv, settings: Settings) -> int:
     """Print ``export`` lines for a task of a real step of a job that has daemons."""
     if not env.is_real_step or env.job_id is None:
         return 0  # the batch/extern step: its children (e.g. mpirun ranks) must not share a GPU
-    daemons = JobDaemons(_layout(settings, env), settings)
-    manifests = {m.key: m for m in daemons.manifests()}
+    daemons = _daemons(settings, env)
+    by_key = {s.key: s for s in daemons.slots(None)}  # no NVML here: once per task
     positions = env.step_gpus
-    if not manifests or not positions or is_launcher_daemon_step(env):
+    if not by_key or not positions or is_launcher_daemon_step(env):
         return 0
-    local_rank = env.local_rank or 0
-    local_size = tasks_on_node(env) or 1
-    position = positions[
-        choose_gpu(
-            min(local_rank, local_size - 1),
-            local_size,
-            len(positions),
-            policy="cyclic" if settings.gpu_policy == "cyclic" else "block",
-        )
-    ]
-    manifest = manifests.get(f"g{position}")
-    if manifest is None:
-        return 0
-    dirs = daemons.layout.gpu(manifest.key)
-    print(f"export CUDA_MPS_PIPE_DIRECTORY={dirs.pipe}")
-    print(f"export CUDA_MPS_LOG_DIRECTORY={dirs.log}")
-    print(f"export CUDA_VISIBLE_DEVICES={manifest.gpu_uuid}")
+    slots = [by_key[f"g{p}"] for p in positions if f"g{p}" in by_key]
+    if len(slots) != len(positions):
+        return 0  # a step GPU without a daemon: leave the task as Slurm set it
+    size = env.local_size or 1
+    policy = "cyclic" if settings.gpu_policy == "cyclic" else "block"
+    found = place(slots, min(env.local_rank or 0, size - 1), size, policy=policy)
+    for name, value in found.env.items():
+        print(f"export {name}={value}")
     return 0
 
 
 # --- epilog ---------------------------------------------------------------------------
-def _job_layouts(settings: Settings, env: JobEnv) -> list[JobLayout]:
-    """The prolog's layout and every user-mode layout the job's user may have used."""
-    admin = _layout(settings, env)
-    layouts = [admin]
-    uid = env.job_uid
-    if uid is not None:
-        roots = {Path(f"/tmp/mpswrap-{uid}"), Path(f"/run/user/{uid}/mpswrap")}
-        if settings.user_run_dir:
-            roots.add(Path(settings.user_run_dir))
-        users = [JobLayout(r, admin.node, admin.job_id) for r in sorted(roots)]
-        layouts += [lay for lay in users if _owned_dirs(lay, uid)]
-    return [lay for lay in layouts if lay.job_dir.exists()]
-
-
-def _owned_dirs(layout: JobLayout, uid: int) -> bool:
-    """A user-mode layout is the job user's: real directories (no symlink) owned by uid."""
-    for path in (layout.run_dir, layout.node_dir, layout.job_dir):
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-            return False
-    return True
-
-
 def epilog(env: JobEnv, settings: Settings) -> int:
-    leftovers = 0
-    uuids: list[str] = []
-    for layout in _job_layouts(settings, env):
+    """The ladder for the prolog's daemons and every user-mode one of the job's user."""
+    job, problems, uuids = _job(env), 0, []
+    uid = env.job_uid if env.job_uid is not None else -1  # no uid: the admin layout alone
+    for layout in state.job_layouts(settings, env.node, job, uid):
         daemons = JobDaemons(layout, settings)
         try:
             uuids += [m.gpu_uuid for m in daemons.manifests()]
         except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
             log.warning("%s", exc.line())
-        for report in daemons.stop():
-            log.info(
-                "%s: terminated %d client(s), killed %d%s",
-                report.key,
-                len(report.terminated),
-                len(report.killed),
-                f" ({'; '.join(report.notes)})" if report.notes else "",
-            )
-            for item in report.leftovers:
-                log.error("%s: left behind after teardown: %s", report.key, item)
-            leftovers += len(report.leftovers)
-        if layout.job_dir.exists():
-            log.error("job directory left behind: %s", layout.job_dir)
-            leftovers += 1
+        done = daemons.stop()
+        for line in done.lines():
+            (log.error if "LEFT BEHIND" in line else log.info)("%s", line)
+        problems += len(done.problems())
     if settings.health_check:
-        leftovers += _health_check(uuids, settings)
-    if leftovers and settings.epilog_failure == "drain":
+        problems += _health_check(uuids, settings)
+    if problems and settings.epilog_failure == "drain":
         return 1
     return 0
 
@@ -231,19 +188,20 @@ def _health_check(uuids: list[str], settings: Settings) -> int:
 HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
 
 
-def cli(args: argparse.Namespace) -> int:
+def run_hook(hook: str, config_file: str | None = None) -> int:
+    """Run one hook as slurmd calls it; the exit code follows the admin's failure policy."""
     env = JobEnv.current()
-    settings = load_settings(config_file=args.config)
-    if args.command != "task-prolog":
-        _setup_logging(args.command, env, settings)
+    settings = load_settings(config_file=config_file)
+    if hook != "task-prolog":
+        _setup_logging(hook, env, settings)
     try:
-        return HOOKS[args.command](env, settings)
+        return HOOKS[hook](env, settings)
     except Exception as exc:
         if isinstance(exc, MpswrapError):
-            print(exc.with_context(args.command).render(), file=sys.stderr)
+            print(exc.with_context(hook).render(), file=sys.stderr)
         else:
             log.exception("unexpected error")
-        return _failure_code(args.command, settings)
+        return _failure_code(hook, settings)
 
 
 def _failure_code(hook: str, settings: Settings) -> int:

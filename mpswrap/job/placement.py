@@ -1,24 +1,29 @@
-"""One rank's side of MPS: which GPU, which environment, and whether it fits (pure logic).
+"""Placement: which GPU each local rank gets, its client environment, and whether it fits.
 
-A client gets its GPU daemon's pipe and log directories and ``CUDA_VISIBLE_DEVICES=<UUID>``:
-attached it sees that GPU; if it ever falls back to running without MPS it still stays on its
-own GPU instead of landing on device 0 with everyone else.
+One ``place()`` for every entry point (``mpswrap run``, the per-rank wrapper, ``session()``,
+the task prolog) and one capacity check that counts the clients already running. Pure: the
+GPUs (``Slot``) and the limits are passed in; nothing here loads NVML or talks to a daemon.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import CapacityError, UsageError
-from .paths import GpuDirs
+from ..errors import CapacityError, UsageError
+from ..mps.control import client_env
+from ..mps.gpu import Inventory
+from ..paths import GpuDirs
 
 __all__ = [
-    "ClientPlan",
+    "Placement",
+    "Slot",
     "check_capacity",
     "choose_gpu",
-    "client_env",
+    "place",
+    "plan_positions",
     "provision_threads",
 ]
 
@@ -106,50 +111,99 @@ def _weights(spec: str) -> list[float]:
     return weights
 
 
-def client_env(
-    dirs: GpuDirs,
-    uuid: str,
-    *,
-    threads: float | None = None,
-    mem_limit: str | None = None,
-    priority: int | None = None,
-) -> dict[str, str]:
-    """The variables that attach one client to its GPU's daemon."""
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
-        "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
-        "CUDA_VISIBLE_DEVICES": uuid,
-    }
-    if threads is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{threads:g}"
-    if mem_limit:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mem_limit}"
-    if priority is not None:
-        env["CUDA_MPS_CLIENT_PRIORITY"] = str(priority)
-    return env
+@dataclass(frozen=True)
+class Slot:
+    """A GPU ranks may be placed on: its daemon's directories and what placement needs."""
+
+    dirs: GpuDirs
+    uuid: str
+    cpus: frozenset[int] = frozenset()
+    memory_total: int = 0
+
+    @classmethod
+    def of(cls, dirs: GpuDirs, uuid: str, inventory: Inventory | None) -> Slot:
+        if inventory is None:
+            return cls(dirs, uuid)
+        gpu = inventory.by_uuid(uuid)
+        return cls(dirs, uuid, gpu.cpus, gpu.memory_total)
+
+    @property
+    def key(self) -> str:
+        return self.dirs.key
 
 
 @dataclass(frozen=True)
-class ClientPlan:
-    """Where one rank goes: GPU position and UUID."""
+class Placement:
+    """One local rank's GPU and client environment."""
 
-    local_rank: int
     position: int
-    uuid: str
+    slot: Slot
+    env: dict[str, str]
+    threads: float | None
+
+    @property
+    def uuid(self) -> str:
+        return self.slot.uuid
+
+
+def place(
+    slots: Sequence[Slot],
+    local_rank: int,
+    local_size: int,
+    *,
+    policy: str = "block",
+    rank_cpus: frozenset[int] | None = None,
+    threads: str | None = None,
+    mem_limit: str | None = None,
+    priority: int | None = None,
+) -> Placement:
+    """GPU and client environment of ``local_rank`` of ``local_size`` ranks."""
+    gpu_cpus = [s.cpus for s in slots]
+    position = choose_gpu(local_rank, local_size, len(slots), policy=policy,
+                          rank_cpus=rank_cpus, gpu_cpus=gpu_cpus)  # fmt: skip
+    plan = plan_positions(local_size, len(slots), policy)
+    sharing = max(plan.count(position), 1)
+    index = plan[: min(local_rank, len(plan))].count(position)
+    share = provision_threads(threads, sharing, index)
+    slot = slots[position]
+    env = client_env(slot.dirs, slot.uuid, threads=share, priority=priority,
+                     mem_limit=_mem_limit(mem_limit, slot, sharing))  # fmt: skip
+    return Placement(position, slot, env, share)
+
+
+def _mem_limit(spec: str | None, slot: Slot, sharing: int) -> str | None:
+    """``auto``: the GPU's memory shared equally by the ranks on it; else a size as given."""
+    if spec != "auto":
+        return spec
+    if slot.memory_total <= 0:
+        raise UsageError(
+            "--mem-limit auto needs the GPU's memory size",
+            thing=slot.uuid,
+            cause="the inventory does not say",
+            hint="give a size, e.g. 8G",
+        )
+    return f"{max(1, slot.memory_total // sharing // 2**20)}M"
 
 
 def check_capacity(
-    wanted: Mapping[str, int], limits: Mapping[str, int], existing: Mapping[str, int] | None = None
+    uuids: Sequence[str],
+    local_size: int,
+    policy: str,
+    limits: Mapping[str, int],
+    running: Mapping[str, int] | None = None,
 ) -> None:
-    """Refuse before launch when a GPU would get more clients than its server accepts."""
-    existing = existing or {}
+    """Refuse, before anything starts, when ``local_size`` new ranks placed on the GPUs
+    ``uuids`` by ``policy``, plus the clients already ``running`` (per UUID), would give a GPU
+    more clients than its limit."""
+    running = running or {}
+    wanted = Counter(uuids[p] for p in plan_positions(local_size, len(uuids), policy))
     for uuid, count in wanted.items():
-        total = count + existing.get(uuid, 0)
+        total = count + running.get(uuid, 0)
         if total > limits[uuid]:
             raise CapacityError(
                 "too many MPS clients for one GPU",
                 thing=uuid,
-                cause=f"{count} new + {existing.get(uuid, 0)} running > limit {limits[uuid]}",
+                cause=f"{count} new + {running.get(uuid, 0)} running > limit {limits[uuid]}",
                 hint="use fewer ranks per GPU, more GPUs, or set client_limit if your "
                 "driver allows more",
                 uuid=uuid,

@@ -4,14 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from mpswrap.client import (
+from mpswrap.errors import CapacityError, UsageError
+from mpswrap.job.placement import (
+    Slot,
     check_capacity,
     choose_gpu,
-    client_env,
+    place,
     plan_positions,
     provision_threads,
 )
-from mpswrap.errors import CapacityError, UsageError
+from mpswrap.mps.control import client_env
 from mpswrap.paths import GpuDirs
 
 
@@ -69,8 +71,35 @@ def test_client_env() -> None:
 
 
 def test_capacity() -> None:
-    check_capacity({"A": 48}, {"A": 48})
+    check_capacity(["A"], 48, "block", {"A": 48})
     with pytest.raises(CapacityError, match=r"49 new \+ 0 running > limit 48"):
-        check_capacity({"A": 49}, {"A": 48})
-    with pytest.raises(CapacityError, match="running"):
-        check_capacity({"A": 40}, {"A": 48}, {"A": 10})
+        check_capacity(["A"], 49, "block", {"A": 48})
+    with pytest.raises(CapacityError, match=r"40 new \+ 10 running > limit 48"):
+        check_capacity(["A"], 40, "block", {"A": 48}, {"A": 10})
+
+
+def test_capacity_counts_running_clients_per_gpu_and_policy() -> None:
+    # 4 ranks on 2 GPUs: 2 each; B already runs 2 of its limit of 3.
+    check_capacity(["A", "B"], 4, "cyclic", {"A": 3, "B": 4}, {"B": 2})
+    with pytest.raises(CapacityError, match=r"\(B\): 2 new \+ 2 running > limit 3"):
+        check_capacity(["A", "B"], 4, "block", {"A": 3, "B": 3}, {"B": 2})
+    check_capacity(["A", "B"], 4, "block", {"A": 3, "B": 3}, {"A": 1})
+
+
+def _slots(n: int) -> list[Slot]:
+    root = Path("/run/mpswrap/n1/7")
+    return [Slot(GpuDirs(f"g{i}", root / f"g{i}"), f"GPU-{i}", frozenset({i}), 2**33)
+            for i in range(n)]  # fmt: skip
+
+
+def test_place_gives_the_rank_its_gpu_and_client_environment() -> None:
+    slots = _slots(2)
+    found = place(slots, 3, 4, policy="block", threads="uniform", mem_limit="auto")
+    assert (found.position, found.uuid, found.threads) == (1, "GPU-1", 50.0)
+    assert found.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mpswrap/n1/7/g1/pipe"
+    assert found.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    assert found.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert place(slots, 3, 4, policy="cyclic").position == 1
+    assert place(slots, 2, 4, policy="cyclic").position == 0
+    # affinity: the rank's CPUs are near GPU 1 only
+    assert place(slots, 0, 4, policy="affinity", rank_cpus=frozenset({1})).position == 1

@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = [
     "CommandLine",

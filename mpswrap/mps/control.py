@@ -12,10 +12,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _proc
-from .errors import ControlError, ProcError
+from .. import _proc, _wait
+from ..errors import ControlError, ProcError
+from ..paths import GpuDirs
 
-__all__ = ["Control", "find_binary"]
+__all__ = ["Control", "client_env", "daemon_env", "find_binary"]
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +29,8 @@ SEARCH_PATH = (
     "/usr/sbin",
     "/bin",
 )
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_RUNNING = ("Cannot find MPS control daemon process",)
 BUSY = "Cannot send command to MPS control daemon process"
-#: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
-#: ``Unknown command "x"``, ``Server 1 not found``.
-REFUSALS = ("Unknown command", "not found")
-#: Seconds to keep retrying a command the daemon is too busy to take.
-BUSY_RETRY = 2.0
 #: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
 #: ``Unknown command "x"``, ``Server 1 not found``.
 REFUSALS = ("Unknown command", "not found")
@@ -68,12 +63,39 @@ def find_binary(name: str) -> str:
 def daemon_env(pipe: Path, log_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every control call and the daemon itself gets (never the caller's)."""
     env = {
-        "PATH": SAFE_PATH,
+        "PATH": _proc.SAFE_PATH,
         "LANG": "C",
         "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
         "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
     }
     env.update(extra or {})
+    return env
+
+
+def client_env(
+    dirs: GpuDirs,
+    uuid: str,
+    *,
+    threads: float | None = None,
+    mem_limit: str | None = None,
+    priority: int | None = None,
+) -> dict[str, str]:
+    """The variables that attach one client to its GPU's daemon.
+
+    ``CUDA_VISIBLE_DEVICES=<UUID>``: attached, the client sees that GPU; should it ever run
+    without MPS it still stays on its own GPU instead of landing on device 0 with the rest.
+    """
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
+        "CUDA_VISIBLE_DEVICES": uuid,
+    }
+    if threads is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{threads:g}"
+    if mem_limit:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mem_limit}"
+    if priority is not None:
+        env["CUDA_MPS_CLIENT_PRIORITY"] = str(priority)
     return env
 
 
@@ -93,7 +115,7 @@ class Control:
         "Cannot send command" is retried with backoff for a short while: several ranks' ladders
         may talk to one daemon at once (scancel signals every rank together).
         """
-        for elapsed in _proc.backoff(BUSY_RETRY, first=0.01, cap=0.2):
+        for elapsed in _wait.backoff(BUSY_RETRY, first=0.01, cap=0.2):
             try:
                 return self._once(line, timeout)
             except ControlError as exc:
@@ -165,6 +187,14 @@ class Control:
 
     def client_list(self, server: int) -> list[int]:
         return self._pids(f"get_client_list {server}")
+
+    def clients(self) -> dict[int, list[int]]:
+        """Every server and its clients: the one walk over servers and clients."""
+        return {server: self.client_list(server) for server in self.server_list()}
+
+    def has_client(self, pids: set[int]) -> int | None:
+        """The server one of ``pids`` is a client of, or None."""
+        return next((s for s, c in self.clients().items() if pids & set(c)), None)
 
     def terminate_client(self, server: int, client: int) -> None:
         out = self.command(f"terminate_client {server} {client}")

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._proc import ProcId
-from .errors import DaemonError
+from .._proc import ProcId
+from ..errors import DaemonError
 
 __all__ = ["MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
 

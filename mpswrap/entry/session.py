@@ -24,25 +24,23 @@ Design (the simplest that cannot hang or kill its own ranks):
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import _proc
-from .client import choose_gpu, client_env, plan_positions, provision_threads
-from .config import Settings, load_settings
-from .control import Control, find_binary
-from .errors import CapacityError, ControlError, DaemonError, GpuError, MpswrapError
-from .gpu import GpuInfo, client_limit, load_inventory, resolve_gpus
-from .jobenv import JobEnv
-from .manifest import Manifest
-from .owner import Attachment, attach, release, visible_gpus
+from .. import _wait
+from ..config import Settings, load_settings
+from ..errors import DaemonError, GpuError, MpswrapError
+from ..job.job import Attachment, attach, log_teardown, release
+from ..job.placement import Slot, check_capacity, place
+from ..jobenv import JobEnv
+from ..mps.cuda import cuda_error, cuda_started
+from ..mps.gpu import GpuInfo, Inventory, load_inventory, resolve_gpus, visible_gpus
+from .attached import Session
+from .launch import capacity_limits
 
 __all__ = ["Session", "session"]
 
@@ -52,55 +50,6 @@ LEADER_TAG = 7077  # on a private node communicator: cannot meet the user's mess
 DEFAULT_TIMEOUT = 300.0
 PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
 _ACTIVE: list[session] = []  # at most one session per process
-
-
-@dataclass
-class Session:
-    """Where this rank is attached; returned by ``with mpswrap.session() as s``."""
-
-    gpu_uuid: str
-    local_rank: int
-    local_size: int
-    pipe_dir: Path
-    log_dir: Path
-    active_thread_percentage: float | None
-    mode: str  # "prolog" (admin daemons) or "user" (started for this job by mpswrap)
-    env: dict[str, str]
-    settings: Settings = field(repr=False)
-
-    def check_attached(self, timeout: float = 10.0, pid: int | None = None) -> int:
-        """After the first CUDA call: wait until the daemon lists ``pid`` (default: this
-        process) as a client; return its server's PID, or raise with what to check."""
-        pid = os.getpid() if pid is None else pid
-        control, last = self._control(), ""
-        for _ in _proc.backoff(timeout, first=0.01, cap=0.2):
-            try:
-                for server in control.server_list():
-                    if pid in control.client_list(server):
-                        return server
-            except ControlError as exc:
-                last = f"; {exc.line()}"
-        raise MpswrapError(
-            "not an MPS client",
-            thing=f"pid {pid}, pipe {self.pipe_dir}",
-            cause=f"not in the daemon's client list after {timeout:g} s{last}",
-            hint="call check_attached() after the first CUDA call; CUDA must start after "
-            "session() (else it runs without MPS, silently), and this user must reach the "
-            "pipe directory",
-            context="session",
-        )
-
-    def is_client(self, pid: int | None = None) -> bool:
-        """Whether the daemon lists ``pid`` (default: this process) as a client right now."""
-        try:
-            self.check_attached(timeout=0.0, pid=pid)
-        except MpswrapError:
-            return False
-        return True
-
-    def _control(self) -> Control:
-        binary = find_binary(self.settings.control_binary)
-        return Control(binary, self.pipe_dir, self.log_dir, self.settings.command_timeout)
 
 
 class session:  # a class used like a function: `with mpswrap.session() as s:`
@@ -160,19 +109,25 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
     def _enter(self) -> Session:
         settings = load_settings({"pinned_mem_limit": self.mem_limit, "gpu_policy": self.policy})
         env = JobEnv.current()
-        started = _cuda_started(settings)
+        inventory = load_inventory(settings.gpu_inventory)
+        started = cuda_started(inventory)
         if started and not os.environ.get(PIPE_VAR):
-            raise _cuda_error(started)
+            raise cuda_error(started)
         comm = self._initialised_comm()
-        wanted = self._wanted_gpus(env, settings)
+        wanted = self._wanted_gpus(env, inventory)
+        job = env.job_key(fresh="local")
+        assert job is not None
         if comm is not None:
-            local = self._attach_leader_first(comm, settings, env, wanted)
+            local = self._attach_leader_first(comm, settings, env, job, wanted)
         else:  # before MPI, every rank by itself; no launcher and no MPI: a single process
             local = _launcher_local(env) or (0, 1)
-            self._att = attach(settings, env, gpus=wanted)
-        sess = self._place(settings, env, wanted, *local)
+            self._att = attach(settings, env, job, gpus=wanted)
+        assert self._att is not None
+        if local[0] == 0:
+            self._att.announce()
+        sess = self._place(settings, inventory, env, wanted, local)
         if started and os.environ.get(PIPE_VAR) != sess.env[PIPE_VAR]:
-            raise _cuda_error(started)
+            raise cuda_error(started)
         self._set_environ(sess.env)
         if self.verify:
             _verify(sess)
@@ -201,13 +156,13 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             return MPI.COMM_WORLD
         return None
 
-    def _wanted_gpus(self, env: JobEnv, settings: Settings) -> list[GpuInfo]:
+    def _wanted_gpus(self, env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
         if self.gpus == "auto":
-            return visible_gpus(env, settings)
-        return resolve_gpus(self.gpus, load_inventory(settings.gpu_inventory))
+            return visible_gpus(env, inventory)
+        return resolve_gpus(self.gpus, inventory)
 
     def _attach_leader_first(
-        self, comm: Any, settings: Settings, env: JobEnv, wanted: list[GpuInfo]
+        self, comm: Any, settings: Settings, env: JobEnv, job: str, wanted: list[GpuInfo]
     ) -> tuple[int, int]:
         from mpi4py import MPI
 
@@ -215,7 +170,7 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
         rank, size = node.Get_rank(), node.Get_size()
         if rank == 0:
             try:
-                self._att = attach(settings, env, gpus=wanted)
+                self._att = attach(settings, env, job, gpus=wanted)
             except Exception as exc:
                 _tell(node, size, _as_leader_error(exc))
                 raise
@@ -224,13 +179,13 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             failed = self._wait_leader(node)
             if failed is not None:
                 raise failed  # every rank fails the same way, none waits forever
-            self._att = attach(settings, env, gpus=wanted)
+            self._att = attach(settings, env, job, gpus=wanted)
         node.Free()
         return rank, size
 
     def _wait_leader(self, node: Any) -> MpswrapError | None:
         limit = self.timeout or DEFAULT_TIMEOUT
-        for _ in _proc.backoff(limit, first=0.001, cap=0.05):
+        for _ in _wait.backoff(limit, first=0.001, cap=0.05):
             if node.iprobe(source=0, tag=LEADER_TAG):
                 outcome: MpswrapError | None = node.recv(source=0, tag=LEADER_TAG)
                 return outcome
@@ -243,25 +198,32 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
         )
 
     def _place(
-        self, settings: Settings, env: JobEnv, wanted: list[GpuInfo], rank: int, size: int
+        self,
+        settings: Settings,
+        inventory: Inventory,
+        env: JobEnv,
+        wanted: list[GpuInfo],
+        local: tuple[int, int],
     ) -> Session:
         assert self._att is not None
-        manifests = _candidates(self._att, wanted)
-        pos, sharing, index = _position(settings, env, manifests, rank, size)
-        threads = provision_threads(self.threads, sharing, index)
-        manifest = manifests[pos]
-        dirs = self._att.layout.gpu(manifest.key)
-        variables = client_env(dirs, manifest.gpu_uuid, threads=threads, mem_limit=self.mem_limit)
-        shown = manifest.settings.get("active_thread_percentage") if threads is None else threads
+        rank, size = local
+        slots = _candidates(self._att, wanted, inventory)
+        uuids = [s.uuid for s in slots]
+        limits = capacity_limits(uuids, inventory, settings)
+        check_capacity(uuids, size, settings.gpu_policy, limits)  # every local rank of ours
+        found = place(slots, rank, size, policy=settings.gpu_policy, rank_cpus=env.cpus_allowed,
+                      threads=self.threads, mem_limit=self.mem_limit)  # fmt: skip
+        manifest = next(m for m in self._att.manifests if m.gpu_uuid == found.uuid)
+        shown = manifest.settings.get("active_thread_percentage")
         return Session(
-            gpu_uuid=manifest.gpu_uuid,
+            gpu_uuid=found.uuid,
             local_rank=rank,
             local_size=size,
-            pipe_dir=dirs.pipe,
-            log_dir=dirs.log,
-            active_thread_percentage=shown,
+            pipe_dir=found.slot.dirs.pipe,
+            log_dir=found.slot.dirs.log,
+            active_thread_percentage=shown if found.threads is None else found.threads,
             mode=self._att.mode,
-            env=variables,
+            env=found.env,
             settings=settings,
         )
 
@@ -334,11 +296,11 @@ def _mpi4py_autoinit() -> bool:
     return bool(mpi4py.rc.initialize)
 
 
-def _candidates(att: Attachment, wanted: list[GpuInfo]) -> list[Manifest]:
+def _candidates(att: Attachment, wanted: list[GpuInfo], inventory: Inventory) -> list[Slot]:
     """The attachment's daemons for the GPUs this step may use (a prolog starts all the
     job's GPUs; a step may have fewer)."""
     uuids = {g.uuid for g in wanted}
-    chosen = [m for m in att.manifests if m.gpu_uuid in uuids]
+    chosen = [s for s in att.daemons.slots(inventory) if s.uuid in uuids]
     if not chosen:
         raise GpuError(
             "no MPS daemon for this step's GPUs",
@@ -347,33 +309,6 @@ def _candidates(att: Attachment, wanted: list[GpuInfo]) -> list[Manifest]:
             context="session",
         )
     return chosen
-
-
-def _position(
-    settings: Settings, env: JobEnv, manifests: list[Manifest], rank: int, size: int
-) -> tuple[int, int, int]:
-    """This rank's GPU position, how many local ranks share that GPU, and its index there."""
-    inventory = load_inventory(settings.gpu_inventory)
-    infos = [inventory.by_uuid(m.gpu_uuid) for m in manifests]
-    cpus = [g.cpus for g in infos]
-    policy = settings.gpu_policy
-    pos = choose_gpu(
-        rank, size, len(infos), policy=policy, rank_cpus=env.cpus_allowed, gpu_cpus=cpus
-    )
-    plan = plan_positions(size, len(infos), policy)
-    sharing, index = max(plan.count(pos), 1), plan[:rank].count(pos)
-    limit = client_limit(
-        infos[pos], inventory.cuda_driver_version, os.environ, settings.client_limit
-    )
-    if sharing > limit:
-        raise CapacityError(
-            "too many MPS clients for one GPU",
-            thing=infos[pos].uuid,
-            cause=f"{sharing} local ranks > limit {limit}",
-            hint="use fewer ranks per node or more GPUs",
-            context="session",
-        )
-    return pos, sharing, index
 
 
 def _verify(sess: Session) -> None:
@@ -396,13 +331,9 @@ def _release(att: Attachment, sess: Session | None) -> None:
         log.debug("session: still an MPS client; daemons stop after this process exits")
         return
     try:
-        reports = release(att)
+        log_teardown(release(att), "session")
     except MpswrapError as exc:
         log.warning("session: %s", exc.line())
-        return
-    for report in reports:
-        for item in report.leftovers:
-            log.warning("session: %s: LEFT BEHIND: %s", report.key, item)
 
 
 def _tell(node: Any, size: int, outcome: MpswrapError | None) -> None:
@@ -433,55 +364,3 @@ def _abort_comm(comm: Any) -> Any:
     if mpi.COMM_WORLD.Get_size() == 1:
         return None  # nobody to wait for: let Python print and exit as usual
     return comm if comm is not None else mpi.COMM_WORLD
-
-
-# --- has CUDA started in this process? -------------------------------------------------------
-def _cuda_started(settings: Settings) -> str | None:
-    """Why CUDA counts as started here, or None. Never initialises CUDA itself."""
-    pid = os.getpid()
-    inventory = load_inventory(settings.gpu_inventory)
-    for gpu in inventory.gpus:
-        if pid in inventory.compute_pids(gpu.uuid):
-            return f"NVML lists this process (pid {pid}) as a compute process of {gpu.uuid}"
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return "torch.cuda.is_initialized() is True"
-    except AttributeError:
-        pass
-    return _driver_context()
-
-
-def _driver_context() -> str | None:
-    """A CUDA context in this process (CuPy, Numba, ...), asked of an already loaded
-    libcuda only: before cuInit the driver answers NOT_INITIALIZED and stays uninitialised."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    except OSError:
-        return None  # not loaded: nothing in this process has used CUDA
-    ctx = ctypes.c_void_p()
-    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0:
-        return None  # CUDA_ERROR_NOT_INITIALIZED: cuInit has not run
-    if ctx.value:
-        return "a CUDA context is current in this process"
-    count, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-    lib.cuDeviceGetCount(ctypes.byref(count))
-    for index in range(count.value):
-        dev = ctypes.c_int()
-        lib.cuDeviceGet(ctypes.byref(dev), index)
-        lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
-        if active.value:
-            return f"the primary CUDA context of device {index} is active"
-    return None
-
-
-def _cuda_error(reason: str) -> MpswrapError:
-    return MpswrapError(
-        "CUDA is already initialised in this process",
-        thing=f"pid {os.getpid()}",
-        cause=f"{reason}; it would ignore the MPS variables (or run without MPS, silently)",
-        hint="enter mpswrap.session() before any CUDA use (before creating tensors or "
-        "importing code that touches the GPU), or run the program under the launcher: "
-        "`mpswrap mpirun -np N python app.py`",
-        context="session",
-    )

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import re
 
-from . import _proc
-from .control import SAFE_PATH
-from .errors import ProcError
-from .jobenv import JobEnv
+from .. import _proc
+from ..errors import ProcError
+from ..jobenv import JobEnv
 
-__all__ = ["is_launcher_daemon_step", "job_opted_in", "scontrol_job", "tasks_on_node"]
+__all__ = ["is_launcher_daemon_step", "job_opted_in", "scontrol_job"]
 
 #: Daemons that MPI launchers start with srun, one per node: their children are the ranks,
 #: which must not all inherit one GPU (Open MPI 4 orted, PRRTE prted, MPICH hydra).
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
     """``scontrol -o show <what> <id>`` as a dict (bounded; empty on failure)."""
-    run_env = {"PATH": SAFE_PATH}
+    run_env = {"PATH": _proc.SAFE_PATH}
     if env.env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
     try:
@@ -74,8 +73,3 @@ def job_opted_in(env: JobEnv, triggers: tuple[str, ...]) -> bool:
     if wanted_features & _words(features):
         return True
     return bool(wanted_comment & _words(comment))
-
-
-def tasks_on_node(env: JobEnv) -> int | None:
-    """Tasks of this step on this node (``SLURM_STEP_TASKS_PER_NODE`` first)."""
-    return env.local_size

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GpuError
-from .jobenv import parse_int_list
+from ..errors import GpuError
+from ..jobenv import JobEnv, parse_int_list
 
 __all__ = [
     "GpuInfo",
@@ -29,6 +29,7 @@ __all__ = [
     "load_inventory",
     "resolve_gpus",
     "resolve_gres_positions",
+    "visible_gpus",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 _UUID_RE = re.compile(
     r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
-NVIDIA_MAJOR = 195
 
 
 @dataclass(frozen=True)
@@ -381,3 +381,14 @@ def client_limit(
     if connections > 2:
         limit = max(1, limit * 2 // connections)
     return limit
+
+
+def visible_gpus(env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
+    """The GPUs this step may use: Slurm's gres positions, else CUDA_VISIBLE_DEVICES, else all."""
+    positions = env.step_gpus
+    if positions:
+        return resolve_gres_positions(positions, inventory, default_gres_conf(env.env), env.node)
+    cvd = env.env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1", "NoDevFiles"):
+        raise GpuError("CUDA_VISIBLE_DEVICES hides every GPU", thing=repr(cvd))
+    return resolve_gpus(cvd or "all", inventory)

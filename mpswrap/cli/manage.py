@@ -1,0 +1,151 @@
+"""``mpswrap start|stop|status``: manage a job's daemons by hand (user mode or as root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import _proc
+from ..config import Settings, load_settings
+from ..errors import UsageError
+from ..job import state
+from ..job.job import JobDaemons
+from ..jobenv import JobEnv, parse_int_list
+from ..mps.daemon import Defaults
+from ..mps.gpu import load_inventory, resolve_gpus
+from ..paths import JobLayout
+
+__all__ = ["COMMANDS", "print_status"]
+
+log = logging.getLogger(__name__)
+
+
+def _node(args: argparse.Namespace) -> str:
+    return args.node if args.node is not None else JobEnv.current().node
+
+
+def _layouts(args: argparse.Namespace, settings: Settings) -> list[JobLayout]:
+    """The jobs a command acts on: ``--job`` (or the job this runs in) where its state is;
+    else every job of the caller's on this node (root: every job)."""
+    env, node = JobEnv.current(), _node(args)
+    job = env.job_key(given=args.job)
+    if job is not None:
+        return state.job_layouts(settings, node, job, os.getuid(), args.run_dir)
+    if args.run_dir:
+        raise UsageError("--run-dir needs --job", hint="mpswrap status --job ID --run-dir DIR")
+    return state.jobs_on_node(settings, node, None if os.geteuid() == 0 else os.getuid())
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    return load_settings(
+        {k: v for k, v in overrides.items() if v is not None}, config_file=args.config
+    )
+
+
+def _allowed_cpus(text: str | None) -> frozenset[int] | None:
+    if text:
+        return frozenset(parse_int_list(text, "--cpus"))
+    return frozenset(os.sched_getaffinity(0))
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    settings = _settings(
+        args,
+        active_thread_percentage=args.threads,
+        pinned_mem_limit=args.mem_limit,
+        client_priority=args.priority,
+        prestart_server=True if args.prestart else None,
+    )
+    user = _proc.lookup_user(args.user) if args.user else _proc.lookup_user()
+    if user.uid != os.geteuid() and os.geteuid() != 0:
+        raise UsageError("--user needs root", thing=args.user)
+    node = _node(args)
+    job = JobEnv.current().job_key(given=args.job, fresh="local")
+    assert job is not None
+    gpus = resolve_gpus(args.gpus, load_inventory(settings.gpu_inventory))
+    admin = os.geteuid() == 0 and not args.run_dir
+    if args.run_dir:
+        layout = JobLayout(Path(os.path.abspath(args.run_dir)), node, job)
+    else:
+        layout = (state.admin_layout if admin else state.user_layout)(settings, node, job)
+    manifests = JobDaemons(layout, settings).start(
+        gpus, user, started_by="cli", defaults=Defaults.from_settings(settings),
+        shared_parents=admin, allowed_cpus=_allowed_cpus(args.cpus),
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps([json.loads(m.to_json()) for m in manifests], indent=1))
+        return 0
+    for m in manifests:
+        print(f"{m.key} {m.gpu_uuid} daemon {m.daemon_pid} user {m.user} "
+              f"cpus {_cpus(m.cpus)} pipe {layout.gpu(m.key).pipe}")  # fmt: skip
+    print(
+        f"export CUDA_MPS_PIPE_DIRECTORY={layout.gpu(manifests[0].key).pipe}"
+        if len(manifests) == 1
+        else f"# job directory: {layout.job_dir}"
+    )
+    return 0
+
+
+def _cpus(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if cpus else "all"
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    clean = True
+    layouts = _layouts(args, settings)
+    for layout in layouts:
+        done = JobDaemons(layout, settings).stop()
+        print(f"job {layout.job_id} on {layout.node} ({layout.job_dir}):")
+        for line in done.lines():
+            print(line)
+        clean = clean and done.clean
+    if not layouts:
+        print(f"nothing to stop on {_node(args)}")
+    return 0 if clean else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
+    status = {"node": _node(args), "jobs": jobs}
+    if args.json:
+        print(json.dumps(status, indent=1))
+    elif not jobs:
+        print(f"no MPS daemons of mpswrap on {status['node']}")
+    for job in [] if args.json else jobs:
+        print_status(job)
+    return 0
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
+    for gpu in status["gpus"]:
+        daemon = gpu.get("daemon") or {}
+        state = "running" if daemon.get("alive") else "NOT RUNNING"
+        print(
+            f"  {gpu['key']} {gpu.get('uuid')} daemon {daemon.get('pid')} {state} "
+            f"(by {daemon.get('started_by')}, user {daemon.get('user')}, "
+            f"cpus {_cpus(daemon.get('cpus') or [])})"
+        )
+        for server in gpu.get("servers", []):
+            print(
+                f"    server {server['pid']} {server['status']} "
+                f"threads {server['active_thread_percentage']:g}% "
+                f"clients {len(server['clients'])}"
+            )
+            for client in server["clients"]:
+                print(f"      client {client['pid']} {client['cmdline']}")
+        for fault in gpu.get("faults", []):
+            print(
+                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
+                f"{'recovered' if fault['recovered'] else 'not recovered'}"
+            )
+
+
+COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}

@@ -1,0 +1,146 @@
+"""Where a job's state lives: THE lookup of a job's directories, admin and user mode.
+
+Admin mode (the Slurm prolog, ``mpswrap start`` as root): ``<run_dir>/<node>/<job>``.
+User mode (``mpswrap run``, the launcher, ``session()``, ``mpswrap start``): the same below a
+root of the user's own: ``user_run_dir`` if set, else ``$XDG_RUNTIME_DIR/mpswrap``, else
+``/tmp/mpswrap-<uid>``. Whoever looks for a job (status, stop, the epilog, attach) asks this
+module, so every caller finds the same directories.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import LayoutError
+from ..paths import JobLayout, validate_name
+
+__all__ = [
+    "admin_layout",
+    "check_writable",
+    "job_layouts",
+    "jobs_on_node",
+    "user_layout",
+    "user_roots",
+]
+
+
+def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
+    return JobLayout(Path(settings.run_dir), node, job)
+
+
+def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
+    """The root a user-mode start of ``uid`` uses now."""
+    if settings.user_run_dir:
+        return Path(settings.user_run_dir)
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and uid == os.getuid():
+        return Path(xdg) / "mpswrap"
+    return Path(f"/tmp/mpswrap-{uid}")
+
+
+def user_layout(
+    settings: Settings, node: str, job: str, env: Mapping[str, str] | None = None
+) -> JobLayout:
+    """Where a user-mode start by this process puts ``job``."""
+    return JobLayout(user_root(settings, os.getuid(), env or os.environ), node, job)
+
+
+def user_roots(settings: Settings, uid: int, env: Mapping[str, str] | None = None) -> list[Path]:
+    """Every root a user-mode start of ``uid`` may have used (its environment may differ
+    from ours: a root epilog sees none of the job's variables)."""
+    roots = [user_root(settings, uid, env or os.environ), Path(f"/run/user/{uid}/mpswrap")]
+    roots += [Path(f"/tmp/mpswrap-{uid}")]
+    roots += [Path(settings.user_run_dir)] if settings.user_run_dir else []
+    return list(dict.fromkeys(roots))
+
+
+def owned_by(layout: JobLayout, uid: int) -> bool:
+    """A user-mode layout counts only as real directories (no symlink) owned by ``uid``:
+    root must never act on a directory another user planted."""
+    for path in (layout.run_dir, layout.node_dir, layout.job_dir):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return False
+    return True
+
+
+def job_layouts(
+    settings: Settings, node: str, job: str, uid: int, run_dir: str | None = None
+) -> list[JobLayout]:
+    """The existing directories of ``job`` on ``node``: an explicit ``run_dir``; else the
+    admin layout and the user-mode layouts that belong to ``uid``."""
+    if run_dir:
+        layouts = [JobLayout(Path(os.path.abspath(run_dir)), node, job)]
+    else:
+        admin = admin_layout(settings, node, job)
+        users = [JobLayout(root, node, job) for root in user_roots(settings, uid)]
+        layouts = [admin, *(lay for lay in users if lay.run_dir != admin.run_dir)]
+        layouts = [admin, *(lay for lay in layouts[1:] if owned_by(lay, uid))]
+    return [lay for lay in layouts if lay.job_dir.is_dir()]
+
+
+def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayout]:
+    """Every job with state on ``node`` that belongs to ``uid`` (None: every user's)."""
+    roots = [Path(settings.run_dir)]
+    if uid is None:
+        patterns = ["/tmp/mpswrap-*", "/run/user/*/mpswrap"]
+        roots += [Path(p) for pattern in patterns for p in sorted(glob.glob(pattern))]
+        roots += [Path(settings.user_run_dir)] if settings.user_run_dir else []
+    else:
+        roots += user_roots(settings, uid)
+    found: dict[Path, JobLayout] = {}
+    for root in dict.fromkeys(roots):
+        for layout in _jobs_under(root, node):
+            if uid is None or _owner(layout.job_dir) == uid:
+                found.setdefault(layout.job_dir, layout)
+    return list(found.values())
+
+
+def _jobs_under(root: Path, node: str) -> Iterator[JobLayout]:
+    try:
+        names = sorted(os.listdir(root / node))
+    except OSError:
+        return
+    for name in names:
+        try:
+            layout = JobLayout(root, node, validate_name("job id", name))
+        except LayoutError:
+            continue  # a lock file or something that is no job of mpswrap's
+        if stat.S_ISDIR(_lstat_mode(layout.job_dir)):
+            yield layout
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
+def check_writable(layout: JobLayout) -> None:
+    """Fail early, creating nothing, when run_dir cannot be created or written."""
+    probe = layout.run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise LayoutError(
+            "run directory not writable",
+            thing=str(layout.run_dir),
+            cause=f"{probe} is not writable by uid {os.geteuid()}",
+            hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
+        )

@@ -1,0 +1,214 @@
+"""The teardown ladder of one per-GPU daemon: end its clients, quit it, kill what survives.
+
+terminate_client for every client (or the ranks being ended), bounded wait, SIGKILL what
+survived; then ``quit`` (bounded); then kill daemon and servers by PID + start time; remove
+the directories; re-scan and report leftovers. Never ``quit`` while a client is alive: the
+daemon would block and refuse every other command. Only processes of the directory's owner
+are ever signalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import _proc, _wait
+from .._lock import maybe_locked
+from ..config import Settings
+from ..errors import ControlError, MpswrapError
+from ..paths import GpuDirs, remove_tree
+from .control import Control
+from .manifest import Manifest, read_manifest
+from .mpslog import read_faults, server_pids, terminations
+
+__all__ = ["Ladder", "StopReport", "read_pid"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StopReport:
+    key: str
+    terminated: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    #: Daemon or server PIDs that needed a signal after quit.
+    forced: list[int] = field(default_factory=list)
+    #: Processes that survived the ladder, and paths that could not be removed.
+    leftovers: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: What server.log said before the directory was removed.
+    log_terminations: int = 0
+    log_faults: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.leftovers and not self.paths
+
+    def lines(self) -> list[str]:
+        """The report as people read it (stop, the epilog, run's teardown)."""
+        notes = f"; {'; '.join(self.notes)}" if self.notes else ""
+        forced = f", forced daemon/server {self.forced}" if self.forced else ""
+        head = (
+            f"{self.key}: terminated {len(self.terminated)} client(s), killed "
+            f"{len(self.killed)}{forced}; server.log: {self.log_terminations} client "
+            f"termination(s) succeeded, {self.log_faults} fatal error(s){notes}"
+        )
+        return [head, *(f"{self.key}: LEFT BEHIND: {item}" for item in self.leftovers + self.paths)]
+
+
+@dataclass
+class Ladder:
+    """The ladder for the daemon of ``dirs``, spoken to through ``control``."""
+
+    dirs: GpuDirs
+    control: Control
+    settings: Settings
+    #: Taken around the control commands: ranks' ladders run many at once.
+    ranks_lock: Path | None = None
+
+    def manifest(self) -> Manifest | None:
+        return read_manifest(self.dirs.manifest)
+
+    def stop(self, report: StopReport) -> StopReport:
+        """The whole ladder (the caller holds the daemon's start/stop lock)."""
+        if any(os.path.islink(p) for p in (self.dirs.root, self.dirs.pipe, self.dirs.log)):
+            # Planted by the directory's owner: commands would reach whatever it points at.
+            report.leftovers.append(f"symlink in {self.dirs.root}: not followed")
+            return report
+        try:
+            manifest = self.manifest()
+        except MpswrapError as exc:
+            report.notes.append(exc.line())
+            manifest = None
+        daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
+        servers = list(manifest.server_ids) if manifest else []
+        # Servers started after the manifest (by the first client): named in control.log,
+        # trusted only while their environment names this pipe directory.
+        logged = server_pids(self.dirs.control_log) - {s.pid for s in servers}
+        servers += [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if p.pid in logged]
+        if daemon and _proc.is_alive(daemon):
+            servers += self._end_clients(report, None)
+            self._quit(report)
+            # quit returns before the server has exited (about 80 ms later on an H100).
+            _wait.wait_gone([p for p in [daemon, *servers] if p], self.settings.quit_timeout)
+        survivors = self._owned([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
+        if survivors:
+            report.forced += [p.pid for p in survivors]
+            _proc.kill_procs(survivors, signal.SIGTERM)
+            survivors = _wait.wait_gone(survivors, 1.0)
+            _proc.kill_procs(survivors, signal.SIGKILL)
+            survivors = _wait.wait_gone(survivors, 2.0)
+        report.leftovers += [_proc.describe(p) for p in survivors]
+        report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(self.dirs.pipe))]
+        report.log_terminations = terminations(self.dirs.server_log)
+        report.log_faults = len(read_faults(self.dirs.server_log))
+        self._archive_logs(report)
+        if not report.leftovers:
+            problem = remove_tree(self.dirs.root)
+            if problem:
+                report.paths.append(problem)
+        return report
+
+    def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
+        return self._end_clients(report, only)
+
+    def _archive_logs(self, report: StopReport) -> None:
+        """Keep the MPS logs for post-mortems (setting log_archive) before the dirs go."""
+        archive = self.settings.log_archive
+        if not archive:
+            return
+        job_dir = self.dirs.root.parent
+        prefix = f"{job_dir.parent.name}-{job_dir.name}-{self.dirs.key}"
+        try:
+            os.makedirs(archive, mode=0o755, exist_ok=True)
+            for log_file in (self.dirs.control_log, self.dirs.server_log):
+                _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
+        except OSError as exc:
+            report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
+
+    def _end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
+        """THE client-ending ladder: terminate_client every client (or those in ``only``),
+        wait (bounded), SIGKILL those still alive; returns the servers it found.
+
+        The commands go under the ranks' lock: the real daemon refuses a command while it
+        serves another ("Cannot send command"), and twelve ladders at once on an H100 ran out
+        of retries. Waiting for the clients to exit is not serialised.
+        """
+        clients: list[_proc.ProcId] = []
+        with maybe_locked(self.ranks_lock, self.settings.terminate_timeout * 4):
+            try:
+                listing = self.control.clients()
+            except ControlError as exc:
+                report.notes.append(f"cannot list servers: {exc.cause}")
+                return []
+            for server, pids in listing.items():
+                for pid in (p for p in pids if only is None or p in only):
+                    clients += self._terminate(server, pid, report)
+        alive = self._owned(_wait.wait_gone(clients, self.settings.terminate_timeout), report)
+        if alive:  # terminated but still running: not in a CUDA call for that long
+            _proc.kill_procs(alive, signal.SIGKILL)
+            report.killed += [p.pid for p in alive]
+            _wait.wait_gone(alive, 2.0)
+        return [p for p in map(_proc.identify, listing) if p]
+
+    def _terminate(self, server: int, pid: int, report: StopReport) -> list[_proc.ProcId]:
+        ident = _proc.identify(pid)
+        try:
+            self.control.terminate_client(server, pid)
+            report.terminated.append(pid)
+        except ControlError as exc:
+            report.notes.append(f"terminate_client {pid}: {exc.cause}")
+        return [ident] if ident else []
+
+    def _owned(self, procs: list[_proc.ProcId], report: StopReport) -> list[_proc.ProcId]:
+        """Only processes of this directory's owner may be signalled: the manifest is that
+        user's file, so a PID in it must never make root kill someone else's process."""
+        try:
+            owner = os.lstat(self.dirs.root).st_uid
+        except OSError:
+            return []
+        mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
+        report.notes += [f"not signalling {p.pid}: not uid {owner}" for p in procs if p not in mine]
+        return mine
+
+    def _quit(self, report: StopReport) -> None:
+        try:
+            self.control.quit(force_after=self.settings.quit_timeout)
+        except ControlError as exc:
+            report.notes.append(f"quit: {exc.cause}")
+
+
+def _copy_regular(src: Path, dest: Path) -> None:
+    """Copy src only if it is a regular file itself: the job user owns the log directory
+    and could put a symlink to any file of root's there."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "rb") as source:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            with open(dest, "wb") as out:
+                shutil.copyfileobj(source, out)
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _identify_pidfile(path: Path) -> _proc.ProcId | None:
+    """A daemon without manifest (crashed start), trusted only if its environment names this
+    pipe directory: a stale pid file may name a PID that an unrelated process reuses."""
+    pid = read_pid(path)
+    if not pid:
+        return None
+    return next((p for p in _proc.procs_mentioning(str(path.parent)) if p.pid == pid), None)
