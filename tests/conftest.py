@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from tests.simenv import SimNode, sim_node
+
 #: Variables that would change behaviour when the tests run inside an allocation.
 _JOB_VARS = re.compile(
     r"^(?!OMPI_MCA_plm_)(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
@@ -56,3 +58,17 @@ def no_leftover_children() -> Iterator[None]:
         except psutil.Error:
             continue
     assert not left, f"test left processes behind: {left}"
+
+
+# --- simulated nodes (functional and integration tests) --------------------------------------
+@pytest.fixture
+def node() -> Iterator[SimNode]:
+    """Two simulated GPUs; the test fails if anything of the node survives it."""
+    with sim_node(gpus=2) as sim:
+        yield sim
+
+
+@pytest.fixture
+def one_gpu() -> Iterator[SimNode]:
+    with sim_node(gpus=1) as sim:
+        yield sim

@@ -85,6 +85,20 @@ class SimNode:
             ]
         return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
 
+    def run(
+        self, *args: str, timeout: float = 60, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m mpswrap ARGS`` as this process's user, to completion."""
+        return subprocess.run([sys.executable, "-m", "mpswrap", *args], env=self.env(**extra),
+                              text=True, capture_output=True, timeout=timeout)  # fmt: skip
+
+    def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
+        """``python -m mpswrap ARGS`` in its own session, like a job step: the test signals it
+        as a whole."""
+        return subprocess.Popen([sys.executable, "-m", "mpswrap", *args], env=self.env(**extra),
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)  # fmt: skip
+
     def leftovers(self) -> list[psutil.Process]:
         found = []
         marker = str(self.root)

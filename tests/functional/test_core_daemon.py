@@ -9,24 +9,15 @@ import re
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, ensure_test_user
 
 pytestmark = pytest.mark.functional
 JOB = ["--job", "j1", "--node", "n1"]
-
-
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
 
 
 @pytest.fixture

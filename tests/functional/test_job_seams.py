@@ -16,48 +16,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, ensure_test_user
 
 pytestmark = pytest.mark.functional
-MPSWRAP = [sys.executable, "-m", "mpswrap"]
-
-
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
-
-
-@pytest.fixture
-def one_gpu() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=1)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
-
-
-def run(
-    node: SimNode, *args: str, timeout: float = 60, **env: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MPSWRAP, *args], env=node.env(**env), text=True,
-                          capture_output=True, timeout=timeout)  # fmt: skip
-
-
-def start(node: SimNode, *args: str, **env: str) -> subprocess.Popen[str]:
-    """Started in its own session, like a job step: the test signals it as a whole."""
-    return subprocess.Popen([*MPSWRAP, *args], env=node.env(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
 
 
 def end_run(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -127,7 +95,7 @@ def client_pids(status: dict[str, Any]) -> list[int]:
 
 
 def status_json(node: SimNode, *args: str, **env: str) -> dict[str, Any]:
-    res = run(node, "status", "--json", *args, **env)
+    res = node.run("status", "--json", *args, **env)
     assert res.returncode == 0, res.stderr
     data: dict[str, Any] = json.loads(res.stdout)
     return data
@@ -136,12 +104,12 @@ def status_json(node: SimNode, *args: str, **env: str) -> dict[str, Any]:
 # --- 1. job id and listing without Slurm or --job -----------------------------------------
 def test_run_without_job_is_listed_and_stopped_as_run_pid(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    proc = start(node, "run", "-n", "2", "--", "sh", "-c", f"exec {client(node, rec, 30)}")
+    proc = node.start("run", "-n", "2", "--", "sh", "-c", f"exec {client(node, rec, 30)}")
     job = f"run-{proc.pid}"
     try:
         wait_for(lambda: started(rec) == 2, message="the run's clients did not start")
 
-        res = run(node, "status")
+        res = node.run("status")
         assert res.returncode == 0, res.stderr
         assert f"job {job}" in res.stdout, res.stdout
         assert "running" in res.stdout, res.stdout
@@ -151,7 +119,7 @@ def test_run_without_job_is_listed_and_stopped_as_run_pid(node: SimNode) -> None
         alive = [g for g in listed[0].get("gpus", []) if (g.get("daemon") or {}).get("alive")]
         assert alive, f"no live daemon listed for {job}: {listed[0]}"
 
-        res = run(node, "stop")
+        res = node.run("stop")
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"job {job}" in res.stdout, res.stdout
 
@@ -174,13 +142,13 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
     rec = node.root / "rec.json"
     marker = node.root / "second-run-started"
     limit = {"MPSWRAP_CLIENT_LIMIT": "3"}
-    first = start(node, "run", "-n", "2", "--job", "cap", "--gpus", "0", "--",
+    first = node.start("run", "-n", "2", "--job", "cap", "--gpus", "0", "--",
                   "sh", "-c", f"exec {client(node, rec, 30)}", **limit)  # fmt: skip
     try:
         wait_for(lambda: len(client_pids(status_json(node, "--job", "cap", **limit))) == 2,
                  message="the first run's 2 clients were not listed")  # fmt: skip
 
-        second = run(node, "run", "-n", "2", "--job", "cap", "--gpus", "0", "--", "sh", "-c",
+        second = node.run("run", "-n", "2", "--job", "cap", "--gpus", "0", "--", "sh", "-c",
                      f"touch {marker}; exec {client(node, rec, 1)}", **limit)  # fmt: skip
         assert not marker.exists(), "a rank of the second run was started"
         assert second.returncode == 1, second.stderr

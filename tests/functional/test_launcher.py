@@ -14,47 +14,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, ensure_test_user
 
 pytestmark = pytest.mark.functional
-MPSWRAP = [sys.executable, "-m", "mpswrap"]
-
-
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
-
-
-@pytest.fixture
-def one_gpu() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=1)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
-
-
-def run(
-    node: SimNode, *args: str, timeout: float = 60, **env: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MPSWRAP, *args], env=node.env(**env), text=True,
-                          capture_output=True, timeout=timeout)  # fmt: skip
-
-
-def start(node: SimNode, *args: str, **env: str) -> subprocess.Popen[str]:
-    """Started in its own session, like a job step: the test signals it as a whole."""
-    return subprocess.Popen([*MPSWRAP, *args], env=node.env(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
 
 
 def signal_tree(proc: subprocess.Popen[str], sig: int) -> int:
@@ -95,7 +64,7 @@ def by_tag(recs: list[dict[str, Any]], event: str) -> dict[str, dict[str, Any]]:
 # --- mpswrap run -n N ----------------------------------------------------------------------
 def test_run_places_ranks_by_block_and_leaves_nothing(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = run(node, "run", "-n", "4", "--", *client(node, rec, 0.3))
+    res = node.run("run", "-n", "4", "--", *client(node, rec, 0.3))
     assert res.returncode == 0, res.stderr
     starts = by_tag(records(rec), "start")
     keys = {tag: Path(r["pipe"]).parent.name for tag, r in starts.items()}
@@ -110,7 +79,7 @@ def test_run_places_ranks_by_block_and_leaves_nothing(node: SimNode) -> None:
 
 def test_run_cyclic_alternates_gpus(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = run(node, "run", "-n", "3", "--policy", "cyclic", "--", *client(node, rec, 0.2))
+    res = node.run("run", "-n", "3", "--policy", "cyclic", "--", *client(node, rec, 0.2))
     assert res.returncode == 0, res.stderr
     keys = {t: Path(r["pipe"]).parent.name for t, r in by_tag(records(rec), "start").items()}
     assert keys == {"0": "g0", "1": "g1", "2": "g0"}
@@ -120,7 +89,7 @@ def test_run_first_failing_rank_ends_the_others_through_terminate_client(node: S
     rec = node.root / "rec.json"
     script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 1.5; exit 3; fi; '
               f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
-    res = run(node, "run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
     assert res.returncode == 3, res.stderr
     ends = by_tag(records(rec), "end")
     assert {t: r["reason"] for t, r in ends.items()} == {"0": "terminated", "2": "terminated"}
@@ -129,7 +98,7 @@ def test_run_first_failing_rank_ends_the_others_through_terminate_client(node: S
 
 def test_run_sigterm_to_every_process_ends_clients_cleanly(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    proc = start(node, "run", "-n", "3", "--grace", "5", "--", *client(node, rec, 60))
+    proc = node.start("run", "-n", "3", "--grace", "5", "--", *client(node, rec, 60))
     wait_for(lambda: len(by_tag(records(rec), "start")) == 3)
     assert signal_tree(proc, signal.SIGTERM) >= 4
     out, err = proc.communicate(timeout=60)
@@ -143,7 +112,7 @@ def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> Non
     """SIGKILL takes the supervisor (no ladder of its own): its guard ends the shielded
     ranks through terminate_client."""
     rec = node.root / "rec.json"
-    proc = start(node, "run", "-n", "2", "--grace", "5", "--", *client(node, rec, 60))
+    proc = node.start("run", "-n", "2", "--grace", "5", "--", *client(node, rec, 60))
     wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
     proc.kill()  # the supervisor alone
     proc.communicate(timeout=30)
@@ -153,7 +122,7 @@ def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> Non
 
 
 def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode) -> None:
-    res = run(node, "run", "-n", "2", "--", "sh", "-c",
+    res = node.run("run", "-n", "2", "--", "sh", "-c",
               'printf "out $MPSWRAP_RANK\\nlast"; printf "err\\xff\\n" >&2')  # fmt: skip
     assert res.returncode == 0, res.stderr
     for rank in ("0", "1"):
@@ -163,14 +132,14 @@ def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode
 
 
 def test_run_refuses_more_clients_than_one_gpu_takes(one_gpu: SimNode) -> None:
-    res = run(one_gpu, "run", "-n", "49", "--", "true")
+    res = one_gpu.run("run", "-n", "49", "--", "true")
     assert res.returncode == 1
     assert "too many MPS clients for one GPU" in res.stderr
     assert "limit 48" in res.stderr
 
 
 def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
-    res = run(node, "run", "-n", "4", "--dry-run", "--threads", "uniform",
+    res = node.run("run", "-n", "4", "--dry-run", "--threads", "uniform",
               "--mem-limit", "auto", "--priority", "1", "--", "app", "x y")  # fmt: skip
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -194,7 +163,7 @@ def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
     ],
 )
 def test_usage_errors_exit_2(node: SimNode, args: list[str], message: str) -> None:
-    res = run(node, *args)
+    res = node.run(*args)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr
     assert res.stderr.startswith("mpswrap: ")
@@ -216,7 +185,7 @@ RANK1_OF_2 = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "
 
 def test_rank_mode_uses_the_innermost_launcher_rank(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = run(node, "--job", "t1", "--", *client(node, rec, 0.2, tag="x"),
+    res = node.run("--job", "t1", "--", *client(node, rec, 0.2, tag="x"),
               SLURM_LOCALID="0", **RANK1_OF_2)  # fmt: skip
     assert res.returncode == 0, res.stderr
     (start_rec,) = [r for r in records(rec) if r["event"] == "start"]
@@ -225,15 +194,15 @@ def test_rank_mode_uses_the_innermost_launcher_rank(node: SimNode) -> None:
 
 
 def test_rank_mode_passes_exit_codes_through(node: SimNode) -> None:
-    assert run(node, "--job", "t2", "--", "sh", "-c", "exit 5").returncode == 5
-    missing = run(node, "--job", "t2", "--", "no-such-program-xyz")
+    assert node.run("--job", "t2", "--", "sh", "-c", "exit 5").returncode == 5
+    missing = node.run("--job", "t2", "--", "no-such-program-xyz")
     assert missing.returncode == 127
     assert "program not found" in missing.stderr
 
 
 def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    proc = start(node, "--job", "t3", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
+    proc = node.start("--job", "t3", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
     wait_for(lambda: bool(by_tag(records(rec), "start")))
     signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -243,7 +212,7 @@ def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> Non
 
 def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    proc = start(node, "--job", "t3k", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
+    proc = node.start("--job", "t3k", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
     wait_for(lambda: bool(by_tag(records(rec), "start")))
     proc.kill()  # the supervisor alone: its child ignores SIGTERM and outlives it
     proc.communicate(timeout=30)
@@ -257,7 +226,7 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     watchdog ends them by the identities it saw."""
     node.faults.write_text(json.dumps({"outlive_pipe_dir": True}))
     rec = node.root / "rec.json"
-    proc = start(node, "--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
+    proc = node.start("--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
     wait_for(lambda: bool(by_tag(records(rec), "start")))
     job_dir = next(node.user_run_dir.glob("*/gone"))
     daemons = [psutil.Process(json.loads(m.read_text())["daemon_pid"])
@@ -278,7 +247,7 @@ def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> Non
         f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
         "time.sleep(3)\n"
     )
-    proc = start(node, "--job", "t4", "--", sys.executable, "-c", program)
+    proc = node.start("--job", "t4", "--", sys.executable, "-c", program)
     wait_for((tmp_path / "ready").exists)
     os.kill(proc.pid, signal.SIGUSR1)  # the supervisor only: it must pass it on
     proc.communicate(timeout=30)
@@ -297,7 +266,7 @@ def _redirected(node: SimNode, rec: Path, tmp_path: Path) -> list[str]:
 
 def test_verify_attach_fail_catches_a_client_without_mps(node: SimNode, tmp_path: Path) -> None:
     rec = node.root / "rec.json"
-    res = run(node, "--job", "t5", "--verify-attach", "fail", "--verify-timeout", "2",
+    res = node.run("--job", "t5", "--verify-attach", "fail", "--verify-timeout", "2",
               "--grace", "1", "--", *_redirected(node, rec, tmp_path))  # fmt: skip
     assert res.returncode == 69, res.stderr
     assert "is not an MPS client" in res.stderr and "/g0/pipe" in res.stderr
@@ -307,7 +276,7 @@ def test_verify_attach_fail_catches_a_client_without_mps(node: SimNode, tmp_path
 
 def test_verify_attach_passes_for_a_real_client(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = run(node, "--job", "t6", "--verify-attach", "fail", "--verify-timeout", "10",
+    res = node.run("--job", "t6", "--verify-attach", "fail", "--verify-timeout", "10",
               "--", *client(node, rec, 1.5, tag="v"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "not an MPS client" not in res.stderr
@@ -319,7 +288,7 @@ def test_verify_attach_warn_continues(node: SimNode, tmp_path: Path) -> None:
     script.write_text(f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
                       f"{node.client} --seconds 2 --record {rec}\n")  # fmt: skip
     script.chmod(0o755)
-    res = run(node, "--job", "t7", "--verify-attach", "warn", "--verify-timeout", "0.5",
+    res = node.run("--job", "t7", "--verify-attach", "warn", "--verify-timeout", "0.5",
               "--", str(script))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "is not an MPS client" in res.stderr
@@ -327,7 +296,7 @@ def test_verify_attach_warn_continues(node: SimNode, tmp_path: Path) -> None:
 
 # --- prefix mode (without running a launcher) ----------------------------------------------
 def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
-    res = run(node, "--dry-run", "--policy", "cyclic", "mpirun", "-np", "2", "--mca", "a", "b",
+    res = node.run("--dry-run", "--policy", "cyclic", "mpirun", "-np", "2", "--mca", "a", "b",
               "./app", "-np", "9")  # fmt: skip
     assert res.returncode == 0, res.stderr
     cmd = res.stdout.splitlines()[-1]
@@ -338,7 +307,7 @@ def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
 
 
 def test_prefix_refuses_49_ranks_on_one_gpu_before_launch(one_gpu: SimNode) -> None:
-    res = run(one_gpu, "mpirun", "-np", "49", "./never-started")
+    res = one_gpu.run("mpirun", "-np", "49", "./never-started")
     assert res.returncode == 1
     assert "too many MPS clients for one GPU" in res.stderr and "hint:" in res.stderr
 
@@ -347,7 +316,7 @@ def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -
     rec = node.root / "rec.json"
     script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={tmp_path}; fi; '
               f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
-    res = run(node, "run", "-n", "3", "--verify-attach", "fail", "--verify-timeout", "3",
+    res = node.run("run", "-n", "3", "--verify-attach", "fail", "--verify-timeout", "3",
               "--grace", "2", "--", "sh", "-c", script)  # fmt: skip
     assert res.returncode == 69, res.stderr
     assert "rank 1 is not an MPS client" in res.stderr

@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,6 @@ MPSWRAP = [sys.executable, "-m", "mpswrap"]
 MPIRUN = ["mpirun", "--oversubscribe", "--mca", "plm_rsh_agent", "false",
           *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]  # fmt: skip
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
-
-
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
 
 
 def mpswrap(node: SimNode, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
