@@ -5,9 +5,9 @@
 #   install.sh --python /abs/path/to/python [--config /etc/mpswrap/mpswrap.conf]
 #              [--dest /usr/local/libexec/mpswrap]
 #
-# Copies slurm/prolog, slurm/task_prolog and slurm/epilog to DEST with the interpreter
-# (@PYTHON@) and the admin config file (@CONFIG@) filled in, root-owned, mode 0755, and
-# prints the slurm.conf lines that point at them.  It does not edit slurm.conf.
+# Installs slurm/hook as DEST/prolog, DEST/task_prolog and DEST/epilog (the name picks the
+# hook) with the interpreter (@PYTHON@) and the admin config file (@CONFIG@) filled in,
+# root-owned, mode 0755, and prints the slurm.conf lines that point at them.  It does not edit slurm.conf.
 # Idempotent: running it again replaces the three files (atomically: a job starting at
 # that moment sees the old or the new shim, never half of one).  Undo: uninstall.sh.
 set -euo pipefail
@@ -37,9 +37,7 @@ for p in "$PYTHON" "$CONFIG" "$DEST"; do
 done
 [ "$(id -u)" = 0 ] || die "run as root: the hooks must be root-owned (slurmd runs them as root)"
 [ -x "$PYTHON" ] || die "$PYTHON is not an executable file"
-for f in prolog task_prolog epilog; do
-  [ -r "$HERE/$f" ] || die "$HERE/$f is missing (run install.sh from the mpswrap source tree)"
-done
+[ -r "$HERE/hook" ] || die "$HERE/hook is missing (run install.sh from the mpswrap source tree)"
 
 # The shims run "$PYTHON -I -m mpswrap": -I ignores PYTHONPATH, so mpswrap must be installed
 # in that interpreter's own environment (pip install into it, not a PYTHONPATH trick).
@@ -78,7 +76,7 @@ esc() { printf '%s' "$1" | sed 's/[&|\\]/\\&/g'; }
 py_esc=$(esc "$PYTHON"); conf_esc=$(esc "$CONFIG")
 for f in prolog task_prolog epilog; do
   tmp=$(mktemp "$DEST/.$f.XXXXXX")
-  sed -e "s|@PYTHON@|$py_esc|g" -e "s|@CONFIG@|$conf_esc|g" "$HERE/$f" >"$tmp"
+  sed -e "s|@PYTHON@|$py_esc|g" -e "s|@CONFIG@|$conf_esc|g" "$HERE/hook" >"$tmp"
   chown root:root "$tmp"
   chmod 0755 "$tmp"
   mv -f "$tmp" "$DEST/$f"

@@ -45,7 +45,7 @@ log "lint"
 "$VENV/bin/ruff" check mpswrap tests benchmarks examples
 "$VENV/bin/ruff" format --check mpswrap tests benchmarks examples
 "$VENV/bin/mypy" mpswrap
-shellcheck -x slurm/prolog slurm/task_prolog slurm/epilog slurm/*.sh tools/*.sh tests/gpu/*.sh \
+shellcheck -x slurm/hook slurm/*.sh tools/*.sh tests/gpu/*.sh \
   tests/integration/cluster/*.sh
 
 log "tests"
