@@ -184,8 +184,24 @@ def _check_dir(path: Path, uid: int, mode: int) -> None:
             thing=str(path),
             cause=f"mode {stat.S_IMODE(st.st_mode):04o}, expected {mode:04o}",
         )
-    if stat.S_IMODE(st.st_mode) & 0o700 != mode & 0o700:
-        os.chmod(path, stat.S_IMODE(st.st_mode) | (mode & 0o700))
+    if stat.S_IMODE(st.st_mode) & 0o700 != mode & 0o700 and st.st_uid == os.geteuid():
+        _give_back_owner_bits(path, st, mode)
+
+
+def _give_back_owner_bits(path: Path, st: os.stat_result, mode: int) -> None:
+    """chmod our own directory through a descriptor opened without following symlinks, and
+    only if it is still the directory we looked at. Root never does this: it never changes
+    a mode in a directory a job user controls."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise LayoutError("cannot open directory", thing=str(path), cause=exc.strerror) from exc
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | (mode & 0o700))
+    finally:
+        os.close(fd)
 
 
 def remove_tree(path: Path) -> str | None:

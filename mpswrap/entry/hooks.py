@@ -56,7 +56,8 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings) -> None:
 
 
 def _job(env: JobEnv) -> str:
-    job = env.job_key()
+    """The hooks act on Slurm's job id alone (the shims pass no other variable)."""
+    job = env.job_id
     if job is None:
         raise MpswrapError(
             "SLURM_JOB_ID is not set",
@@ -163,8 +164,10 @@ def epilog(env: JobEnv, settings: Settings) -> int:
         except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
             log.warning("%s", exc.line())
         done = daemons.stop()
-        for line in done.lines():
-            (log.error if "LEFT BEHIND" in line else log.info)("%s", line)
+        for line in done.summary():
+            log.info("%s", line)
+        for item in done.problems():
+            log.error("left behind after teardown: %s", item)
         problems += len(done.problems())
     if settings.health_check:
         problems += _health_check(uuids, settings)

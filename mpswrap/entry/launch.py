@@ -123,8 +123,8 @@ def _slots(att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None) 
 
 def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     settings = opts.settings()
-    env = JobEnv({**os.environ, **({"MPSWRAP_JOB": opts.job} if opts.job else {})})
-    job = env.job_key(fresh="local")
+    env = JobEnv.current()
+    job = env.job_key(given=opts.job, fresh="local")
     assert job is not None
     rank, size, policy = _local_position(env, settings.gpu_policy)
     inventory = load_inventory(settings.gpu_inventory)

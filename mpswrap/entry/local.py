@@ -63,13 +63,13 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
         att = attach(settings, env, job, gpus=chosen)
         try:
             att.announce()
-            uuids = [s.uuid for s in att.daemons.slots(None)]
+            slots = att.daemons.slots(inventory)
+            uuids = [s.uuid for s in slots]
             limits = capacity_limits(uuids, inventory, settings)
             check_capacity(uuids, nprocs, settings.gpu_policy, limits, att.daemons.clients())
             early = [sig for sig in trap.pop() if sig in TERMINATING]
             if early:
                 return 128 + early[0]
-            slots = att.daemons.slots(inventory)
             place_rank = functools.partial(opts.place, slots, policy=settings.gpu_policy,
                                            rank_cpus=cpus)  # fmt: skip
             return _run_ranks(att, opts, command, nprocs, place_rank=place_rank, trap=trap,

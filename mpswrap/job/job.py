@@ -57,6 +57,10 @@ class Teardown:
         gpus = [f"{r.key}: {item}" for r in self.gpus for item in r.leftovers + r.paths]
         return gpus + self.left
 
+    def summary(self) -> list[str]:
+        """One line per GPU: what its ladder did."""
+        return [report.lines()[0] for report in self.gpus]
+
     def lines(self) -> list[str]:
         out = [line for report in self.gpus for line in report.lines()]
         return out + [f"LEFT BEHIND: {item}" for item in self.left]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -87,21 +88,45 @@ def job_layouts(
     return [lay for lay in layouts if lay.job_dir.is_dir()]
 
 
+#: Where user-mode roots of every user are (root's listing): the uid is in the path.
+USER_ROOT_GLOBS = (
+    (re.compile(r"^/tmp/mpswrap-([0-9]+)$"), "/tmp/mpswrap-*"),
+    (re.compile(r"^/run/user/([0-9]+)/mpswrap$"), "/run/user/*/mpswrap"),
+)
+
+
 def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayout]:
-    """Every job with state on ``node`` that belongs to ``uid`` (None: every user's)."""
-    roots = [Path(settings.run_dir)]
-    if uid is None:
-        patterns = ["/tmp/mpswrap-*", "/run/user/*/mpswrap"]
-        roots += [Path(p) for pattern in patterns for p in sorted(glob.glob(pattern))]
-        roots += [Path(settings.user_run_dir)] if settings.user_run_dir else []
-    else:
-        roots += user_roots(settings, uid)
-    found: dict[Path, JobLayout] = {}
-    for root in dict.fromkeys(roots):
-        for layout in _jobs_under(root, node):
-            if uid is None or _owner(layout.job_dir) == uid:
-                found.setdefault(layout.job_dir, layout)
-    return list(found.values())
+    """Every job with state on ``node`` that belongs to ``uid`` (None: every user's).
+
+    Admin jobs live below root's run_dir; a user-mode job counts only where ``owned_by`` its
+    root's user (the epilog's rule): root never acts on a directory another user planted.
+    """
+    admin = [
+        lay
+        for lay in _jobs_under(Path(settings.run_dir), node)
+        if uid is None or _owner(lay.job_dir) == uid
+    ]
+    users = [
+        lay for root, owner in _user_roots_of(settings, uid)
+        for lay in _jobs_under(root, node) if owned_by(lay, owner)
+    ]  # fmt: skip
+    found = {lay.job_dir: lay for lay in reversed([*admin, *users])}
+    return sorted(found.values(), key=lambda lay: (str(lay.run_dir), lay.job_id))
+
+
+def _user_roots_of(settings: Settings, uid: int | None) -> list[tuple[Path, int]]:
+    """(user-mode root, the uid it belongs to): ``uid``'s, or every user's (uid None)."""
+    if uid is not None:
+        return [(root, uid) for root in user_roots(settings, uid)]
+    found = []
+    for pattern, wildcard in USER_ROOT_GLOBS:
+        for path in sorted(glob.glob(wildcard)):
+            match = pattern.match(path)
+            if match:
+                found.append((Path(path), int(match.group(1))))
+    shared = settings.user_run_dir
+    owner = _owner(Path(shared)) if shared else None
+    return found + ([(Path(shared), owner)] if shared and owner is not None else [])
 
 
 def _jobs_under(root: Path, node: str) -> Iterator[JobLayout]:

@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import pwd
+import re
 import stat
 import subprocess
 import sys
@@ -499,3 +500,59 @@ def test_the_shell_detector_finds_shell_calls() -> None:
 
 def shutil_rm(path: Path) -> None:
     subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+# --- the job listing and directory repair (root never trusts or changes a user's tree) -------
+def _user_tree(base: Path, owner: pwd.struct_passwd, job: str) -> Path:
+    """``base/mpswrap-<uid>/n1/<job>`` made by ``owner`` itself."""
+    root = base / f"mpswrap-{owner.pw_uid}"
+    res = as_user(owner.pw_name, ["mkdir", "-p", "-m", "700", str(root / "n1" / job)])
+    assert res.returncode == 0, res.stderr
+    return root
+
+
+def test_roots_listing_takes_only_user_trees_their_owner_made(
+    node: SimNode, users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mpswrap status`` as root lists every user's jobs: a tree counts only if every level
+    is a real directory of the uid its path names; B's tree posing as A's, or a symlink into
+    root's run dir, is not listed."""
+    from mpswrap.config import load_settings
+    from mpswrap.job import state
+
+    a, b = users
+    base = node.root / "roots"
+    base.mkdir()
+    base.chmod(0o1777)  # like /tmp
+    _user_tree(base, a, "ja")
+    posing = base / f"mpswrap-{b.pw_uid}"  # B's own tree: fine, listed as B's
+    _user_tree(base, b, "jb")
+    fake = base / "mpswrap-0"  # B makes a tree that claims to be root's
+    as_user(b.pw_name, ["mkdir", "-p", str(fake / "n1" / "jroot")])
+    os.symlink(node.run_dir, posing / "n1" / "jlink")  # a link in B's tree
+    pattern = rf"^{base}/mpswrap-([0-9]+)$"
+    monkeypatch.setattr(state, "USER_ROOT_GLOBS", ((re.compile(pattern), f"{base}/mpswrap-*"),))
+    settings = load_settings({"run_dir": str(node.run_dir)}, env={})
+    found = {lay.job_id for lay in state.jobs_on_node(settings, "n1", None)}
+    assert found == {"ja", "jb"}
+    mine = {lay.job_id for lay in state.jobs_on_node(settings, "n1", b.pw_uid)}
+    assert "ja" not in mine and "jroot" not in mine and "jlink" not in mine
+
+
+def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, users) -> None:
+    """A start repairs a ``chmod 500`` of the user's own directory; root (the prolog) leaves
+    a job user's directory as it is, so a swapped-in symlink can never redirect a chmod."""
+    a, _ = users
+    target = node.root / "jobdir"
+    assert as_user(a.pw_name, ["mkdir", "-m", "500", str(target)]).returncode == 0
+    code = (
+        "import sys; from pathlib import Path; from mpswrap.paths import ensure_private_dir;"
+        f"ensure_private_dir(Path({str(target)!r}), {a.pw_uid}, {a.pw_gid})"
+    )
+    as_root = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent,
+                             capture_output=True, text=True)  # fmt: skip
+    assert as_root.returncode == 0, as_root.stderr
+    assert stat.S_IMODE(os.lstat(target).st_mode) == 0o500, "root changed a user's mode"
+    res = as_user(a.pw_name, [sys.executable, "-c", code], PYTHONPATH=str(PACKAGE.parent))
+    assert res.returncode == 0, res.stderr
+    assert stat.S_IMODE(os.lstat(target).st_mode) == 0o700
