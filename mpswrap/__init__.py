@@ -20,6 +20,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+# Written out, not built from errors.__all__: the public surface is read by people and tools
+# from this file alone (the `duplicates` pair with errors.py is this list, on purpose).
 __all__ = [
     "CapacityError",
     "ConfigError",

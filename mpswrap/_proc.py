@@ -70,10 +70,6 @@ class UserIds:
     groups: tuple[int, ...]
     home: str
 
-    @property
-    def is_current(self) -> bool:
-        return self.uid == os.geteuid()
-
 
 def lookup_user(who: str | int | None = None, gid: int | None = None) -> UserIds:
     """Resolve a user name or uid (default: the current user) with its groups."""

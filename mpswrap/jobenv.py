@@ -189,10 +189,6 @@ class JobEnv:
         return self._first_int(LOCAL_RANK_VARS)[0]
 
     @property
-    def local_rank_source(self) -> str | None:
-        return self._first_int(LOCAL_RANK_VARS)[1]
-
-    @property
     def local_size(self) -> int | None:
         value, _ = self._first_int(LOCAL_SIZE_VARS)
         if value is not None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import _proc
+from .. import _proc, _wait
 from ..config import Settings, load_settings
 from ..errors import MpswrapError
 from ..job import state
@@ -115,7 +115,7 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         for line in done.lines():
             print(f"   {line}")
         for proc in procs:
-            proc.wait(timeout=30)
+            _wait.wait_child(proc, 30)  # one still running is named by the check below
         left = _proc.procs_mentioning(str(tmp))
         clean = done.clean and not left and not daemons.layout.job_dir.exists()
         print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")

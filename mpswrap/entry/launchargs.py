@@ -164,10 +164,6 @@ class CommandLine:
     family: str
     segments: tuple[Segment, ...]
 
-    @property
-    def has_program(self) -> bool:
-        return any(s.program for s in self.segments)
-
     def argv(self, wrapper: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
         """The command with ``wrapper`` before each program and ``extra`` options first in
         each segment (e.g. ``-x MPSWRAP_JOB`` so every app context exports it)."""
