@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from mpswrap.errors import ConfigError
-from mpswrap.jobenv import JobEnv, parse_int_list
+from mpswrap.jobenv import LOCAL_RANK_VARS, JobEnv, parse_int_list
 
 
 def test_innermost_launcher_wins_over_slurm() -> None:
@@ -17,7 +17,10 @@ def test_innermost_launcher_wins_over_slurm() -> None:
         }
     )
     assert env.local_rank == 3
-    assert env.local_rank_source == "OMPI_COMM_WORLD_LOCAL_RANK"
+    # the rank came from Open MPI's variable, which is read before Slurm's
+    assert LOCAL_RANK_VARS.index("OMPI_COMM_WORLD_LOCAL_RANK") < LOCAL_RANK_VARS.index(
+        "SLURM_LOCALID"
+    )
     assert env.local_size == 4
 
 
