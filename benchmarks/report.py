@@ -133,19 +133,33 @@ def overhead_table(data: dict[str, Any]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def revision(meta: dict[str, Any]) -> str:
+    """The commit the file names (benchmarks/revision.py); files made before it name none."""
+    if not meta.get("commit"):
+        return "commit not recorded"
+    state = {True: ", tree changed", False: ""}.get(meta.get("dirty"), ", tree state unknown")
+    return f"commit {meta['commit'][:12]}{state}"
+
+
+def header(data: dict[str, Any]) -> list[str]:
+    meta = data.get("meta", {})
+    dates = sorted({r["date"] for r in data["runs"]})
+    lines = [
+        f"### {data['file']}: {meta.get('gpu', '?')}, driver {meta.get('driver', '?')}, "
+        f"torch {meta.get('torch', '-')}, Python {meta.get('python', '?')}, "
+        f"{', '.join(dates)}, {revision(meta)}"
+    ]
+    for what, key in (("GPUs", "gpu_uuid"), ("commits", "commit")):
+        seen = sorted({r[key] for r in data["runs"] if r.get(key)})
+        if len(seen) > 1:
+            lines += ["", f"Runs of this file come from {len(seen)} {what}: {', '.join(seen)}."]
+    return lines
+
+
 def markdown(files: Iterable[dict[str, Any]]) -> str:
     out: list[str] = []
     for data in files:
-        meta = data.get("meta", {})
-        dates = sorted({r["date"] for r in data["runs"]})
-        out.append(
-            f"### {data['file']}: {meta.get('gpu', '?')}, driver {meta.get('driver', '?')}, "
-            f"torch {meta.get('torch', '-')}, Python {meta.get('python', '?')}, "
-            f"{', '.join(dates)}"
-        )
-        gpus = sorted({r["gpu_uuid"] for r in data["runs"] if r.get("gpu_uuid")})
-        if len(gpus) > 1:
-            out += ["", f"Runs of this file come from {len(gpus)} GPUs: {', '.join(gpus)}."]
+        out += header(data)
         for workload in ("mlp", "nbody", "mixed"):
             table = throughput_table(data, workload)
             if table:

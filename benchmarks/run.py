@@ -51,9 +51,10 @@ class Results:
         return any(r["key"] == key for r in self.data["runs"])
 
     def add(self, key: str, record: dict[str, Any]) -> None:
-        # A resumed file may gather visits to several machines: each run names its GPU.
-        gpu = self.data["meta"].get("gpu_uuid")
-        stamp = {"key": key, "date": time.strftime("%Y-%m-%d"), "gpu_uuid": gpu}
+        # A resumed file may gather visits to several machines and commits: each run names
+        # its GPU and its commit.
+        stamp = {"key": key, "date": time.strftime("%Y-%m-%d")}
+        stamp.update({k: self.data["meta"].get(k) for k in ("gpu_uuid", "commit", "dirty")})
         self.data["runs"].append({**stamp, **record})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
@@ -334,10 +335,12 @@ def main() -> int:
             ap.error(f"unknown: {', '.join(sorted(set(given) - set(known)))}")
     WORKERS = args.workers.resolve()
     deadline = time.monotonic() + args.budget
-    res = Results(args.out)
-    res.data["meta"] = machine_meta()
     sys.path.insert(0, str(HERE))
     from overhead import phase_overhead
+    from revision import revision
+
+    res = Results(args.out)
+    res.data["meta"] = {**machine_meta(), **revision()}
 
     if args.quick:
         phase_overhead(res, simulate=True, quick=True)

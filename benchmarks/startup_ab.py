@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from revision import revision
+
 HERE = Path(__file__).resolve().parent
 #: This checkout's measuring code, pointed at the tree measured (its mpswrap and simulator).
 MEASURE = """
@@ -56,14 +58,6 @@ def measure(root: Path, repeats: int, gpus: list[int]) -> dict[str, Any]:
     return result
 
 
-def commit_of(root: Path) -> str:
-    res = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "mpswrap"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return (res.stdout.strip() or "?") + ("+changes" if dirty else "")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trees", nargs=2, type=Path, help="two checkouts: base, then changed")
@@ -87,6 +81,7 @@ def main() -> int:
         "host": subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip(),
         "rounds": args.rounds,
         "repeats": args.repeats,
+        **revision(),  # this checkout's, whose measuring code ran
         "trees": summaries,
     }
     for tree in trees:
@@ -94,7 +89,7 @@ def main() -> int:
         starts = [m["start"]["median_ms"] for m in mine]
         summary = {
             "tree": str(tree),
-            "commit": commit_of(tree),
+            **revision(tree, environ={}),  # each tree is a checkout of its own
             "start_median_ms": round(statistics.median(starts), 1),
             "start_round_medians_ms": starts,
             **{

@@ -1,4 +1,5 @@
-"""Shared fixtures: a clean environment for every test, and no process left behind."""
+"""Shared fixtures: a clean environment for every test, and no process left behind; strict
+skips (tests/strict_skips.py) when asked for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from tests import strict_skips
 from tests.simenv import SimNode, sim_node
 
 #: Variables that would change behaviour when the tests run inside an allocation.
@@ -17,6 +19,10 @@ _JOB_VARS = re.compile(
     r"^(?!OMPI_MCA_plm_)(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
     r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)"
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    strict_skips.pytest_configure(config)  # MPS_STRICT_SKIPS=1: an unexpected skip fails
 
 
 @pytest.fixture(autouse=True)

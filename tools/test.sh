@@ -4,6 +4,8 @@
 # Debian 12, as root (the Slurm harness runs slurmd and creates the test users).
 #   bash tools/test.sh            everything but the gpu tier
 #   bash tools/test.sh -k smoke   extra arguments go to pytest
+# Strict skips: a skip whose reason tests/allowed_skips.txt does not list fails the run, since
+# everything the tests need is installed here (MPS_STRICT_SKIPS=0 turns that off).
 # The gpu tier runs on a GPU machine: bash tests/gpu/run_gpu_tier.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -49,6 +51,7 @@ shellcheck -x slurm/hook slurm/*.sh tools/*.sh tests/gpu/*.sh \
   tests/integration/cluster/*.sh
 
 log "tests"
+export MPS_STRICT_SKIPS=${MPS_STRICT_SKIPS:-1} MPS_ALLOWED_SKIPS=$SRC/tests/allowed_skips.txt
 set +e
 "$VENV/bin/python" -m pytest -p no:cacheprovider -m "not gpu" "$@"
 rc=$?

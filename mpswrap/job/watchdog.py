@@ -11,6 +11,7 @@ gone too, it ends the daemons and their servers by identity.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -38,7 +39,10 @@ def watchdog(job_dir: Path) -> int:
     gone_since: float | None = None
     daemons: list[_proc.ProcId] = []
     owners: list[_proc.ProcId] = []
-    while layout.job_dir.exists():
+    # The directory by identity: a lock taken by a rank's teardown may make its path again
+    # after a cleaner removed it, but the daemons' sockets went with the first one.
+    ident = _identity(layout.job_dir)
+    while ident is not None and _identity(layout.job_dir) == ident:
         daemons = _daemons_of(layout, settings) or daemons
         live = live_refs(layout)
         owners = live or owners
@@ -54,6 +58,14 @@ def watchdog(job_dir: Path) -> int:
         time.sleep(WATCH_INTERVAL)
     _kill_orphaned(daemons)
     return 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _stop_if_ownerless(layout: JobLayout, settings: Settings) -> bool:

@@ -4,13 +4,18 @@ It reproduces what mpswrap can see of the real driver (seen on an H100, driver 5
 ``nvidia-cuda-mps-control`` command surface and replies, the daemon's pid file and sockets in
 the pipe directory, control.log and server.log lines, one server process per user, clients
 that attach through the pipe directory (or silently run without MPS when they cannot reach
-it), terminate_client, the blocking quit, the 48-client limit, fatal faults.
+it), terminate_client, the blocking quit, shutdown_server, the 48-client limit, fatal faults.
+By default it is no kinder than the driver: one command at a time ("Cannot send command"),
+terminate_client answering before the client has exited, quit answering before its servers
+exit, servers without arguments, nothing ending itself when its pipe directory goes. The
+table "The simulator against the real driver" in docs/concepts.md lists each behaviour and
+the contract test that pins it.
 
     install_bin(dir)       wrapper scripts nvidia-cuda-mps-control and mps-sim-client
     inventory.write_inventory(path)   a fake NVML inventory
 
 Standard library only: the wrappers run it with a bare environment, as another user.
-Faults are injected through the JSON file named by ``MPSWRAP_SIM_FAULTS`` (see _faults).
+Faults and timings come from the JSON file named by ``MPSWRAP_SIM_FAULTS`` (see _faults).
 """
 
 from __future__ import annotations

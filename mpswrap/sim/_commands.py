@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from ._ops import TERMINATE_WAIT, Quit, Terminate
+from . import _faults
+from ._ops import Quit, Terminate
 from ._servers import Server, pinned_bytes
 
 if TYPE_CHECKING:
@@ -83,8 +84,22 @@ def terminate_client(daemon: Daemon, conn: Conn, args: list[str]) -> Result:
     pid = int(args[1]) if args[1].isdigit() else -1
     if not daemon.pool.terminate(server, pid):
         return _ok("201")  # cudaErrorInvalidContext: what the 580 driver printed
-    daemon.terminations.append(Terminate(conn, server, pid, time.monotonic() + TERMINATE_WAIT))
+    reply = _faults.load(daemon.faults_path).terminate_reply
+    daemon.terminations.append(Terminate(conn, server, pid, time.monotonic() + reply))
     return None
+
+
+def shutdown_server(daemon: Daemon, conn: Conn, args: list[str]) -> Result:
+    """``shutdown_server <pid> -f`` ends the server now: its clients die at their next CUDA
+    call (exit 141, SIGPIPE, on an H100) and server.log has no termination lines. Without
+    ``-f`` (not observed on a real driver) the server exits once its clients have gone."""
+    if len(args) == 2 and args[1] != "-f":
+        return _unknown("shutdown_server " + " ".join(args))
+    server = _server(daemon, args[0])
+    if server is None:
+        return _not_found(args[0])
+    daemon.pool.shutdown(server, force=len(args) == 2)
+    return _ok()
 
 
 def quit_daemon(daemon: Daemon, conn: Conn, args: list[str]) -> Result:
@@ -191,6 +206,7 @@ COMMANDS: dict[str, tuple[Handler, tuple[int, ...]]] = {
     "get_client_list": (get_client_list, (1,)),
     "start_server": (start_server, (2,)),
     "terminate_client": (terminate_client, (2,)),
+    "shutdown_server": (shutdown_server, (1, 2)),
     "quit": (quit_daemon, (0, 2)),
     "set_default_active_thread_percentage": (set_default_active_thread_percentage, (1,)),
     "get_default_active_thread_percentage": (get_default_active_thread_percentage, (0,)),

@@ -38,6 +38,7 @@ CUDA_ERRORS = {
     700: "an illegal memory access was encountered",
     805: "MPS client failed to connect to the MPS control daemon or the MPS server",
     806: "the remote procedural call between the MPS server and the MPS client failed",
+    807: "MPS server is not ready to accept new MPS client requests",
     810: "the MPS client has been terminated by the server",
 }
 

@@ -1,8 +1,9 @@
 """The control daemon's event loop: one thread, one selector, timers checked every 0.1 s.
 
-Commands that must wait (``terminate_client``, ``quit``) become pending operations that the
-loop completes later, so the daemon keeps serving clients and other callers meanwhile, as the
-real one does.
+Commands that take time (``terminate_client``, ``quit``) become pending operations that the
+loop completes later. The daemon keeps serving CUDA clients meanwhile, but, like the real one,
+serves one command at a time: any other command sent while one is pending is refused with
+"Cannot send command to MPS control daemon process".
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from ._log import MpsLog
 from ._ops import Quit, Terminate
 from ._pool import Pool
 
-#: Safety net of the simulator (not of the real driver): a daemon whose pipe directory was
-#: deleted exits on its own, so a test that forgets it cannot leak it forever.
+#: With ``self_clean`` (off unless a test asks), how often the daemon checks that its pipe
+#: directory still exists.
 DIR_POLL = 1.0
 
 
@@ -37,6 +38,8 @@ class Daemon:
         self.selector = selectors.DefaultSelector()
         self.terminations: list[Terminate] = []
         self.quitting: Quit | None = None
+        #: quit has answered: the servers stop, and the daemon exits, at this time.
+        self.exit_at: float | None = None
         self.exit_code: int | None = None
         self._dir_id = _dir_id(pipe)
         self._next_dir_check = time.monotonic() + DIR_POLL
@@ -105,7 +108,8 @@ class Daemon:
             conn.role = "ui"
             self._command(conn, str(message.get("cmd", "")).strip())
         elif conn.role == "" and message.get("role") == "client":
-            self.pool.hello(conn, message, refusing=self.quitting is not None)
+            refusing = self.quitting is not None or self.exit_at is not None
+            self.pool.hello(conn, message, refusing=refusing)
         elif conn.role == "client" and message.get("event") == "fault":
             self.pool.fault(conn)
 
@@ -117,8 +121,9 @@ class Daemon:
             os._exit(1)  # a crash: no cleanup, pid file and socket stay, servers are orphaned
         if faults.hangs(name):
             return  # never answered; the connection stays until the caller gives up
-        if self.quitting is not None:
-            # While a quit waits for clients, the real daemon refuses every other command.
+        if self.quitting is not None or self.terminations:
+            # One command at a time: while a quit waits for clients, or a terminate_client is
+            # being served, the real daemon refuses every other command.
             self.answer(conn, "", BUSY, 1)
             return
         result = _commands.run(self, conn, line)
@@ -135,16 +140,22 @@ class Daemon:
         now = time.monotonic()
         self.pool.tick()
         for op in list(self.terminations):
-            if op.pid not in op.server.clients or now >= op.deadline:
+            # Answered once the server has ended the client's contexts, whether or not the
+            # client process has exited yet.
+            if now >= op.deadline:
                 self.terminations.remove(op)
                 self.log.server(op.server.pid, "Client termination succeeded.")
                 self.answer(op.ui, "0")
         if self.quitting is not None:
             self._poll_quit(self.quitting, now)
+        if self.exit_at is not None and now >= self.exit_at:
+            self.pool.stop_all()
+            self.log.control(self.me, "Exit with status 0")
+            self.exit_code = 0
         if now >= self._next_dir_check:
             self._next_dir_check = now + DIR_POLL
-            outlive = _faults.load(self.faults_path).outlive_pipe_dir
-            if not outlive and _dir_gone(self.pipe, self._dir_id):
+            clean = _faults.load(self.faults_path).self_clean
+            if clean and _dir_gone(self.pipe, self._dir_id):
                 self.log.control(self.me, "Pipe directory removed: exiting (simulator)")
                 self.pool.stop_all()
                 self.exit_code = 0
@@ -161,13 +172,18 @@ class Daemon:
             self._finish_quit(op)
 
     def _finish_quit(self, op: Quit) -> None:
-        self.pool.stop_all()
+        """Answer the quit, stop listening; servers and daemon exit quit_lag later, as the
+        real ones exit after quit has returned."""
+        self.quitting = None
         with contextlib.suppress(OSError):
             (self.pipe / PID_FILE).unlink()
-        self.log.control(self.me, "Exit with status 0")
         # The real driver leaves the control sockets and control_lock behind after quit.
+        for key in list(self.selector.get_map().values()):
+            if key.data is None:
+                self.selector.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
         op.ui.reply()
-        self.exit_code = 0
+        self.exit_at = time.monotonic() + _faults.load(self.faults_path).quit_lag
 
 
 def _dir_id(path: Path) -> tuple[int, int] | None:

@@ -1,7 +1,9 @@
-"""Fault injection: a JSON file named by ``MPSWRAP_SIM_FAULTS``, re-read at every use.
+"""Fault injection and timing: a JSON file named by ``MPSWRAP_SIM_FAULTS``, re-read at every use.
 
 Re-reading lets a test change the daemon's behaviour while it runs. A missing or unreadable
-file means no faults: a simulator that crashed on a half-written file would test nothing.
+file means the defaults, which are the real driver's behaviour (docs/concepts.md, "The
+simulator against the real driver"): a simulator that crashed on a half-written file would
+test nothing.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ class Faults:
     hang: frozenset[str] = field(default_factory=frozenset)
     die_on: frozenset[str] = field(default_factory=frozenset)
     client_limit: int = CLIENT_LIMIT
-    #: Like the real daemon, run on after the pipe directory is deleted (the simulator's own
-    #: safety net, off here, otherwise ends it within a second).
-    outlive_pipe_dir: bool = False
+    #: Seconds before terminate_client answers ``0``. The client is told at once and exits at
+    #: its own pace (the real daemon answered in ~11 ms with the client still alive).
+    terminate_reply: float = 0.02
+    #: Seconds a client goes on after its CUDA call failed (terminated, fault, forced quit)
+    #: before it exits: host work between CUDA calls. ``--linger`` of a client overrides it.
+    client_linger: float = 0.1
+    #: Seconds between quit's answer and the servers' exit (~80 ms on an H100).
+    quit_lag: float = 0.08
+    #: The simulator's own safety net, off unless a test asks: daemon and servers exit within
+    #: a second once their pipe directory is deleted, orphaned servers after ten minutes. The
+    #: real ones run on, and so does the simulator by default.
+    self_clean: bool = False
 
     def hangs(self, command: str) -> bool:
         return "*" in self.hang or command in self.hang
@@ -58,14 +69,21 @@ def load(path: str | None) -> Faults:
         return Faults()
     if not isinstance(data, dict):
         return Faults()
-    try:
-        limit = int(data.get("client_limit", CLIENT_LIMIT))
-    except (TypeError, ValueError):
-        limit = CLIENT_LIMIT
+    defaults = Faults()
     return Faults(
         start=str(data.get("start", "")),
         hang=_names(data.get("hang")),
         die_on=_names(data.get("die_on")),
-        client_limit=limit,
-        outlive_pipe_dir=data.get("outlive_pipe_dir") is True,
+        client_limit=int(_number(data.get("client_limit"), defaults.client_limit)),
+        terminate_reply=_number(data.get("terminate_reply"), defaults.terminate_reply),
+        client_linger=_number(data.get("client_linger"), defaults.client_linger),
+        quit_lag=_number(data.get("quit_lag"), defaults.quit_lag),
+        self_clean=data.get("self_clean") is True,
     )
+
+
+def _number(value: Any, default: float) -> float:
+    """A non-negative number from the file, else the default."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return default
+    return float(value)

@@ -7,15 +7,13 @@ from dataclasses import dataclass
 from ._conn import Conn
 from ._servers import Server
 
-#: terminate_client answers once the client is gone, but never waits longer than this.
-TERMINATE_WAIT = 5.0
-
 
 @dataclass
 class Terminate:
     ui: Conn
     server: Server
     pid: int
+    #: When the answer goes out (``terminate_reply`` after the command).
     deadline: float
 
 

@@ -59,7 +59,7 @@ class Pool:
             return self.servers[uid]
         for other in [s for s in self.servers.values() if not s.clients]:
             self._stop(other)
-        server = _servers.spawn(self.pipe, uid, self.defaults, self.log)
+        server = _servers.spawn(uid, self.defaults, self.log)
         self.servers[uid] = server
         return server
 
@@ -75,6 +75,16 @@ class Pool:
         for conn in self.waiting:
             _refuse(conn, 805)
         self.waiting.clear()
+
+    def shutdown(self, server: Server, force: bool) -> None:
+        """``shutdown_server``: now with ``force`` (clients killed), else once idle."""
+        if force or not server.clients:
+            for conn in server.clients.values():
+                _doom(conn, "killed")
+            self._stop(server)
+            self._serve_waiting()
+        else:
+            server.closing = True
 
     def force(self) -> None:
         """``quit -t``: every remaining client gets error 806."""
@@ -133,8 +143,9 @@ class Pool:
         self._admit(server, conn)
 
     def _admit(self, server: Server, conn: Conn) -> None:
-        if server.status == "FAULT":
-            _refuse(conn, 805)  # a server handling a fatal error takes no new clients
+        if server.status == "FAULT" or server.closing:
+            # A server handling a fatal error takes no new clients (807 on an H100).
+            _refuse(conn, 807)
             return
         if len(server.clients) >= _faults.load(self.faults_path).client_limit:
             _refuse(conn, 46)  # what the 49th client saw on an H100 (not 808)
@@ -166,6 +177,8 @@ class Pool:
             # An H100 logs no recovery line: the fault's end shows only as this, once the
             # last affected client has gone.
             self.log.server(server.pid, "Destroy server context on device 0")
+        if server.closing and not server.clients:
+            self._stop(server)
         self._serve_waiting()
 
     def _serve_waiting(self) -> None:

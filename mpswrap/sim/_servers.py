@@ -2,7 +2,9 @@
 
 The server process does nothing but exist (so that a real server PID can be listed, signalled
 and waited for); its state (clients, status, limits) lives in the daemon, which also writes
-server.log under the server's PID.
+server.log under the server's PID. Like the real server it has no arguments: it inherits the
+daemon's environment (``CUDA_MPS_PIPE_DIRECTORY`` among it), uid and CPU affinity, and only
+the environment tells which daemon it belongs to.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import select
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ._common import BINARY_VERSION
 from ._conn import Conn
@@ -36,6 +37,8 @@ class Server:
     active_thread_percentage: float
     pinned_mem: dict[str, str]
     status: str = "ACTIVE"
+    #: ``shutdown_server`` without ``-f``: exits once its last client has gone.
+    closing: bool = False
     clients: dict[int, Conn] = field(default_factory=dict)
     #: Clients that had the sticky error of the current fault and have not exited yet.
     sticky: set[int] = field(default_factory=set)
@@ -54,10 +57,10 @@ def pinned_bytes(value: str) -> int:
     return int(number) * units[unit]
 
 
-def spawn(pipe: Path, uid: int, defaults: Defaults, log: MpsLog) -> Server:
+def spawn(uid: int, defaults: Defaults, log: MpsLog) -> Server:
     """Start a server and wait (bounded) until it says it is ready."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mpswrap.sim.server", "--pipe", str(pipe)],
+        [sys.executable, "-m", "mpswrap.sim.server"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

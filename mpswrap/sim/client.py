@@ -1,11 +1,13 @@
-"""The simulated CUDA program: ``mps-sim-client [--seconds S] [--fault-after S] [--record FILE]
-[--tag T]``, the same command line as tests/gpu/cuda_client.cu.
+"""The simulated CUDA program: ``mps-sim-client [--seconds S] [--fault-after S] [--linger S]
+[--record FILE] [--tag T]``, the same command line as tests/gpu/cuda_client.cu.
 
 It attaches to the MPS daemon of ``CUDA_MPS_PIPE_DIRECTORY`` as a real client does when CUDA
 initialises, and keeps that connection for its whole life so the daemon sees when it exits.
 No daemon reachable (missing, stale, no permission): it runs without MPS, silently. It
 "works" for S seconds, then exits 0; a message from the daemon makes its next CUDA call fail:
-terminate 810, fatal fault 700, forced quit 806, each with exit status 1.
+terminate 810, fatal fault 700, forced quit 806, each with exit status 1 after ``--linger``
+seconds (default: the fault file's ``client_linger``); a server shut down with
+``shutdown_server -f`` kills it with SIGPIPE, as the real client dies writing to it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import sys
 import time
 from typing import Any
 
-from ._common import CONTROL, LineBuffer, cuda_error, encode, pipe_dir
+from . import _faults
+from ._common import CONTROL, FAULTS_VAR, LineBuffer, cuda_error, encode, pipe_dir
 
 #: Daemon message -> (CUDA error, reason recorded).
 EVENTS = {"terminate": (810, "terminated"), "fault": (700, "fault"), "forced": (806, "forced")}
@@ -52,7 +55,18 @@ class Client:
         # its supervisor gone, stderr may be a pipe nobody reads and the report kill it.
         self.record("end", reason=reason, time=time.time())
         print(cuda_error(code), file=sys.stderr, flush=True)
+        linger = self.args.linger
+        if linger is None:
+            linger = _faults.load(os.environ.get(FAULTS_VAR)).client_linger
+        time.sleep(linger)  # host work before the program notices and exits
         return 1
+
+    def killed(self) -> int:
+        """Its server was shut down by force: the next call writes to a closed socket."""
+        self.record("end", reason="killed", time=time.time())
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(self.pid, signal.SIGPIPE)
+        return 1  # pragma: no cover - the signal ends the process
 
     # --- attach ---------------------------------------------------------------------------
     def attach(self) -> dict[str, Any] | None:
@@ -111,6 +125,8 @@ class Client:
                 break
             until = min(end, fault) if fault is not None else end
             for message in self.messages(min(STEP, until - now)):
+                if message.get("event") == "killed":
+                    return self.killed()
                 if message.get("event") in EVENTS:
                     return self.fail(*EVENTS[str(message["event"])])
         print(f"mps-sim-client {self.pid} done", flush=True)
@@ -156,6 +172,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mps-sim-client", description=__doc__)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--fault-after", type=float, default=None)
+    parser.add_argument("--linger", type=float, default=None)
     parser.add_argument("--record", default=None)
     parser.add_argument("--tag", default=None)
     return parser.parse_args(argv)

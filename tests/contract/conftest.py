@@ -31,6 +31,8 @@ class Backend:
     gpu: str
     root: Path
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    #: Pipe directories of further daemons a test started (two daemons on one GPU).
+    pipes: list[Path] = field(default_factory=list)
 
     @property
     def pipe(self) -> Path:
@@ -40,29 +42,46 @@ class Backend:
     def log(self) -> Path:
         return self.root / "log"
 
-    def env(self, pipe: Path | None = None) -> dict[str, str]:
+    def env(
+        self, pipe: Path | None = None, log: Path | None = None, **extra: str
+    ) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             CUDA_MPS_PIPE_DIRECTORY=str(pipe or self.pipe),
-            CUDA_MPS_LOG_DIRECTORY=str(self.log),
+            CUDA_MPS_LOG_DIRECTORY=str(log or self.log),
             CUDA_VISIBLE_DEVICES=self.gpu,
         )
+        env.update(extra)
         return env
 
-    def control(self, timeout: float = 10.0) -> Control:
-        return Control(self.control_binary, self.pipe, self.log, timeout=timeout)
+    def control(
+        self, timeout: float = 10.0, pipe: Path | None = None, log: Path | None = None
+    ) -> Control:
+        return Control(self.control_binary, pipe or self.pipe, log or self.log, timeout=timeout)
 
-    def start_daemon(self) -> None:
-        subprocess.run([self.control_binary, "-d"], env=self.env(), check=True, timeout=30)
+    def start_daemon(
+        self, pipe: Path | None = None, log: Path | None = None, cpus: list[int] | None = None
+    ) -> None:
+        """``nvidia-cuda-mps-control -d`` (under ``taskset -c`` with cpus), then wait for it."""
+        pipe, log = pipe or self.pipe, log or self.log
+        for path in (pipe, log):
+            path.mkdir(exist_ok=True)
+        if pipe != self.pipe:
+            self.pipes.append(pipe)
+        pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
+        argv = [*pin, self.control_binary, "-d"]
+        subprocess.run(argv, env=self.env(pipe, log), check=True, timeout=30)
         deadline = time.monotonic() + 15
-        while not self.control().ping():
+        while not self.control(pipe=pipe, log=log).ping():
             assert time.monotonic() < deadline, "daemon did not answer"
             time.sleep(0.02)
 
-    def client(self, *args: str, pipe: Path | None = None) -> subprocess.Popen[str]:
+    def client(
+        self, *args: str, pipe: Path | None = None, log: Path | None = None, **extra: str
+    ) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [self.client_binary, *args],
-            env=self.env(pipe),
+            env=self.env(pipe, log, **extra),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -70,18 +89,26 @@ class Backend:
         self.procs.append(proc)
         return proc
 
-    def wait_clients(self, server: int, count: int, timeout: float = 60.0) -> list[int]:
+    def started(self, proc: subprocess.Popen[str]) -> None:
+        """Wait until the client is past CUDA initialisation (it printed its start line)."""
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "started" in line, line
+
+    def wait_clients(
+        self, server: int, count: int, timeout: float = 60.0, pipe: Path | None = None
+    ) -> list[int]:
         deadline = time.monotonic() + timeout
         while True:
-            clients = self.control().client_list(server)
+            clients = self.control(pipe=pipe).client_list(server)
             if len(clients) >= count or time.monotonic() > deadline:
                 return clients
             time.sleep(0.05)
 
-    def server(self, timeout: float = 60.0) -> int:
+    def server(self, timeout: float = 60.0, pipe: Path | None = None) -> int:
         deadline = time.monotonic() + timeout
         while True:
-            servers = self.control().server_list()
+            servers = self.control(pipe=pipe).server_list()
             if servers:
                 return servers[0]
             assert time.monotonic() < deadline, "no server started"
@@ -142,17 +169,18 @@ def _teardown(b: Backend) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=30)
-    try:
-        subprocess.run(
-            [b.control_binary],
-            input="quit\n",
-            text=True,
-            env=b.env(),
-            timeout=20,
-            capture_output=True,
-        )
-    except subprocess.TimeoutExpired:
-        pass
+    for pipe in (b.pipe, *b.pipes):
+        try:
+            subprocess.run(
+                [b.control_binary],
+                input="quit\n",
+                text=True,
+                env=b.env(pipe),
+                timeout=20,
+                capture_output=True,
+            )
+        except subprocess.TimeoutExpired:
+            pass
     # quit answers before the daemon process has finished exiting (the real daemon, too, is
     # reaped only later): give what quit ended a bounded moment, then anything alive leaked.
     deadline = time.monotonic() + 10
@@ -164,7 +192,8 @@ def _teardown(b: Backend) -> None:
 
 
 def _processes_of(b: Backend) -> list[psutil.Process]:
-    """Processes other than this one whose command line or environment names the pipe dir."""
+    """Processes other than this one whose command line or environment names this test's
+    directory (every pipe directory of the test lies in it)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
@@ -172,8 +201,8 @@ def _processes_of(b: Backend) -> list[psutil.Process]:
                 proc.pid != os.getpid()
                 and proc.status() != psutil.STATUS_ZOMBIE
                 and (
-                    str(b.pipe) in " ".join(proc.info["cmdline"] or ())
-                    or any(str(b.pipe) in v for v in proc.environ().values())
+                    str(b.root) in " ".join(proc.info["cmdline"] or ())
+                    or any(str(b.root) in v for v in proc.environ().values())
                 )
             ):
                 found.append(proc)

@@ -342,11 +342,8 @@ def test_epilog_sweeps_user_mode_daemons_the_job_left(node: SimNode) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("health_check", ["no", "yes"])
-def test_a_corrupt_manifest_does_not_stop_the_epilog_from_tearing_down(
-    node: SimNode, health_check: str
-) -> None:
-    admin_config(node, health_check=health_check)
+def test_a_corrupt_manifest_does_not_stop_the_epilog_from_tearing_down(node: SimNode) -> None:
+    admin_config(node)
     assert slurm_hook(node, "prolog", gpus="0").returncode == 0
     pid = int(manifests(admin_job(node))["g0"]["daemon_pid"])  # type: ignore[call-overload]
     (admin_job(node) / "g0" / "manifest.json").write_text('{"version": 1, "gpu_uu')  # torn
@@ -354,6 +351,25 @@ def test_a_corrupt_manifest_does_not_stop_the_epilog_from_tearing_down(
     # The daemon is still found (pid file + its environment) and torn down.
     assert gone(pid), res.stderr
     assert res.returncode == 0, res.stderr
+    assert_nothing_left(node, admin_job(node))
+
+
+@needs_root
+@pytest.mark.parametrize("gone", [False, True], ids=["healthy", "gpu-gone"])
+def test_the_epilog_health_check_runs_on_every_gpu_of_the_job(node: SimNode, gone: bool) -> None:
+    admin_config(node, health_check="yes")
+    assert slurm_hook(node, "prolog").returncode == 0
+    if gone:  # GPU 1 fell off the bus during the job: the inventory no longer lists it
+        inventory = json.loads(node.inventory.read_text())
+        inventory["gpus"] = [g for g in inventory["gpus"] if g["uuid"] != UUID1]
+        node.inventory.write_text(json.dumps(inventory))
+    res = slurm_hook(node, "epilog")
+    passed = re.findall(r"GPU (\S+) passed the health check", res.stderr)
+    failed = re.findall(r"GPU (\S+) failed the health check", res.stderr)
+    if gone:  # epilog_failure = drain (the default): a failed check fails the epilog
+        assert (passed, failed, res.returncode) == ([UUID0], [UUID1], 1), res.stderr
+    else:
+        assert (passed, failed, res.returncode) == ([UUID0, UUID1], [], 0), res.stderr
     assert_nothing_left(node, admin_job(node))
 
 

@@ -271,8 +271,9 @@ def test_commands_and_defaults(sim: Sim) -> None:
     assert f"NEW SERVER {server}: Ready" in control
     assert "Active Threads Percentage set to 25.0" in server_log
     assert "Active Threads Percentage set to 50.0" in server_log
+    daemon = sim.daemon_pid()
     assert sim.ctl("quit").returncode == 0
-    assert _gone(server)
+    assert _gone(server) and _gone(daemon)  # both exit after quit has answered
     assert f"Server {server} exited with status 0" in sim.read_log("control.log")
 
 
@@ -354,11 +355,13 @@ def test_stale_socket_after_quit_runs_without_mps(sim: Sim) -> None:
 
 def test_terminate_client_fails_it_with_810(sim: Sim) -> None:
     sim.start()
-    client = sim.client("--seconds", "30")
+    client = sim.client("--seconds", "30", "--linger", "3")
     server = sim.server()
     assert sim.wait_clients(server, 1) == [client.pid]
     assert sim.out(f"terminate_client {server} {client.pid}") == "0"
-    client.wait(2)  # terminate_client returns once the client has let go of its connection
+    # Answered while the client, busy on the host, is still alive and still listed.
+    assert client.poll() is None
+    assert sim.out(f"get_client_list {server}") == str(client.pid)
     out, _ = client.communicate(timeout=30)
     assert client.returncode == 1
     assert "CUDA error 810: the MPS client has been terminated by the server" in out
@@ -366,6 +369,57 @@ def test_terminate_client_fails_it_with_810(sim: Sim) -> None:
     assert sim.out(f"get_server_status {server}") == "ACTIVE"
     assert sim.out(f"terminate_client {server} {client.pid}") != "0"
     assert sim.out(f"terminate_client 1 {client.pid}") == "Server 1 not found"
+
+
+def test_a_command_sent_while_another_is_served_is_refused_busy(sim: Sim) -> None:
+    sim.set_faults(terminate_reply=1.5)
+    sim.start()
+    client = sim.client("--seconds", "30")
+    server = sim.server()
+    sim.wait_clients(server, 1)
+    terminating = _quit_caller(sim, f"terminate_client {server} {client.pid}")
+    time.sleep(0.3)
+    busy = sim.ctl("get_server_list")
+    assert busy.returncode == 1 and BUSY in busy.stderr
+    out, _ = terminating.communicate(timeout=30)
+    assert out.strip() == "0"
+    assert sim.out("get_server_list") == str(server)  # served again once it has answered
+
+
+def test_shutdown_server_force_kills_its_clients_and_the_next_client_runs(sim: Sim) -> None:
+    sim.start()
+    clients = [sim.client("--seconds", "60") for _ in range(2)]
+    server = sim.server()
+    sim.wait_clients(server, 2)
+    assert sim.out(f"shutdown_server {server} -f") == ""
+    for c in clients:
+        c.communicate(timeout=30)
+        assert c.returncode == -signal.SIGPIPE  # exit 141 in a shell, as on an H100
+    assert _gone(server) and sim.out("get_server_list") == ""
+    assert "Client termination" not in sim.read_log("server.log")
+    after = sim.client("--seconds", "0.5")
+    out, _ = after.communicate(timeout=30)
+    assert after.returncode == 0 and "mode=mps" in out, out
+    assert sim.out("shutdown_server 1 -f") == "Server 1 not found"
+    assert sim.out(f"shutdown_server {server} -x").startswith("Unknown command")
+
+
+def test_server_has_no_arguments_and_inherits_env_uid_and_cpus(sim: Sim) -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:1]
+    subprocess.run(
+        ["taskset", "-c", ",".join(map(str, cpus)), sim.control, "-d"],
+        env=sim.env(),
+        check=True,
+        timeout=15,
+    )
+    sim.start()  # already running: waits for it to answer
+    sim.out(f"start_server -uid {os.getuid()}")
+    server = psutil.Process(sim.server())
+    assert str(sim.pipe) not in " ".join(server.cmdline())
+    assert server.cmdline()[-2:] == ["-m", "mpswrap.sim.server"]
+    assert server.environ()["CUDA_MPS_PIPE_DIRECTORY"] == str(sim.pipe)
+    assert server.uids().real == os.getuid()
+    assert server.cpu_affinity() == cpus
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -454,6 +508,18 @@ def test_quit_with_timeout_forces_remaining_clients(sim: Sim) -> None:
     assert _gone(server)
 
 
+def test_quit_answers_before_its_servers_exit(sim: Sim) -> None:
+    sim.set_faults(quit_lag=1.5)  # ~80 ms on an H100; longer here to be seen
+    sim.start()
+    sim.out(f"start_server -uid {os.getuid()}")
+    server, daemon = sim.server(), sim.daemon_pid()
+    assert sim.ctl("quit").returncode == 0
+    assert psutil.Process(server).is_running() and psutil.Process(daemon).is_running()
+    res = sim.ctl("get_server_list")  # no longer listening
+    assert res.returncode == 1 and NOT_RUNNING in res.stderr
+    assert _gone(server) and _gone(daemon)
+
+
 # --- limits and faults -------------------------------------------------------------------
 def test_client_limit_from_the_fault_file(sim: Sim) -> None:
     sim.set_faults(client_limit=3)
@@ -524,7 +590,7 @@ def test_server_stays_in_fault_while_an_affected_client_lives(sim: Sim) -> None:
     assert sim.out(f"get_server_status {server}") == "FAULT"
     refused = sim.client("--seconds", "1")
     out, _ = refused.communicate(timeout=30)
-    assert refused.returncode == 1 and "CUDA error 805" in out
+    assert refused.returncode == 1 and "CUDA error 807" in out
     frozen.kill()
     frozen.communicate(timeout=30)
     deadline = time.monotonic() + 10
@@ -592,13 +658,28 @@ def test_fault_die_on_leaves_stale_files_and_an_orphaned_server(sim: Sim) -> Non
     assert _gone(server)
 
 
-def test_deleting_the_pipe_dir_ends_daemon_and_server(sim: Sim) -> None:
+def _delete_pipe_dir(sim: Sim) -> tuple[int, int]:
     sim.start()
     sim.out(f"start_server -uid {os.getuid()}")
     server, daemon = sim.server(), sim.daemon_pid()
     for path in sim.pipe.iterdir():
         path.unlink()
     sim.pipe.rmdir()
+    return server, daemon
+
+
+def test_daemon_and_server_outlive_their_deleted_pipe_dir(sim: Sim) -> None:
+    server, daemon = _delete_pipe_dir(sim)
+    # As the real ones: nothing answers any more, but both processes run on.
+    assert not _gone(daemon, timeout=2.5) and not _gone(server, timeout=0.1)
+    for pid in (server, daemon):
+        os.kill(pid, signal.SIGKILL)
+    assert _gone(daemon) and _gone(server)
+
+
+def test_self_clean_ends_daemon_and_server_when_asked(sim: Sim) -> None:
+    sim.set_faults(self_clean=True)
+    server, daemon = _delete_pipe_dir(sim)
     assert _gone(daemon, timeout=5) and _gone(server, timeout=5)
 
 

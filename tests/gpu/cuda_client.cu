@@ -1,8 +1,9 @@
 // cuda_client: the smallest real MPS client, with the command line of mpswrap's simulated
 // client (mps-sim-client), so the contract suite drives both the same way.
-//   cuda_client [--seconds S] [--fault-after S] [--record FILE] [--tag T]
+//   cuda_client [--seconds S] [--fault-after S] [--linger S] [--record FILE] [--tag T]
 // Works for S seconds (a tiny kernel and a sync every 10 ms); with --fault-after it makes an
-// illegal memory access. Any CUDA error prints "CUDA error <code>: <text>" and exits 1.
+// illegal memory access. Any CUDA error prints "CUDA error <code>: <text>" and exits 1, after
+// --linger seconds (host work before the program notices: a client slow to go).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +18,16 @@ __global__ void work(float *x, int n) {
 
 __global__ void illegal(float *x) { x[(size_t)1 << 40] = 1.0f; }
 
+static double linger = 0.0;
+
 static void check(cudaError_t err, const char *what) {
   if (err != cudaSuccess) {
     printf("CUDA error %d: %s (%s)\n", (int)err, cudaGetErrorString(err), what);
     fflush(stdout);
+    if (linger > 0) {
+      struct timespec ts = {(time_t)linger, (long)((linger - (time_t)linger) * 1e9)};
+      nanosleep(&ts, NULL);
+    }
     exit(1);
   }
 }
@@ -36,6 +43,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
     else if (!strcmp(argv[i], "--fault-after")) fault_after = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--linger")) linger = atof(argv[i + 1]);
   }
   const int n = 1 << 16;
   float *x;

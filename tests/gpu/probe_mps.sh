@@ -5,6 +5,9 @@
 set -u
 out=${1:?usage: probe_mps.sh OUTDIR}; mkdir -p "$out"
 exec > >(tee "$out/probe.txt") 2>&1
+# Commands that fail are findings, recorded; the exit code is 1 only if the probe itself could
+# not run (no server) or left MPS processes behind.
+fail=0; failed() { echo "PROBE FAILED: $*"; fail=1; }
 c() { echo "\$ $*"; "$@"; echo "[exit $?]"; }
 ctl() { echo "> $*"; echo "$*" | nvidia-cuda-mps-control; echo "[exit $?]"; }
 P=/tmp/probe-mps/pipe L=/tmp/probe-mps/log
@@ -24,6 +27,7 @@ for cmd in get_server_list get_default_active_thread_percentage "set_default_act
   ctl "$cmd"
 done
 S=$(echo get_server_list | nvidia-cuda-mps-control | head -1)
+[ -n "$S" ] || failed "no server listed after start_server"
 ctl "get_server_status $S"; ctl "get_active_thread_percentage $S"
 python3 - <<'PY' &
 import torch, time, os
@@ -57,13 +61,19 @@ echo "== versions"; python3 -c "import sys, psutil, filelock, pynvml, mpi4py; pr
 c nproc; c cat /proc/cpuinfo | grep -c processor; id
 echo "== concurrent control commands (8 at once), then concurrent terminate_client"
 CUDA_VISIBLE_DEVICES=$UUID nvidia-cuda-mps-control -d; sleep 0.3
-for i in 1 2 3 4 5 6 7 8; do (out=$(echo get_server_list | nvidia-cuda-mps-control 2>&1); echo "[$i] rc=$? out=$out") & done; wait
+# Wait for these PIDs only: a bare wait hung here on the H100 (2026-11-23) after all 8 had ended.
+qs=(); for i in 1 2 3 4 5 6 7 8; do (out=$(echo get_server_list | nvidia-cuda-mps-control 2>&1); echo "[$i] rc=$? out=$out") & qs+=($!); done; wait "${qs[@]}"
 CPS=()
 for i in 1 2 3 4; do /opt/mpswrap-site/cuda_client --seconds 60 & CPS+=($!); done
 sleep 5
 S=$(echo get_server_list | nvidia-cuda-mps-control | head -1)
 ctl "get_client_list $S"
-for c in "${CPS[@]}"; do (out=$(echo "terminate_client $S $c" | nvidia-cuda-mps-control 2>&1); echo "term $c rc=$? out=$out") & done; wait
+ts=(); for c in "${CPS[@]}"; do (out=$(echo "terminate_client $S $c" | nvidia-cuda-mps-control 2>&1); echo "term $c rc=$? out=$out") & ts+=($!); done; wait "${ts[@]}"
 for c in "${CPS[@]}"; do wait "$c"; echo "client $c exit $?"; done
 ctl quit; sleep 0.5
 c grep -E "Cmd:|Cannot|fail|lock" $L/control.log
+# By process name (control and server both show as nvidia-cuda-mps): -f would also match any
+# shell whose command line names them.
+for _ in $(seq 50); do pgrep -x nvidia-cuda-mps >/dev/null || break; sleep 0.1; done  # 5 s to go
+if left=$(pgrep -ax nvidia-cuda-mps); then failed "left behind: $left"; fi
+exit $fail

@@ -14,6 +14,9 @@ CLIENT=${MPS_CONTRACT_CLIENT:-/opt/mpswrap-site/cuda_client}
 COUNTS=${PROBE_CLIENTS:-12 48}  # client counts to try, each with every way
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 ms() { date +%s%3N; }
+# How each way ends the clients is a finding; the exit code is 1 only if a round could not be
+# set up (clients not listed) or MPS processes were left behind.
+fail=0; failed() { echo "PROBE FAILED: $*"; fail=1; }
 ctl() { echo "$*" | nvidia-cuda-mps-control; }
 
 round() {  # round NAME N: a fresh daemon, N clients, end them the NAME way, report
@@ -29,6 +32,7 @@ round() {  # round NAME N: a fresh daemon, N clients, end them the NAME way, rep
     [ "${listed:-0}" -ge "$N" ] && break; sleep 0.2
   done
   echo "== $name: $N clients listed by server $s"
+  [ "${listed:-0}" -ge "$N" ] || failed "$name: only ${listed:-0} of $N clients listed"
   t0=$(ms)
   case $name in
     serial) for p in "${pids[@]}"; do ctl "terminate_client $s $p" >/dev/null; done ;;
@@ -53,10 +57,14 @@ round() {  # round NAME N: a fresh daemon, N clients, end them the NAME way, rep
        "$(grep -ci 'fatal' "$dir/log/server.log" 2>/dev/null) fatal lines"
   t0=$(ms); "$CLIENT" --seconds 1 >/dev/null 2>&1; echo "a new client after it: exit $? in $(($(ms) - t0)) ms"
   t0=$(ms); ctl quit; echo "quit: $(($(ms) - t0)) ms"
-  sleep 0.5; pgrep -f "nvidia-cuda-mps" >/dev/null && echo "LEFT: $(pgrep -af nvidia-cuda-mps)"
+  # By process name (control and server both show as nvidia-cuda-mps): -f would also match any
+  # shell whose command line names them.
+  for _ in $(seq 50); do pgrep -x nvidia-cuda-mps >/dev/null || break; sleep 0.1; done  # 5 s to go
+  pgrep -x nvidia-cuda-mps >/dev/null && failed "LEFT: $(pgrep -ax nvidia-cuda-mps)"
   tail -3 "$dir/log/control.log"
 }
 date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for n in $COUNTS; do
   for name in serial batched shutdown; do round "$name" "$n"; done
 done
+exit $fail

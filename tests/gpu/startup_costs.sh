@@ -4,8 +4,9 @@
 # modules a per-rank supervisor imports, and -X importtime's heaviest entries. Prints a report.
 set -uo pipefail
 PY=${1:-python3}
+fail=0  # 1 once a measured command failed: its time would mean nothing
 median_ms() {  # median_ms ARGS... : median wall time of 11 runs of PY ARGS
-  "$PY" - "$@" <<'PYEOF'
+  "$PY" - "$@" <<'PYEOF' || { echo "FAILED: python $*"; fail=1; }
 import statistics, subprocess, sys, time
 times = []
 for _ in range(11):
@@ -32,3 +33,4 @@ echo "--- site-packages .pth files"
 "$PY" -c 'import site; print(*site.getsitepackages(), sep="\n")' | while read -r d; do
   ls "$d"/*.pth 2>/dev/null
 done
+exit $fail

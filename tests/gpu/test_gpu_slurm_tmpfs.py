@@ -3,10 +3,9 @@
 ``job_container/tmpfs`` gives each job private ``/tmp`` and ``/dev/shm`` mounts in a mount
 namespace made for the job (hence ``PrologFlags=Contain``). MPS clients and their server share
 files in ``/dev/shm``, and mpswrap's prolog starts the daemon from slurmd, outside that
-namespace. This test records what happens on the real GPU: how many tasks attach, and the
-mount namespaces of the tasks and of the daemon. It asserts only what must hold either way:
-the cluster runs such a job, and after the epilog nothing is left and no node is drained.
-The answer is written to docs (slurm/README.md) from this test's output.
+namespace. This test asserts that both tasks of such a job are clients of the prolog's
+daemon, and that after the epilog nothing is left and no node is drained; it records the mount
+namespaces of the tasks and of the daemon (slurm/README.md reports them from its output).
 """
 
 from __future__ import annotations
@@ -88,4 +87,9 @@ def test_prolog_daemon_and_job_container_tmpfs(
         print(found["smi"])
         print(f"attached {len(found['clients'])} of 2 tasks")  # type: ignore[arg-type]
         assert found["tasks"], "the job's tasks never ran"
+        # Both clients are torch_client.py tasks of the job (srun's argv names it too), and both
+        # tasks ran to the end.
+        clients: list[int] = found["clients"]  # type: ignore[assignment]
+        assert len(clients) == 2 and set(clients) <= set(found["tasks"]), found  # type: ignore[arg-type]
+        assert all(f"torch-client {pid} done" in out for pid in clients), out
         assert_job_left_nothing(cluster, job, mps_baseline)

@@ -68,6 +68,21 @@ def wait_for_starts(
         time.sleep(0.1)
 
 
+def wait_for_program(proc: subprocess.Popen[Any], argv: list[str]) -> psutil.Process:
+    """The process running ``argv`` under the supervisor ``proc``, once it runs."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if child.cmdline() == argv:
+                    return child
+            except psutil.Error:
+                continue
+        assert proc.poll() is None, f"exited {proc.returncode} before running {argv}"
+        time.sleep(0.02)
+    raise AssertionError(f"{argv} not started in 30 s")
+
+
 def signal_everything(proc: subprocess.Popen[str], sig: int) -> int:
     """Like scancel: every process of the run gets the signal at the same moment."""
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -92,6 +107,12 @@ class PrologDaemons:
     def terminations(self) -> int:
         return sum(log.read_text().count("Client termination succeeded.")
                    for log in self.job_dir.glob("g*/log/server.log"))  # fmt: skip
+
+    def running(self) -> dict[str, int]:
+        """Daemon PID per GPU key, of the daemons that are alive."""
+        found = {p.parent.name: json.loads(p.read_text())["daemon_pid"]
+                 for p in self.job_dir.glob("g*/manifest.json")}  # fmt: skip
+        return {key: pid for key, pid in found.items() if psutil.pid_exists(pid)}
 
     def stop(self) -> None:
         res = mpswrap(self.node, "stop", "--job", self.job)
@@ -251,8 +272,11 @@ def test_run_10_outside_any_scheduler_leaves_nothing(node: SimNode) -> None:
 @needs_root
 def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
     """Reports (no assert on timing): time from exec of a rank's mpswrap to its program's
-    exec, and the supervisor's resident memory, with the job's daemons already running."""
+    exec, and the supervisor's resident memory, with the job's daemons already running.
+    Asserts that every wrapped run ran its program on the job's daemons and left them be."""
     daemons = PrologDaemons(node, "budget")
+    pipes = {str(p) for p in daemons.job_dir.glob("g*/pipe")}
+    prolog = daemons.running()
     try:
         latencies, rss, bare = [], [], []
         for _ in range(7):
@@ -263,13 +287,18 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
             t0 = time.time()
             argv = [*MPSWRAP, "--job", "budget", "--", "date", "+%s.%N"]
             out = subprocess.run(argv, env=node.env(), capture_output=True, text=True, check=True)
+            assert t0 < float(out.stdout) < time.time(), out  # the program's own output
             latencies.append(float(out.stdout) - t0)
         for _ in range(3):
             proc = subprocess.Popen([*MPSWRAP, "--job", "budget", "--", "sleep", "1.5"],
                                     env=node.env())  # fmt: skip
-            time.sleep(1.0)
+            program = wait_for_program(proc, ["sleep", "1.5"])
             rss.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
+            assert program.environ().get("CUDA_MPS_PIPE_DIRECTORY") in pipes, program.environ()
             assert proc.wait(30) == 0
+        # The runs used the prolog's daemons, left them running, and started none of their own.
+        assert daemons.running() == prolog and len(prolog) == 2, (prolog, daemons.running())
+        assert not list(node.user_run_dir.glob("*/budget"))
         print(f"\nBUDGET supervisor start: median {statistics.median(latencies) * 1000:.0f} ms "
               f"(min {min(latencies) * 1000:.0f}; bare python -c: median "
               f"{statistics.median(bare) * 1000:.0f} ms); RSS per rank: median "
@@ -277,3 +306,4 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
               f"on {os.cpu_count()} CPUs")  # fmt: skip
     finally:
         daemons.stop()
+    assert not daemons.job_dir.exists()

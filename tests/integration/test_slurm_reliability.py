@@ -125,7 +125,8 @@ def test_four_concurrent_jobs_per_node(cluster: Cluster, workdir: Path) -> None:
                 "-n1",
                 "-c1",
                 "--gres=mps:25",
-                *cluster.client_argv(rec, seconds=2),
+                # long enough that the jobs overlap however Slurm staggers their starts
+                *cluster.client_argv(rec, seconds=5),
             ]
             procs.append(cluster.popen_as(USER, argv, cwd=workdir))
     for proc in procs:
@@ -135,6 +136,15 @@ def test_four_concurrent_jobs_per_node(cluster: Cluster, workdir: Path) -> None:
     assert len(starts) == 8
     assert all(s["mode"] == "mps" for s in starts)
     assert len({s["pipe"] for s in starts}) == 8, "two jobs shared a daemon"
+    ends = {e["pid"]: e for e in read_records(rec, event="end")}
+    assert sorted(e["reason"] for e in ends.values()) == ["done"] * 8, ends
+    t0 = min(s["time"] for s in starts)
+    for node in ("node1", "node2"):  # pipe: run_dir/<node>/<job>/g0/pipe
+        spans = [(s["time"] - t0, ends[s["pid"]]["time"] - t0) for s in starts
+                 if Path(s["pipe"]).parts[-4] == node]  # fmt: skip
+        print(node, [f"{a:.2f}-{b:.2f}" for a, b in sorted(spans)])
+        # The four jobs ran at one moment: the node's last client started before its first ended.
+        assert len(spans) == 4 and max(a for a, _ in spans) < min(b for _, b in spans), spans
     procs_left, dirs = cluster.wait_clean(timeout=30)
     assert not procs_left and not dirs
 

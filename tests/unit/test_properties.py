@@ -339,10 +339,14 @@ _log_line = st.one_of(
     _pid,
     st.just("Destroy server context on device 0"),
     _pid.map(lambda p: f"Status of client {{PID: {p}, Context ID: 1}} is ACTIVE"),
+    st.just("Client termination succeeded."),
+    _pid.map(lambda p: f"Starting new server {p} for user 1000"),
 )
 _stamped = st.tuples(_pid, _log_line, st.booleans()).map(
     lambda t: f"[2026-11-22 06:53:48.123 Server {t[0]}] {t[1]}" if t[2] else t[1]
 )
+_FATAL = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
+_NEW_SERVER = re.compile(r"Starting new server (\d+)")
 
 
 @PROPS
@@ -353,16 +357,23 @@ _stamped = st.tuples(_pid, _log_line, st.booleans()).map(
         st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
     )
 )
-def test_read_faults_never_raises_on_any_log(data: bytes) -> None:
+def test_mpslog_reports_what_the_log_says_and_never_raises(data: bytes) -> None:
     with _file(data) as path:
         faults = mpslog.read_faults(path)
         count = mpslog.terminations(path)
-    text = data.decode(errors="replace")
-    assert count >= 0
+        servers = mpslog.server_pids(path)
+        lines = path.read_text(errors="replace").split("\n")  # as the parser reads the file
+    numbers = {int(n) for n in re.findall(r"\d+", "\n".join(lines))}
+    assert count == sum("Client termination succeeded" in line for line in lines)
+    assert servers == {int(m[1]) for line in lines if (m := _NEW_SERVER.search(line))}
+    reporters = [int(m[1]) for line in lines if (m := _FATAL.search(line))]
+    assert [pid for fault in faults for pid in fault.reported_by] == reporters, faults
     for fault in faults:
         assert fault.reported_by, fault
-        for pid in [*fault.reported_by, *fault.affected]:
-            assert str(pid) in text or pid >= 0
+        assert set(fault.affected) <= numbers, fault  # every PID is a number of the log
+        assert fault.server_pid in numbers | {0}, fault  # 0: no header line before it
+    # A fault ends only by recovery: the next fatal error before that belongs to it.
+    assert all(fault.recovered for fault in faults[:-1]), faults
 
 
 def test_read_faults_of_a_missing_log_is_empty() -> None:
