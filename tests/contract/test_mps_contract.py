@@ -298,6 +298,8 @@ def test_shutdown_server_force_ends_its_clients_and_the_next_client_runs(
 ) -> None:
     backend.start_daemon()
     clients = [backend.client("--seconds", "60") for _ in range(2)]
+    for proc in clients:
+        backend.started(proc)  # past cudaMalloc: ended while still in it, a client sees 46
     server = backend.server()
     backend.wait_clients(server, 2)
     backend.control().command(f"shutdown_server {server} -f")
