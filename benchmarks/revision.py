@@ -32,7 +32,10 @@ def revision(root: Path = REPO, environ: Mapping[str, str] = os.environ) -> dict
     if environ.get("MPS_RESULTS_COMMIT"):
         dirty = environ.get("MPS_RESULTS_DIRTY", "")
         known = dirty in ("0", "1")
-        return {"commit": environ["MPS_RESULTS_COMMIT"], "dirty": dirty == "1" if known else "unknown"}
+        return {
+            "commit": environ["MPS_RESULTS_COMMIT"],
+            "dirty": dirty == "1" if known else "unknown",
+        }
     if not (root / ".git").exists():
         return {"commit": "unknown", "dirty": "unknown"}
     try:
