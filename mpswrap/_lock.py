@@ -3,8 +3,8 @@
 filelock is imported when a lock is first made, not with mpswrap: with what it brings
 (secrets, hashlib, decimal, platform, threading) it cost every per-rank supervisor 4.6 MiB
 and some milliseconds (docs/benchmarks.md), and a rank that joins the prolog's daemons never
-takes a lock. Acquiring one past its timeout raises ``TimeoutError``
-(filelock's ``Timeout`` is one).
+takes a lock. Its errors do not leave this module: a lock not had in time is ``LockTimeout``
+(a ``TimeoutError``), a lock file that cannot be opened a ``LayoutError`` (an ``OSError``).
 """
 
 from __future__ import annotations
@@ -13,25 +13,56 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from filelock import FileLock as FileLock  # noqa: PLC0414 - re-exported for typing
+from .errors import LayoutError, LockTimeout
 
-__all__ = ["file_lock", "maybe_locked"]
+__all__ = ["FileLock", "file_lock", "maybe_locked"]
 
 log = logging.getLogger(__name__)
 
 
-def file_lock(path: Path, timeout: float) -> FileLock:
+class FileLock:
     """A lock on ``path`` (created if missing), re-entrant within the object that holds it.
 
     Keep one object per path and process: two objects of one process on one path exclude
-    each other like two processes would.
+    each other like two processes would (the second waits its whole timeout).
     """
-    import filelock
 
-    return filelock.FileLock(str(path), timeout=timeout)
+    def __init__(self, path: Path, timeout: float) -> None:
+        import filelock
+
+        self.path = path
+        self.timeout = timeout
+        self._lock = filelock.FileLock(str(path), timeout=timeout)
+
+    def acquire(self) -> None:
+        try:
+            self._lock.acquire()
+        except TimeoutError as exc:  # filelock's Timeout
+            raise LockTimeout(
+                "lock busy",
+                thing=str(self.path),
+                cause=f"another process held it for {self.timeout:g} s",
+            ) from exc
+        except OSError as exc:
+            cause = exc.strerror or str(exc)
+            raise LayoutError("cannot take lock", thing=str(self.path), cause=cause) from exc
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def file_lock(path: Path, timeout: float) -> FileLock:
+    """A lock on ``path``; see ``FileLock``."""
+    return FileLock(path, timeout)
 
 
 @contextmanager
@@ -47,12 +78,8 @@ def maybe_locked(path: Path | None, timeout: float) -> Iterator[None]:
     held = file_lock(path, timeout=timeout)
     try:
         held.acquire()
-    except TimeoutError:
-        log.warning("%s busy for %g s: going on without it", path, timeout)
-        yield
-        return
-    except OSError as exc:
-        log.warning("cannot take %s (%s): going on without it", path, exc.strerror or exc)
+    except (LockTimeout, LayoutError) as exc:
+        log.warning("%s: going on without it", exc.line())
         yield
         return
     try:

@@ -8,6 +8,7 @@ choices. ``Settings.describe()`` shows every resolved value and where it came fr
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +54,18 @@ def _bool(text: str) -> bool:
     raise ValueError("expected yes or no")
 
 
+def _number(text: str, error: str) -> float:
+    """A plain decimal (``15``, ``2.5``): not ``nan``, ``inf``, ``1e3`` nor ``1_0``."""
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
+        raise ValueError(error)
+    return float(text)
+
+
 def _seconds(text: str) -> float:
-    value = float(text)
+    error = "expected seconds between 0 and 3600"
+    value = _number(text, error)
     if not 0 < value <= 3600:
-        raise ValueError("expected seconds between 0 and 3600")
+        raise ValueError(error)
     return value
 
 
@@ -68,24 +77,25 @@ def _optional(parse: Parser) -> Parser:
 
 
 def _percent(text: str) -> float:
-    value = float(text)
+    error = "expected a percentage in (0, 100]"
+    value = _number(text, error)
     if not 0 < value <= 100:
-        raise ValueError("expected a percentage in (0, 100]")
+        raise ValueError(error)
     return value
 
 
 def _limit(text: str) -> int | Literal["auto"]:
     if text == "auto":
         return "auto"
-    value = int(text)
-    if not 1 <= value <= 128:
-        raise ValueError("expected auto or a number of clients from 1 to 128")
-    return value
+    error = "expected auto or a number of clients from 1 to 128"
+    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 128:
+        raise ValueError(error)
+    return int(text)
 
 
 def _mem(text: str) -> str:
     digits, unit = text[:-1], text[-1:].upper()
-    if unit not in ("M", "G") or not digits.isdigit() or int(digits) == 0:
+    if unit not in ("M", "G") or not re.fullmatch(r"[0-9]{1,9}", digits) or int(digits) == 0:
         raise ValueError("expected a size like 512M or 2G")
     return f"{int(digits)}{unit}"
 
@@ -98,6 +108,16 @@ def _abs_path(text: str) -> str:
 
 def _inventory(text: str) -> str:
     return text if text == "nvml" else _abs_path(text)
+
+
+def _program(text: str) -> str:
+    """A program name looked up in a fixed PATH, or an absolute path (never a relative one:
+    root runs it, from whatever directory)."""
+    if os.path.isabs(text):
+        return os.path.normpath(text)
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", text):
+        raise ValueError("expected a program name or an absolute path")
+    return text
 
 
 def _triggers(text: str) -> tuple[str, ...]:
@@ -131,7 +151,9 @@ FIELDS: tuple[Field, ...] = (
         "none",
         "root of per-job state in user mode (none: $XDG_RUNTIME_DIR/mpswrap or /tmp/mpswrap-UID)",
     ),
-    Field("control_binary", str, "nvidia-cuda-mps-control", "MPS control program (name or path)"),
+    Field(
+        "control_binary", _program, "nvidia-cuda-mps-control", "MPS control program (name or path)"
+    ),
     Field("gpu_inventory", _inventory, "nvml", "nvml, or a JSON inventory file (simulation)"),
     Field("client_limit", _limit, "auto", "MPS clients per GPU: auto (by architecture) or N"),
     Field(
@@ -195,6 +217,8 @@ def _spec(name: str, where: str) -> Field:
 def _parse(name: str, text: str, where: str) -> object:
     spec = _spec(name, where)
     try:
+        if not text.isprintable():  # a line break or escape would reach logs and argv
+            raise ValueError("contains a control character")
         return spec.parse(text.strip())
     except ValueError as exc:
         raise ConfigError(
@@ -202,23 +226,37 @@ def _parse(name: str, text: str, where: str) -> object:
         ) from exc
 
 
-def read_config_file(path: Path) -> dict[str, str]:
-    """Parse an admin file into raw strings; errors name the file and line."""
-    values: dict[str, str] = {}
+def _problem(exc: ConfigError, problems: list[ConfigError] | None) -> None:
+    """Raise ``exc``, or note it in ``problems`` when the caller collects them."""
+    if problems is None:
+        raise exc
+    problems.append(exc)
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError("cannot read config file", thing=str(path), cause=exc.strerror) from exc
+        cause = exc.strerror or str(exc)
+        raise ConfigError("cannot read config file", thing=str(path), cause=cause) from exc
     except UnicodeDecodeError as exc:
         cause = "not UTF-8 text"
         raise ConfigError("cannot read config file", thing=str(path), cause=cause) from exc
-    for number, raw in enumerate(text.splitlines(), 1):
+
+
+def read_config_file(path: Path, problems: list[ConfigError] | None = None) -> dict[str, str]:
+    """Parse an admin file into raw strings; errors name the file and line (a bad line is
+    noted in ``problems`` and skipped, when given)."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(_read_text(path).splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line or line == "[mpswrap]":
             continue
         key, sep, value = line.partition("=")
         if not sep:
-            raise ConfigError("expected key = value", thing=f"{path}:{number}", cause=repr(raw))
+            error = ConfigError("expected key = value", thing=f"{path}:{number}", cause=repr(raw))
+            _problem(error, problems)
+            continue
         values[key.strip()] = value.strip()
     return values
 
@@ -302,14 +340,22 @@ def _show(value: object) -> str:
     return "none" if value is None else str(value)
 
 
-def _file_layer(env: Mapping[str, str], config_file: str | None) -> Iterator[tuple[str, str, str]]:
+def _file_layer(
+    env: Mapping[str, str], config_file: str | None, problems: list[ConfigError] | None
+) -> Iterator[tuple[str, str, str]]:
     """(name, text, where) for each line of the admin file, when there is one to read."""
     path = config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
     explicit = bool(config_file or env.get("MPSWRAP_CONFIG"))
     # Only a file someone named must exist; the default location is optional.
-    if explicit or os.path.exists(path):
-        for name, text in read_config_file(Path(path)).items():
-            yield name, text, path
+    if not explicit and not os.path.exists(path):
+        return
+    try:
+        lines = read_config_file(Path(path), problems)
+    except ConfigError as exc:
+        _problem(exc, problems)
+        return
+    for name, text in lines.items():
+        yield name, text, path
 
 
 def _env_layer(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
@@ -326,15 +372,23 @@ def load_settings(
     overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: str | None = None,
+    problems: list[ConfigError] | None = None,
 ) -> Settings:
-    """Resolve settings: ``overrides`` > ``MPSWRAP_*`` in ``env`` > admin file > defaults."""
+    """Resolve settings: ``overrides`` > ``MPSWRAP_*`` in ``env`` > admin file > defaults.
+
+    With ``problems`` (the hooks), what cannot be read or parsed is noted there and keeps
+    its default instead of raising: a hook then acts on what it can, by its contract.
+    """
     env = os.environ if env is None else env
     values = {f.name: f.parse(f.default) for f in FIELDS}
     sources = {f.name: "default" for f in FIELDS}
-    for name, text, path in _file_layer(env, config_file):
-        values[name] = _parse(name, text, path)
-        sources[name] = f"file {path}"
-    for name, text, var in _env_layer(env):
-        values[name] = _parse(name, text, var)
-        sources[name] = f"env {var}"
+    layers = [(n, t, w, f"file {w}") for n, t, w in _file_layer(env, config_file, problems)]
+    layers += [(n, t, w, f"env {w}") for n, t, w in _env_layer(env)]
+    for name, text, where, source in layers:
+        try:
+            values[name] = _parse(name, text, where)
+        except ConfigError as exc:
+            _problem(exc, problems)
+            continue
+        sources[name] = source
     return _settings(values, sources).replace(**(overrides or {}))

@@ -7,6 +7,7 @@ Errors are picklable so they cross process and MPI boundaries intact.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,10 +18,28 @@ __all__ = [
     "DaemonError",
     "GpuError",
     "LayoutError",
+    "LockTimeout",
     "MpswrapError",
     "ProcError",
     "UsageError",
+    "internal_error",
+    "one_line",
 ]
+
+_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks as `` | ``: a message is one line in every log it reaches
+    (slurmd's log, syslog, a drain reason), and no input can forge a second one."""
+    return _BREAKS.sub(" | ", text.strip())
+
+
+def internal_error(exc: BaseException, traceback_at: str) -> str:
+    """The one line for an exception mpswrap did not expect; its traceback goes only to the
+    debug log, which ``traceback_at`` names (``--debug``, ``log_level = debug``)."""
+    message = one_line(str(exc)) or "(no message)"
+    return f"internal error: {type(exc).__name__}: {message} (traceback {traceback_at})"
 
 
 class MpswrapError(Exception):
@@ -55,7 +74,7 @@ class MpswrapError(Exception):
             text += f": {self.cause}"
         if self.context:
             text = f"{self.context}: {text}"
-        return text
+        return one_line(text)
 
     def render(self) -> str:
         """Full message as the CLI prints it: program, context, thing, cause, hint."""
@@ -99,6 +118,10 @@ class ConfigError(MpswrapError, ValueError):
 
 class LayoutError(MpswrapError, OSError):
     """A per-job path is unsafe, too long, or cannot be created."""
+
+
+class LockTimeout(MpswrapError, TimeoutError):
+    """A file lock another process holds was not released in time."""
 
 
 class GpuError(MpswrapError, LookupError):

@@ -37,7 +37,7 @@ fi
 for f in prolog task_prolog epilog; do
   p=$DEST/$f
   [ -e "$p" ] || continue
-  if grep -q '^# mpswrap Slurm shim: ' "$p"; then
+  if grep -Eq '^# mpswrap Slurm shim[:,] ' "$p"; then  # ",": the marker of earlier shims
     rm -f "$p"; echo "uninstall.sh: removed $p"
   else
     echo "uninstall.sh: $p is not an mpswrap shim: left alone" >&2

@@ -28,7 +28,7 @@ from .. import __version__
 from ..config import load_settings
 from ..entry import launchargs
 from ..entry.launch import LaunchOptions
-from ..errors import MpswrapError, UsageError
+from ..errors import MpswrapError, UsageError, internal_error
 from ..job.placement import provision_threads
 
 __all__ = ["build_parser", "main"]
@@ -293,3 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an error no module translated: one line all the same
+        log.debug("traceback", exc_info=exc)
+        print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)
+        return 1

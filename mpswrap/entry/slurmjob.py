@@ -6,7 +6,7 @@ import logging
 import re
 
 from .. import _proc
-from ..errors import ProcError
+from ..errors import MpswrapError, ProcError
 from ..jobenv import JobEnv
 
 __all__ = ["is_launcher_daemon_step", "job_opted_in", "scontrol_job"]
@@ -35,8 +35,17 @@ def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
     return fields
 
 
+def _job_id(env: JobEnv) -> str | None:
+    """Slurm's job id if it passes the hooks' check: nothing else reaches scontrol's argv."""
+    try:
+        return env.slurm_job()
+    except MpswrapError:
+        return None
+
+
 def scontrol_job(env: JobEnv) -> dict[str, str]:
-    return _scontrol(env, "job", env.job_id) if env.job_id else {}
+    job = _job_id(env)
+    return _scontrol(env, "job", job) if job else {}
 
 
 def is_launcher_daemon_step(env: JobEnv) -> bool:
@@ -45,9 +54,10 @@ def is_launcher_daemon_step(env: JobEnv) -> bool:
     Its environment looks like any other step's; only the step's name tells (Slurm names a
     step after its program). One bounded scontrol call, made only for jobs with daemons.
     """
-    if env.job_id is None or env.step_id is None:
+    job = _job_id(env)
+    if job is None or not env.is_real_step:
         return False
-    step = _scontrol(env, "step", f"{env.job_id}.{env.step_id}")
+    step = _scontrol(env, "step", f"{job}.{env.step_id}")
     return step.get("Name", "").rsplit("/", 1)[-1] in LAUNCHER_DAEMONS
 
 

@@ -12,6 +12,7 @@ epilog sweeps whatever is still left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -22,12 +23,13 @@ from typing import Any
 
 from .. import _lock, _proc
 from ..config import Settings
-from ..errors import MpswrapError
+from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
 from ..mps.gpu import GpuInfo, Inventory, load_inventory, visible_gpus
+from ..mps.ladder import end_by_signal, remove_tree
 from ..mps.manifest import Manifest
-from ..paths import JobLayout, remove_tree
+from ..paths import JobLayout, read_job_file
 from . import state
 from .placement import Slot
 
@@ -78,7 +80,7 @@ class JobDaemons:
         return Daemon(lay.gpu(key), lay.lock_path(key), self.settings, lay.ranks_lock_path(key))
 
     def keys(self) -> list[str]:
-        return [d.key for d in self.layout.existing_gpus()]
+        return [d.key for d in state.gpu_dirs(self.layout)]
 
     def manifests(self) -> list[Manifest]:
         found = (self.daemon(key).manifest() for key in self.keys())
@@ -114,7 +116,7 @@ class JobDaemons:
         """
         keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
         self.check(keys)
-        self.layout.create(user.uid, user.gid, shared_parents=shared_parents)
+        state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
         try:
             for key, gpu in zip(keys, gpus):
@@ -148,22 +150,44 @@ class JobDaemons:
         }
 
     def stop(self, only_started_by: str | None = None) -> Teardown:
-        """The ladder for every GPU, then the job directory goes if nothing survived."""
+        """The ladder for every GPU, then the job directory goes if nothing survived. A tree
+        that is not safe to enter (``state.check_safe``) is refused, named in ``left``, and
+        what runs there is ended without entering it."""
         done = Teardown(self.layout.job_dir)
+        try:
+            state.check_safe(self.layout)
+        except LayoutError as exc:
+            done.left += [exc.line(), *self._end_unreachable()]
+            return done
         for key in self.keys():
             daemon = self.daemon(key)
-            manifest = _manifest_or_none(daemon)
-            if only_started_by and manifest and manifest.started_by != only_started_by:
+            manifest = _manifest_or_none(daemon) if only_started_by else None
+            if manifest and manifest.started_by != only_started_by:
                 continue
-            done.gpus.append(daemon.stop())
-        if done.clean and not self.keys() and self.layout.job_dir.exists():
+            try:
+                done.gpus.append(daemon.stop())
+            except MpswrapError as exc:  # e.g. its lock held past the bound: the rest still go
+                done.left.append(f"{key}: {exc.line()}")
+        if done.clean and not self.keys():
             problem = remove_tree(self.layout.job_dir)
             done.left += [problem] if problem else []
-            try:
-                self.layout.node_dir.rmdir()  # only if empty: other jobs may share it
-            except OSError:
-                pass
+            # The node directory goes once empty: a prolog that loses it to us between making
+            # it and its job directory makes it again (state.create).
+            with contextlib.suppress(OSError):
+                os.rmdir(self.layout.node_dir)
         return done
+
+    def _end_unreachable(self) -> list[str]:
+        """The daemons, servers and clients of a tree we must not enter, found by the job
+        directory their environment names (the pipe directory of each) and ended by signal;
+        never root's processes. What survives, for the report."""
+        found = _proc.procs_mentioning(f"{self.layout.job_dir}/")
+        found = [p for p in found if _proc.uid_of(p) not in (0, None)]
+        if found:
+            log.warning("%s not entered: ending %s, found by their environment",
+                        self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip
+        left = end_by_signal(found)
+        return [f"process {_proc.describe(p)} still running" for p in left]
 
 
 def _manifest_or_none(daemon: Daemon) -> Manifest | None:
@@ -213,7 +237,7 @@ def attach(
         gpus = visible_gpus(env, load_inventory(settings.gpu_inventory))
     daemons.check([f"g{i}" for i in range(len(gpus))])  # before anything is created
     user = _proc.lookup_user()
-    daemons.layout.create(user.uid, user.gid, shared_parents=False)
+    state.create(daemons.layout, user.uid, user.gid, shared_parents=False)
     with _lock.file_lock(daemons.layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
         manifests = daemons.start(
             gpus, user, started_by="user", shared_parents=False,
@@ -278,12 +302,10 @@ def _owner_of(ref: Path) -> _proc.ProcId | None:
 
 def _ensure_watchdog(layout: JobLayout) -> None:
     pid_file = layout.job_dir / WATCHDOG_PID
-    try:
-        pid_text, _, start_text = pid_file.read_text().partition(" ")
+    pid_text, _, start_text = (read_job_file(pid_file, 64) or "").partition(" ")
+    with contextlib.suppress(ValueError):
         if _proc.is_alive(_proc.ProcId(int(pid_text), float(start_text))):
             return
-    except (OSError, ValueError):
-        pass
     argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(layout.job_dir)]
     env: Mapping[str, str] = {
         **{k: v for k, v in os.environ.items() if k.startswith(("MPSWRAP_", "PATH", "HOME"))},

@@ -5,10 +5,15 @@ User mode (``mpswrap run``, the launcher, ``session()``, ``mpswrap start``): the
 root of the user's own: ``user_run_dir`` if set, else ``$XDG_RUNTIME_DIR/mpswrap``, else
 ``/tmp/mpswrap-<uid>``. Whoever looks for a job (status, stop, the epilog, attach) asks this
 module, so every caller finds the same directories.
+
+Root enters a job's tree only where every level down to the node directory passes
+StrictModes (``check_safe``): real directories of root's (or of a user-mode tree's user),
+writable by no one else, so no other user can swap a level for a link to somewhere else.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -18,11 +23,22 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import LayoutError
-from ..paths import JobLayout, validate_name
+from ..paths import (
+    GpuDirs,
+    JobLayout,
+    check_dirs,
+    ensure_private_dir,
+    ensure_shared_dir,
+    list_dir,
+    validate_name,
+)
 
 __all__ = [
     "admin_layout",
+    "check_safe",
     "check_writable",
+    "create",
+    "gpu_dirs",
     "job_layouts",
     "jobs_on_node",
     "user_layout",
@@ -48,7 +64,7 @@ def user_layout(
     settings: Settings, node: str, job: str, env: Mapping[str, str] | None = None
 ) -> JobLayout:
     """Where a user-mode start by this process puts ``job``."""
-    return JobLayout(user_root(settings, os.getuid(), env or os.environ), node, job)
+    return JobLayout(user_root(settings, os.getuid(), env or os.environ), node, job, os.getuid())
 
 
 def user_roots(settings: Settings, uid: int, env: Mapping[str, str] | None = None) -> list[Path]:
@@ -82,10 +98,21 @@ def job_layouts(
         layouts = [JobLayout(Path(os.path.abspath(run_dir)), node, job)]
     else:
         admin = admin_layout(settings, node, job)
-        users = [JobLayout(root, node, job) for root in user_roots(settings, uid)]
+        users = [JobLayout(root, node, job, uid) for root in user_roots(settings, uid)]
         layouts = [admin, *(lay for lay in users if lay.run_dir != admin.run_dir)]
         layouts = [admin, *(lay for lay in layouts[1:] if owned_by(lay, uid))]
-    return [lay for lay in layouts if lay.job_dir.is_dir()]
+    return [lay for lay in layouts if _present(lay)]
+
+
+def _present(layout: JobLayout) -> bool:
+    """The job has a directory there, or its tree is unsafe to look into (whoever acts on
+    the layout then refuses, naming the level, and ends what runs there); a tree we may not
+    even search is none of ours."""
+    try:
+        check_safe(layout)
+    except LayoutError as exc:
+        return exc.fields.get("errno") != errno.EACCES
+    return os.path.lexists(layout.job_dir)
 
 
 #: Where user-mode roots of every user are (root's listing): the uid is in the path.
@@ -103,12 +130,12 @@ def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayo
     """
     admin = [
         lay
-        for lay in _jobs_under(Path(settings.run_dir), node)
+        for lay in _jobs_under(Path(settings.run_dir), node, None)
         if uid is None or _owner(lay.job_dir) == uid
     ]
     users = [
         lay for root, owner in _user_roots_of(settings, uid)
-        for lay in _jobs_under(root, node) if owned_by(lay, owner)
+        for lay in _jobs_under(root, node, owner) if owned_by(lay, owner)
     ]  # fmt: skip
     found = {lay.job_dir: lay for lay in reversed([*admin, *users])}
     return sorted(found.values(), key=lambda lay: (str(lay.run_dir), lay.job_id))
@@ -129,14 +156,14 @@ def _user_roots_of(settings: Settings, uid: int | None) -> list[tuple[Path, int]
     return found + ([(Path(shared), owner)] if shared and owner is not None else [])
 
 
-def _jobs_under(root: Path, node: str) -> Iterator[JobLayout]:
+def _jobs_under(root: Path, node: str, owner: int | None) -> Iterator[JobLayout]:
     try:
         names = sorted(os.listdir(root / node))
     except OSError:
         return
     for name in names:
         try:
-            layout = JobLayout(root, node, validate_name("job id", name))
+            layout = JobLayout(root, node, validate_name("job id", name), owner)
         except LayoutError:
             continue  # a lock file or something that is no job of mpswrap's
         if stat.S_ISDIR(_lstat_mode(layout.job_dir)):
@@ -169,3 +196,53 @@ def check_writable(layout: JobLayout) -> None:
             cause=f"{probe} is not writable by uid {os.geteuid()}",
             hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
         )
+
+
+def check_safe(layout: JobLayout) -> None:
+    """Refuse to enter the job's tree, with a LayoutError naming the level, unless every level
+    down to the node directory passes StrictModes (``paths.check_dirs``) and the job
+    directory, where there, is a real one."""
+    check_dirs(layout.node_dir, layout.trusted)
+    check_dirs(layout.job_dir, None)
+
+
+def gpu_dirs(layout: JobLayout) -> list[GpuDirs]:
+    """The job's GPU entries in key order, symlinks planted in place of one included: whoever
+    stops one refuses to follow it (``mps.ladder``), and reads go through ``read_job_file``."""
+    check_safe(layout)
+    names = list_dir(layout.job_dir, "cannot read job directory") or []
+    return [layout.gpu(key) for key in layout.gpu_keys(names)]
+
+
+#: Rounds of making a job directory whose node directory another job's epilog removes.
+CREATE_TRIES = 5
+
+
+def create(layout: JobLayout, uid: int, gid: int, *, shared_parents: bool) -> Path:
+    """Create the job directory (owner uid/gid, 0700) and its parents.
+
+    Admin mode (``shared_parents``): run_dir (and missing levels above it) and the node dir
+    are root's, 0755, so job users can traverse them. User mode: run_dir and node dir are the
+    user's own, 0700. Another job's epilog removes the node directory once it is empty, and
+    without PrologFlags=Alloc it may do so between our making it and the job directory in
+    it: that ENOENT starts a new round (bounded); with our job directory in it, it stays.
+    """
+    for _ in range(CREATE_TRIES - 1):
+        try:
+            return _create(layout, uid, gid, shared_parents)
+        except LayoutError as exc:
+            if exc.fields.get("errno") != errno.ENOENT:
+                raise
+    return _create(layout, uid, gid, shared_parents)
+
+
+def _create(layout: JobLayout, uid: int, gid: int, shared_parents: bool) -> Path:
+    check_dirs(layout.run_dir.parent, layout.trusted)
+    if shared_parents:
+        above = list(reversed(layout.run_dir.parents))[1:]  # "/" is there
+        for level in [*above, layout.run_dir, layout.node_dir]:
+            ensure_shared_dir(level, layout.trusted)
+    else:
+        for level in (layout.run_dir, layout.node_dir):
+            ensure_private_dir(level, uid, gid)
+    return ensure_private_dir(layout.job_dir, uid, gid)

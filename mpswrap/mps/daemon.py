@@ -25,12 +25,12 @@ from .. import _proc, _wait
 from .._lock import file_lock
 from ..config import Settings
 from ..errors import ControlError, DaemonError, MpswrapError
-from ..paths import GpuDirs, ensure_private_dir
+from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
 from .control import Control, daemon_env, find_binary
 from .gpu import GpuInfo
 from .ladder import Ladder, StopReport, read_pid
 from .manifest import Manifest, read_manifest, write_manifest
-from .mpslog import read_faults
+from .mpslog import LOG_LIMIT, read_faults
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .._lock import FileLock
@@ -163,11 +163,13 @@ class Daemon:
             self.dirs.log,
             {"CUDA_VISIBLE_DEVICES": gpu.uuid, "HOME": user.home, "USER": user.name},
         )
-        with open(self.dirs.log / START_ERR, "w") as out:
+        out = create_job_file(self.dirs.log / START_ERR)  # root's, in the user's directory
+        try:
             return _proc.spawn(
-                [binary, "-d"], env=env, user=user, cpus=cpus, stdout=out.fileno(),
-                stderr=out.fileno(),
+                [binary, "-d"], env=env, user=user, cpus=cpus, stdout=out, stderr=out,
             )  # fmt: skip
+        finally:
+            os.close(out)
 
     def _detached(self, fg: _proc.Popen[str]) -> int | None:
         """Wait for ``-d`` to return, as it does once the daemon has forked away; None (and
@@ -272,7 +274,7 @@ class Daemon:
 
     def _clear_stale(self) -> None:
         """Leftovers of a crashed daemon: stop what the manifest names, remove the dirs."""
-        if self.dirs.root.exists():
+        if os.path.lexists(self.dirs.root):  # a symlink planted there is removed too
             report = self._ladder().stop(StopReport(self.dirs.key))
             # A directory that could not be removed holds nothing alive: it is reused.
             if report.leftovers:
@@ -341,7 +343,7 @@ class Daemon:
     def stop(self) -> StopReport:
         """The teardown ladder; harmless when nothing is running or nothing exists."""
         report = StopReport(self.dirs.key)
-        if not self.dirs.root.exists():
+        if not os.path.lexists(self.dirs.root):  # a symlink in its place has a ladder too
             return report
         with self._lock:
             return self._ladder().stop(report)
@@ -365,11 +367,10 @@ def finish(steps: Generator[None, None, Manifest]) -> Manifest:
 
 
 def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
+    text = read_job_file(path, LOG_LIMIT, tail=True)
+    if text is None:
         return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty)"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "(empty)"
 
 
 def _cpu_text(cpus: list[int]) -> str:

@@ -8,6 +8,7 @@ minor number, because gres.conf order and NVML order can differ on real nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpuError
-from ..jobenv import JobEnv, parse_int_list
+from ..jobenv import UUID_RE, GpuRef, JobEnv, parse_int_list
 
 __all__ = [
     "GpuInfo",
@@ -29,14 +30,11 @@ __all__ = [
     "load_inventory",
     "resolve_gpus",
     "resolve_gres_positions",
+    "resolve_slurm_gpus",
     "visible_gpus",
 ]
 
 log = logging.getLogger(__name__)
-
-_UUID_RE = re.compile(
-    r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-)
 
 
 @dataclass(frozen=True)
@@ -53,18 +51,8 @@ class GpuInfo:
     pci_bus_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "minor": self.minor,
-            "name": self.name,
-            "compute_capability": list(self.compute_capability),
-            "cpus": sorted(self.cpus),
-            "numa_node": self.numa_node,
-            "mig": self.mig,
-            "memory_total": self.memory_total,
-            "pci_bus_id": self.pci_bus_id,
-        }
+        cc, cpus = list(self.compute_capability), sorted(self.cpus)
+        return {**dataclasses.asdict(self), "compute_capability": cc, "cpus": cpus}
 
 
 @dataclass
@@ -154,12 +142,8 @@ def _from_file(path: str) -> Inventory:
 
 
 def _mask_to_cpus(words: Sequence[int]) -> frozenset[int]:
-    cpus = set()
-    for word_index, word in enumerate(words):
-        for bit in range(64):
-            if int(word) >> bit & 1:
-                cpus.add(word_index * 64 + bit)
-    return frozenset(cpus)
+    bits = ((i, bit) for i, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1)
+    return frozenset(i * 64 + bit for i, bit in bits)
 
 
 def _nvml_gpu(nvml: Any, index: int) -> GpuInfo:
@@ -232,7 +216,7 @@ def load_inventory(source: str = "nvml") -> Inventory:
 
 # --- resolution -----------------------------------------------------------------------
 def check_uuid(text: str) -> str:
-    if not _UUID_RE.fullmatch(text):
+    if not UUID_RE.fullmatch(text):
         raise GpuError(
             "malformed GPU UUID",
             thing=repr(text),
@@ -314,26 +298,45 @@ def _device_minor(path: str) -> int:
     return os.minor(st.st_rdev)
 
 
-def resolve_gres_positions(
-    positions: Sequence[int], inventory: Inventory, gres_conf: Path | None, node: str
-) -> list[GpuInfo]:
-    """Slurm GPU positions → gres.conf File= → minor number → NVML device.
+def resolve_slurm_gpus(
+    refs: Sequence[GpuRef], inventory: Inventory, gres_conf: Path | None, node: str
+) -> list[tuple[int, GpuInfo]]:
+    """Slurm's GPUs as (gres position, GPU), each GPU once: a position goes gres.conf File= →
+    minor number → NVML device; a UUID is looked up, and its position found the same way.
 
     Without gres.conf ``File=`` lines (e.g. AutoDetect), positions follow minor-number order.
     """
     minors = gres_minors(gres_conf, node) if gres_conf and gres_conf.exists() else []
-    if not minors:
-        minors = sorted(g.minor for g in inventory.gpus)
-    out = []
-    for pos in positions:
+    minors = minors or sorted(g.minor for g in inventory.gpus)
+    out: dict[str, tuple[int, GpuInfo]] = {}
+    for ref in refs:
+        pos, gpu = _by_uuid(ref, inventory, minors) if isinstance(ref, str) else (ref, None)
         if pos >= len(minors):
             raise GpuError(
                 "Slurm GPU position not in gres.conf",
                 thing=f"position {pos}",
                 cause=f"gres.conf lists {len(minors)} GPU(s) for {node}",
             )
-        out.append(inventory.by_minor(minors[pos]))
-    return out
+        gpu = gpu or inventory.by_minor(minors[pos])
+        out.setdefault(gpu.uuid, (pos, gpu))
+    return list(out.values())
+
+
+def _by_uuid(uuid: str, inventory: Inventory, minors: list[int]) -> tuple[int, GpuInfo]:
+    if uuid.startswith("MIG-"):
+        raise GpuError("MIG devices are not supported", thing=uuid, hint="give MPS jobs whole GPUs")
+    gpu = inventory.by_uuid(uuid)
+    if gpu.minor not in minors:
+        cause = f"gres.conf lists no /dev/nvidia{gpu.minor}"
+        raise GpuError("Slurm GPU not in gres.conf", thing=uuid, cause=cause)
+    return minors.index(gpu.minor), gpu
+
+
+def resolve_gres_positions(
+    refs: Sequence[GpuRef], inventory: Inventory, gres_conf: Path | None, node: str
+) -> list[GpuInfo]:
+    """Slurm's GPUs (positions or UUIDs) as NVML devices, each once."""
+    return [gpu for _, gpu in resolve_slurm_gpus(refs, inventory, gres_conf, node)]
 
 
 def default_gres_conf(env: Mapping[str, str]) -> Path:
@@ -385,9 +388,9 @@ def client_limit(
 
 def visible_gpus(env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
     """The GPUs this step may use: Slurm's gres positions, else CUDA_VISIBLE_DEVICES, else all."""
-    positions = env.step_gpus
-    if positions:
-        return resolve_gres_positions(positions, inventory, default_gres_conf(env.env), env.node)
+    refs = env.step_gpus
+    if refs:
+        return resolve_gres_positions(refs, inventory, default_gres_conf(env.env), env.node)
     cvd = env.env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip() in ("", "-1", "NoDevFiles"):
         raise GpuError("CUDA_VISIBLE_DEVICES hides every GPU", thing=repr(cvd))

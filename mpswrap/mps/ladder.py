@@ -4,16 +4,17 @@ terminate_client for every client (or the ranks being ended), bounded wait, SIGK
 survived; then ``quit`` (bounded); then kill daemon and servers by PID + start time; remove
 the directories; re-scan and report leftovers. Never ``quit`` while a client is alive: the
 daemon would block and refuse every other command. Only processes of the directory's owner
-are ever signalled.
+are ever signalled. Directories are removed through descriptors (``remove_tree``): the job's
+user may swap a symlink in at any level while root removes its tree.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import shutil
 import signal
-import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +22,18 @@ from .. import _proc, _wait
 from .._lock import maybe_locked
 from ..config import Settings
 from ..errors import ControlError, MpswrapError
-from ..paths import GpuDirs, remove_tree
+from ..paths import GpuDirs, open_dir, read_job_file
 from .control import Control
 from .manifest import Manifest, read_manifest
-from .mpslog import read_faults, server_pids, terminations
+from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
 
-__all__ = ["Ladder", "StopReport", "read_pid"]
+__all__ = ["Ladder", "StopReport", "end_by_signal", "read_pid", "remove_tree"]
+
+#: The pid file holds one number.
+PID_LIMIT = 64
+#: How deep ``remove_tree`` goes (mpswrap makes 3 levels below a job directory).
+MAX_DEPTH = 64
+_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +84,40 @@ class Ladder:
 
     def stop(self, report: StopReport) -> StopReport:
         """The whole ladder (the caller holds the daemon's start/stop lock)."""
-        if any(os.path.islink(p) for p in (self.dirs.root, self.dirs.pipe, self.dirs.log)):
-            # Planted by the directory's owner: commands would reach whatever it points at.
-            report.leftovers.append(f"symlink in {self.dirs.root}: not followed")
-            return report
+        dirs = self.dirs
+        link = next((p for p in (dirs.root, dirs.pipe, dirs.log) if os.path.islink(p)), None)
+        if link is None:
+            daemon, servers = self._identify(report)
+            # No manifest or pid file to go by: what names this pipe directory may be the
+            # daemon, and the commands reach it through the pipe directory all the same.
+            ended = [daemon] if daemon else _proc.procs_mentioning(str(dirs.pipe))
+            if any(_proc.is_alive(p) for p in ended):
+                servers += self._end_clients(report, None)
+                self._quit(report)
+                # quit returns before the server has exited (about 80 ms later on an H100).
+                _wait.wait_gone([*ended, *servers], self.settings.quit_timeout)
+        else:
+            # Planted by the directory's owner: commands and reads would reach whatever it
+            # points at. What names this pipe directory in its environment (the daemon, its
+            # servers, a client still attached) is ended by signal instead.
+            report.notes.append(f"refusing a path that is not a plain directory ({link})")
+            daemon, servers = None, _proc.procs_mentioning(str(dirs.pipe))
+        self._force([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
+        report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(dirs.pipe))]
+        if link is None:
+            report.log_terminations = terminations(dirs.server_log)
+            report.log_faults = len(read_faults(dirs.server_log))
+            self._archive_logs(report)
+        if not report.leftovers:
+            problem = remove_tree(dirs.root)
+            if problem:
+                report.paths.append(problem)
+        return report
+
+    def _identify(self, report: StopReport) -> tuple[_proc.ProcId | None, list[_proc.ProcId]]:
+        """The daemon and its servers: the manifest's, else the pid file's; servers started
+        after the manifest (by the first client) are named in control.log, and trusted only
+        while their environment names this pipe directory."""
         try:
             manifest = self.manifest()
         except MpswrapError as exc:
@@ -88,32 +125,15 @@ class Ladder:
             manifest = None
         daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
         servers = list(manifest.server_ids) if manifest else []
-        # Servers started after the manifest (by the first client): named in control.log,
-        # trusted only while their environment names this pipe directory.
         logged = server_pids(self.dirs.control_log) - {s.pid for s in servers}
         servers += [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if p.pid in logged]
-        if daemon and _proc.is_alive(daemon):
-            servers += self._end_clients(report, None)
-            self._quit(report)
-            # quit returns before the server has exited (about 80 ms later on an H100).
-            _wait.wait_gone([p for p in [daemon, *servers] if p], self.settings.quit_timeout)
-        survivors = self._owned([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
-        if survivors:
-            report.forced += [p.pid for p in survivors]
-            _proc.kill_procs(survivors, signal.SIGTERM)
-            survivors = _wait.wait_gone(survivors, 1.0)
-            _proc.kill_procs(survivors, signal.SIGKILL)
-            survivors = _wait.wait_gone(survivors, 2.0)
-        report.leftovers += [_proc.describe(p) for p in survivors]
-        report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(self.dirs.pipe))]
-        report.log_terminations = terminations(self.dirs.server_log)
-        report.log_faults = len(read_faults(self.dirs.server_log))
-        self._archive_logs(report)
-        if not report.leftovers:
-            problem = remove_tree(self.dirs.root)
-            if problem:
-                report.paths.append(problem)
-        return report
+        return daemon, servers
+
+    def _force(self, procs: list[_proc.ProcId], report: StopReport) -> None:
+        """SIGTERM, then SIGKILL, what is still alive of the owner's; survivors are reported."""
+        owned = self._owned(procs, report)
+        report.forced += [p.pid for p in owned]
+        report.leftovers += [_proc.describe(p) for p in end_by_signal(owned)]
 
     def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
         return self._end_clients(report, only)
@@ -167,10 +187,12 @@ class Ladder:
         return [ident] if ident else []
 
     def _owned(self, procs: list[_proc.ProcId], report: StopReport) -> list[_proc.ProcId]:
-        """Only processes of this directory's owner may be signalled: the manifest is that
-        user's file, so a PID in it must never make root kill someone else's process."""
+        """Only processes of the job directory's owner may be signalled: the manifest is that
+        user's file, so a PID in it must never make root kill someone else's process. (The
+        job directory's, not the GPU directory's: whoever may write the job directory could
+        have put a link of its own there.)"""
         try:
-            owner = os.lstat(self.dirs.root).st_uid
+            owner = os.lstat(self.dirs.root.parent).st_uid
         except OSError:
             return []
         mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
@@ -185,23 +207,24 @@ class Ladder:
 
 
 def _copy_regular(src: Path, dest: Path) -> None:
-    """Copy src only if it is a regular file itself: the job user owns the log directory
-    and could put a symlink to any file of root's there."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return
-    with os.fdopen(fd, "rb") as source:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            with open(dest, "wb") as out:
-                shutil.copyfileobj(source, out)
+    """Copy the tail of src, only if it is a regular file itself (``read_job_file``): the job
+    user owns the log directory and could put a symlink to any file of root's there."""
+    text = read_job_file(src, LOG_LIMIT, tail=True)
+    if text is not None:
+        with open(dest, "w") as out:
+            out.write(text)
+
+
+def end_by_signal(procs: list[_proc.ProcId]) -> list[_proc.ProcId]:
+    """SIGTERM, a second to exit, SIGKILL, two more; what still lives."""
+    _proc.kill_procs(procs, signal.SIGTERM)
+    left = _wait.wait_gone(procs, 1.0)
+    _proc.kill_procs(left, signal.SIGKILL)
+    return _wait.wait_gone(left, 2.0)
 
 
 def read_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
+    text = (read_job_file(path, PID_LIMIT) or "").strip()
     return int(text) if text.isdigit() else None
 
 
@@ -212,3 +235,54 @@ def _identify_pidfile(path: Path) -> _proc.ProcId | None:
     if not pid:
         return None
     return next((p for p in _proc.procs_mentioning(str(path.parent)) if p.pid == pid), None)
+
+
+# --- removing a tree the job's user controls -------------------------------------------------
+def remove_tree(path: Path) -> str | None:
+    """Remove ``path`` and everything under it; None when it is gone, else what is left and
+    why. Through descriptors opened without following a symlink (one is removed, never
+    followed): whatever the tree's user swaps in meanwhile, nothing outside it is touched."""
+    try:
+        parent = open_dir(path.parent)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"directory {path} ({exc.strerror or exc})"
+    problems: list[str] = []
+    try:
+        _remove_at(parent, path.name, path, problems, 0)
+    finally:
+        os.close(parent)
+    if not os.path.lexists(path):  # listed again: what is left is reported by name
+        return None
+    return f"directory {path} ({problems[0] if problems else 'still there'})"
+
+
+def _remove_at(parent: int, name: str, shown: Path, problems: list[str], depth: int) -> None:
+    try:
+        fd = os.open(name, _LIST, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file or a symlink: the entry goes
+            _drop(os.unlink, parent, name, shown, problems)
+        elif exc.errno != errno.ENOENT:
+            problems.append(f"{shown}: {exc.strerror}")
+        return
+    try:
+        if depth >= MAX_DEPTH:
+            problems.append(f"{shown}: nested deeper than {MAX_DEPTH} levels")
+            return
+        for entry in os.listdir(fd):
+            _remove_at(fd, entry, shown / entry, problems, depth + 1)
+    finally:
+        os.close(fd)
+    _drop(os.rmdir, parent, name, shown, problems)
+
+
+def _drop(call: Callable[..., None], parent: int, name: str, shown: Path, out: list[str]) -> None:
+    """unlink or rmdir ``name`` below ``parent``; a failure is noted in ``out``."""
+    try:
+        call(name, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        out.append(f"{shown}: {exc.strerror}")

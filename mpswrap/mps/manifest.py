@@ -1,14 +1,14 @@
 """The per-GPU manifest: what was started, by whom, with which settings.
 
 Teardown trusts only the manifest's PID *and* start time, so a daemon is never stopped by
-name or through a PID that an unrelated process has since reused.
+name or through a PID that an unrelated process has since reused. The manifest lies in a
+directory the job's user owns: it is read through ``read_job_file`` (a regular file of at
+most ``MANIFEST_LIMIT`` bytes) and written through ``write_job_file``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,10 +16,13 @@ from typing import Any
 
 from .._proc import ProcId
 from ..errors import DaemonError
+from ..paths import read_job_file, write_job_file
 
-__all__ = ["MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST_LIMIT", "MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
+#: A manifest is about 1 KiB; a larger file is not one of ours.
+MANIFEST_LIMIT = 64 << 10
 
 
 @dataclass
@@ -56,12 +59,14 @@ class Manifest:
 
 
 def read_manifest(path: Path) -> Manifest | None:
-    """The manifest at ``path``, None if absent; a corrupt or future one is an error."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    """The manifest at ``path``, None if absent (or no regular file: ``read_job_file`` warns);
+    a corrupt or future one is an error."""
+    text = read_job_file(path, MANIFEST_LIMIT)
+    if text is None:
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting no manifest has
         raise DaemonError("unreadable manifest", thing=str(path), cause=str(exc)) from exc
     if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
         raise DaemonError(
@@ -78,14 +83,4 @@ def read_manifest(path: Path) -> Manifest | None:
 
 def write_manifest(path: Path, manifest: Manifest, uid: int, gid: int) -> None:
     """Write atomically (temp file + rename) so readers never see half a manifest."""
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(manifest.to_json() + "\n")
-            if (uid, gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:
-                os.fchown(handle.fileno(), uid, gid)
-            os.fchmod(handle.fileno(), 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_job_file(path, manifest.to_json() + "\n", uid, gid)

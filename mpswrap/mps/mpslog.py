@@ -1,16 +1,24 @@
 """Reading the MPS control.log and server.log: fatal faults and client terminations.
 
 Line format: ``[2026-11-22 06:53:48.123 Server 4242] <text>``; only the text is interpreted.
+The logs lie in a directory the job's user owns: they are read through ``read_job_file``
+(a regular file, never blocking), their last ``LOG_LIMIT`` bytes at most.
 """
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Fault", "read_faults", "server_pids", "terminations"]
+from ..paths import read_job_file
+
+__all__ = ["LOG_LIMIT", "Fault", "read_faults", "server_pids", "terminations"]
+
+#: How much of a log is read (its end): a job's logs are a few KiB; a planted one may be huge.
+LOG_LIMIT = 8 << 20
 
 _LINE = re.compile(r"^\[(?P<stamp>[^\]]*?)\s+(?P<who>\w+)\s+(?P<pid>\d+)\]\s?(?P<text>.*)$")
 _FATAL_CLIENT = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
@@ -46,19 +54,15 @@ class Fault:
 
 def _lines(path: Path) -> Iterator[tuple[str, int, str]]:
     """(stamp, pid, text) per line; continuation lines keep the last header's stamp/pid."""
-    try:
-        handle = path.open(errors="replace")
-    except OSError:
-        return
     stamp, pid = "", 0
-    with handle:
-        for raw in handle:
-            match = _LINE.match(raw.rstrip("\n"))
-            if match:
-                stamp, pid = match["stamp"], int(match["pid"])
-                yield stamp, pid, match["text"]
-            else:
-                yield stamp, pid, raw.strip()
+    text = read_job_file(path, LOG_LIMIT, tail=True) or ""
+    for raw in io.StringIO(text, newline=None):  # lines as a text file has them
+        match = _LINE.match(raw.rstrip("\n"))
+        if match:
+            stamp, pid = match["stamp"], int(match["pid"])
+            yield stamp, pid, match["text"]
+        else:
+            yield stamp, pid, raw.strip()
 
 
 def read_faults(server_log: Path) -> list[Fault]:

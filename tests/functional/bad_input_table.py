@@ -76,6 +76,11 @@ def _prolog(gpus: str, **env: str) -> dict[str, str]:
     return {"SLURM_JOB_GPUS": gpus, **env}
 
 
+#: The prolog's line for SLURM_JOB_GPUS=x; the test node has no Slurm controller, so the drain
+#: call that follows times out.
+_GPUS_X = "malformed SLURM_JOB_GPUS ('x'): expected GPU numbers like 0,2-3 or GPU UUIDs"
+
+
 def _cont(line: str) -> str:
     """A prolog error under prolog_failure = continue: the error, then that it goes on."""
     prefix = "mpswrap: prolog: job 101 node n1: "
@@ -99,10 +104,14 @@ CASES: tuple[Case, ...] = (
          "mpswrap: no such GPU (index 5): this node has 2 GPU(s)", 1,
          env={"CUDA_VISIBLE_DEVICES": "5"}),
     Case("job-gpus-malformed", "environment", ("prolog",),
-         "mpswrap: prolog: malformed SLURM_JOB_GPUS ('0-'): expected numbers like 0,2-3", 0,
+         _cont("malformed SLURM_JOB_GPUS ('0-'): expected GPU numbers like 0,2-3 or GPU "
+               "UUIDs"), 0,
          env=_prolog("0-"), hook=True),
     Case("job-gpus-malformed-drain", "environment", ("prolog",),
-         "mpswrap: prolog: malformed SLURM_JOB_GPUS ('x'): expected numbers like 0,2-3", 1,
+         "mpswrap: prolog: job 101 node n1: " + _GPUS_X + "\n"
+         "mpswrap: prolog: job 101 node n1: could not set the drain reason "
+         f'"mpswrap prolog: {_GPUS_X}": timed out (scontrol update NodeName=n1 State=DRAIN '
+         f"Reason=mpswrap prolog: {_GPUS_X}): no answer in 10 s", 1,
          env=_prolog("x", MPSWRAP_PROLOG_FAILURE="drain"), hook=True),
     Case("job-gpus-not-in-gres", "environment", ("prolog",),
          _cont("Slurm GPU position not in gres.conf (position 5): gres.conf lists 2 GPU(s) "
@@ -112,11 +121,11 @@ CASES: tuple[Case, ...] = (
          _cont("unknown user (54321)"), 0,
          env=_prolog("0", SLURM_JOB_UID="54321"), hook=True),
     Case("epilog-no-job-id", "environment", ("epilog",),
-         "mpswrap: hook: SLURM_JOB_ID is not set\n"
-         "hint: the hooks run from slurmd; use mpswrap start by hand", 1,
+         "mpswrap: epilog: node n1: SLURM_JOB_ID is not set: nothing of a job to tear down", 0,
          env={"SLURM_JOB_ID": ""}, hook=True),
     Case("epilog-job-id-slash", "environment", ("epilog",),
-         f"mpswrap: epilog: invalid job id ('a/b'): {NAME_RULE}", 1,
+         f"mpswrap: epilog: node n1: invalid job id ('a/b'): {NAME_RULE}: nothing of a job to "
+         "tear down", 0,
          env={"SLURM_JOB_ID": "a/b"}, hook=True),
     Case("env-bad-timeout", "environment", ("status", *JOB),
          "mpswrap: bad value for quit_timeout ('-1' in MPSWRAP_QUIT_TIMEOUT): expected seconds "

@@ -54,7 +54,7 @@ def shared_tmp() -> Iterator[Path]:
             ["mktemp", "-d", "/tmp/mpswrap-gpu.XXXX"], check=True, text=True, capture_output=True
         ).stdout.strip()
     )
-    path.chmod(0o777)
+    path.chmod(0o1777)  # sticky, like /tmp: run_dir's ancestors must be safe
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
