@@ -91,7 +91,7 @@ def terminate_client(daemon: Daemon, conn: Conn, args: list[str]) -> Result:
 
 def shutdown_server(daemon: Daemon, conn: Conn, args: list[str]) -> Result:
     """``shutdown_server <pid> -f`` ends the server now: its clients die at their next CUDA
-    call (exit 141, SIGPIPE, on an H100) and server.log has no termination lines. Without
+    call (SIGPIPE, or error 806, on an H100) and server.log has no termination lines. Without
     ``-f`` (not observed on a real driver) the server exits once its clients have gone."""
     if len(args) == 2 and args[1] != "-f":
         return _unknown("shutdown_server " + " ".join(args))

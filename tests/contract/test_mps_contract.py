@@ -305,7 +305,10 @@ def test_shutdown_server_force_ends_its_clients_and_the_next_client_runs(
     backend.control().command(f"shutdown_server {server} -f")
     for proc in clients:
         out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == -signal.SIGPIPE, (proc.returncode, out)
+        # Its next CUDA call writes to the gone server (SIGPIPE) or fails with 806: both seen
+        # on an H100, from one run to the next.
+        ended = proc.returncode == -signal.SIGPIPE or "CUDA error 806" in out
+        assert proc.returncode != 0 and ended, (proc.returncode, out)
     assert _gone(server, timeout=10)
     assert server not in backend.control().server_list()
     after = backend.client("--seconds", "1")
