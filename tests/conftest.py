@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -78,3 +79,17 @@ def node() -> Iterator[SimNode]:
 def one_gpu() -> Iterator[SimNode]:
     with sim_node(gpus=1) as sim:
         yield sim
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts itself (clients, decoys): killed and reaped at the end."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()  # not communicate(): a grandchild may still hold the pipe

@@ -132,24 +132,6 @@ def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "condi
 
 
 # --- fixtures -------------------------------------------------------------------------------
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    with sim_node(gpus=2) as sim:
-        yield sim
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts itself (clients, decoys): killed and reaped at the end."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()  # not communicate(): a grandchild may still hold the pipe
 
 
 def job_dir(node: SimNode) -> Path:

@@ -54,19 +54,6 @@ def users() -> tuple[pwd.struct_passwd, pwd.struct_passwd]:
     return pwd.getpwnam(ensure_test_user()), pwd.getpwnam(ensure_other_user())
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()  # not communicate(): a grandchild may still hold the pipe
-
-
 def as_user(
     user: str, argv: list[str], *, input: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:

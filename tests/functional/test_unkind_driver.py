@@ -12,33 +12,21 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from mpswrap.mps.control import Control
-from tests.simenv import SimNode, sim_node
+from tests.simenv import SimNode
 
 pytestmark = pytest.mark.functional
 JOB = ["--job", "j1", "--node", "n1"]
 
 
 @pytest.fixture
-def node() -> Iterator[SimNode]:
-    with sim_node(gpus=1) as sim:
-        yield sim
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
+def node(one_gpu: SimNode) -> SimNode:
+    return one_gpu  # one GPU is enough here
 
 
 def _job(node: SimNode) -> Path:
