@@ -27,9 +27,10 @@ from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
 from ..mps.gpu import GpuInfo, Inventory, load_inventory, visible_gpus
-from ..mps.ladder import end_by_signal, remove_tree
+from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
+from ..removal import remove_tree
 from . import state
 from .placement import Slot
 

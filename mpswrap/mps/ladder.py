@@ -10,11 +10,9 @@ user may swap a symlink in at any level while root removes its tree.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,18 +20,16 @@ from .. import _proc, _wait
 from .._lock import maybe_locked
 from ..config import Settings
 from ..errors import ControlError, MpswrapError
-from ..paths import GpuDirs, open_dir, read_job_file
+from ..paths import GpuDirs, read_job_file
+from ..removal import remove_tree
 from .control import Control
 from .manifest import Manifest, read_manifest
 from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
 
-__all__ = ["Ladder", "StopReport", "end_by_signal", "read_pid", "remove_tree"]
+__all__ = ["Ladder", "StopReport", "end_by_signal", "read_pid"]
 
 #: The pid file holds one number.
 PID_LIMIT = 64
-#: How deep ``remove_tree`` goes (mpswrap makes 3 levels below a job directory).
-MAX_DEPTH = 64
-_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 log = logging.getLogger(__name__)
 
@@ -235,54 +231,3 @@ def _identify_pidfile(path: Path) -> _proc.ProcId | None:
     if not pid:
         return None
     return next((p for p in _proc.procs_mentioning(str(path.parent)) if p.pid == pid), None)
-
-
-# --- removing a tree the job's user controls -------------------------------------------------
-def remove_tree(path: Path) -> str | None:
-    """Remove ``path`` and everything under it; None when it is gone, else what is left and
-    why. Through descriptors opened without following a symlink (one is removed, never
-    followed): whatever the tree's user swaps in meanwhile, nothing outside it is touched."""
-    try:
-        parent = open_dir(path.parent)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"directory {path} ({exc.strerror or exc})"
-    problems: list[str] = []
-    try:
-        _remove_at(parent, path.name, path, problems, 0)
-    finally:
-        os.close(parent)
-    if not os.path.lexists(path):  # listed again: what is left is reported by name
-        return None
-    return f"directory {path} ({problems[0] if problems else 'still there'})"
-
-
-def _remove_at(parent: int, name: str, shown: Path, problems: list[str], depth: int) -> None:
-    try:
-        fd = os.open(name, _LIST, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file or a symlink: the entry goes
-            _drop(os.unlink, parent, name, shown, problems)
-        elif exc.errno != errno.ENOENT:
-            problems.append(f"{shown}: {exc.strerror}")
-        return
-    try:
-        if depth >= MAX_DEPTH:
-            problems.append(f"{shown}: nested deeper than {MAX_DEPTH} levels")
-            return
-        for entry in os.listdir(fd):
-            _remove_at(fd, entry, shown / entry, problems, depth + 1)
-    finally:
-        os.close(fd)
-    _drop(os.rmdir, parent, name, shown, problems)
-
-
-def _drop(call: Callable[..., None], parent: int, name: str, shown: Path, out: list[str]) -> None:
-    """unlink or rmdir ``name`` below ``parent``; a failure is noted in ``out``."""
-    try:
-        call(name, dir_fd=parent)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        out.append(f"{shown}: {exc.strerror}")

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "mpswrap"
 #: Layers, lowest first, each a folder; inside one, a module imports only those listed before
 #: it (the order is the layer's own).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "": ("errors", "paths", "config", "jobenv", "_proc", "_wait", "_signals", "_lock"),
+    "": ("errors", "paths", "removal", "config", "jobenv", "_proc", "_wait", "_signals", "_lock"),
     "mps": ("gpu", "cuda", "control", "mpslog", "manifest", "ladder", "daemon"),
     "job": ("state", "placement", "verify", "supervise", "job", "watchdog"),
     "entry": ("launchargs", "slurmjob", "hooks", "launch", "local", "attached", "session"),

@@ -17,8 +17,8 @@ from mpswrap.config import load_settings
 from mpswrap.errors import LayoutError
 from mpswrap.job import state
 from mpswrap.job.job import JobDaemons, Teardown
-from mpswrap.mps.ladder import remove_tree
 from mpswrap.paths import JobLayout, check_dirs
+from mpswrap.removal import remove_tree
 
 REPO = str(Path(__file__).resolve().parents[2])
 ME = frozenset({0, os.geteuid()})
