@@ -17,7 +17,7 @@ import mpswrap
 
 
 def train(steps: int = 1500) -> float:
-    """784-512-512-10 MLP, batch 64, SGD, a host sync per step (as in notes/gpu-lab.md)."""
+    """784-512-512-10 MLP, batch 64, SGD, a host sync per step (benchmarks/workers/mlp.py)."""
     dev = torch.device("cuda")
     model = torch.nn.Sequential(
         torch.nn.Linear(784, 512),

@@ -15,9 +15,9 @@ import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import psutil
 
@@ -133,6 +133,11 @@ def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
         raise ProcError(
             "cannot execute program", thing=argv[0], cause=exc.strerror, argv=list(argv)
         ) from exc
+    except subprocess.SubprocessError as exc:  # the child failed before exec (preexec_fn)
+        raise ProcError(
+            "cannot start program", thing=argv[0], argv=list(argv),
+            cause="setting its CPU affinity or signal dispositions failed",
+        ) from exc  # fmt: skip
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

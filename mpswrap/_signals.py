@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from ._wait import wait_exit
 

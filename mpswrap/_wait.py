@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from collections.abc import Iterable
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from ._proc import Child, ProcId, is_alive
 

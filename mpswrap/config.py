@@ -7,17 +7,35 @@ choices. ``Settings.describe()`` shows every resolved value and where it came fr
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Literal, cast
+from typing import Any, Literal, cast
 
 from .errors import ConfigError
+from .values import (
+    Parser,
+    abs_path,
+    boolean,
+    choice,
+    clients,
+    inventory,
+    mem_size,
+    optional,
+    percent,
+    priority,
+    program,
+    seconds,
+    triggers,
+)
 
 __all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "load_settings"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_FILE = "/etc/mpswrap/mpswrap.conf"
 ENV_PREFIX = "MPSWRAP_"
@@ -32,108 +50,6 @@ _NOT_SETTINGS = {
     "MPSWRAP_DEBUG",
 }
 
-#: Turns admin text into a value of its setting's attribute type (``Settings`` declares it).
-Parser = Callable[[str], object]
-
-
-def _choice(*choices: str) -> Parser:
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return text
-
-    return parse
-
-
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "yes", "true", "on"):
-        return True
-    if low in ("0", "no", "false", "off"):
-        return False
-    raise ValueError("expected yes or no")
-
-
-def _number(text: str, error: str) -> float:
-    """A plain decimal (``15``, ``2.5``): not ``nan``, ``inf``, ``1e3`` nor ``1_0``."""
-    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
-        raise ValueError(error)
-    return float(text)
-
-
-def _seconds(text: str) -> float:
-    error = "expected seconds between 0 and 3600"
-    value = _number(text, error)
-    if not 0 < value <= 3600:
-        raise ValueError(error)
-    return value
-
-
-def _optional(parse: Parser) -> Parser:
-    def wrapped(text: str) -> object:
-        return None if text.lower() in ("", "none", "off") else parse(text)
-
-    return wrapped
-
-
-def _percent(text: str) -> float:
-    error = "expected a percentage in (0, 100]"
-    value = _number(text, error)
-    if not 0 < value <= 100:
-        raise ValueError(error)
-    return value
-
-
-def _limit(text: str) -> int | Literal["auto"]:
-    if text == "auto":
-        return "auto"
-    error = "expected auto or a number of clients from 1 to 128"
-    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 128:
-        raise ValueError(error)
-    return int(text)
-
-
-def _mem(text: str) -> str:
-    digits, unit = text[:-1], text[-1:].upper()
-    if unit not in ("M", "G") or not re.fullmatch(r"[0-9]{1,9}", digits) or int(digits) == 0:
-        raise ValueError("expected a size like 512M or 2G")
-    return f"{int(digits)}{unit}"
-
-
-def _abs_path(text: str) -> str:
-    if not os.path.isabs(text):
-        raise ValueError("expected an absolute path")
-    return os.path.normpath(text)
-
-
-def _inventory(text: str) -> str:
-    return text if text == "nvml" else _abs_path(text)
-
-
-def _program(text: str) -> str:
-    """A program name looked up in a fixed PATH, or an absolute path (never a relative one:
-    root runs it, from whatever directory)."""
-    if os.path.isabs(text):
-        return os.path.normpath(text)
-    if not re.fullmatch(r"[A-Za-z0-9._+-]+", text):
-        raise ValueError("expected a program name or an absolute path")
-    return text
-
-
-def _triggers(text: str) -> tuple[str, ...]:
-    items = tuple(t.strip() for t in text.split(",") if t.strip())
-    for item in items:
-        kind, _, name = item.partition(":")
-        if item != "gres-mps" and (kind not in ("feature", "comment") or not name):
-            raise ValueError("expected a list of gres-mps, feature:<name>, comment:<word>")
-    return items
-
-
-def _priority(text: str) -> int:
-    if text not in ("0", "1"):
-        raise ValueError("expected 0 (normal) or 1 (below normal)")
-    return int(text)
-
 
 @dataclass(frozen=True)
 class Field:
@@ -144,61 +60,101 @@ class Field:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field("run_dir", _abs_path, "/run/mpswrap", "root of per-job state for hooks (admin mode)"),
+    Field("run_dir", abs_path, "/run/mpswrap", "root of per-job state for hooks (admin mode)"),
     Field(
         "user_run_dir",
-        _optional(_abs_path),
+        optional(abs_path),
         "none",
         "root of per-job state in user mode (none: $XDG_RUNTIME_DIR/mpswrap or /tmp/mpswrap-UID)",
     ),
     Field(
-        "control_binary", _program, "nvidia-cuda-mps-control", "MPS control program (name or path)"
+        "control_binary",
+        program,
+        "nvidia-cuda-mps-control",
+        "MPS control program (name or path)",
     ),
-    Field("gpu_inventory", _inventory, "nvml", "nvml, or a JSON inventory file (simulation)"),
-    Field("client_limit", _limit, "auto", "MPS clients per GPU: auto (by architecture) or N"),
+    Field("gpu_inventory", inventory, "nvml", "nvml, or a JSON inventory file (simulation)"),
+    Field("client_limit", clients, "auto", "MPS clients per GPU: auto (by architecture) or N"),
     Field(
-        "gpu_policy", _choice("block", "cyclic", "affinity"), "block", "how local ranks map to GPUs"
+        "gpu_policy",
+        choice("block", "cyclic", "affinity"),
+        "block",
+        "how local ranks map to GPUs",
     ),
     Field(
-        "prolog_mode", _choice("always", "opt-in", "never"), "opt-in", "when the prolog starts MPS"
+        "prolog_mode",
+        choice("always", "opt-in", "never"),
+        "opt-in",
+        "when the prolog starts MPS",
     ),
     Field(
         "opt_in",
-        _triggers,
+        triggers,
         "gres-mps, feature:mps, comment:mps",
         "what makes a job opt in (prolog_mode = opt-in)",
     ),
     Field(
         "prolog_failure",
-        _choice("drain", "continue"),
+        choice("drain", "continue"),
         "continue",
         "drain: fail the prolog (Slurm drains the node); continue: run the job without MPS",
     ),
     Field(
         "epilog_failure",
-        _choice("drain", "continue"),
+        choice("drain", "continue"),
         "drain",
         "drain: fail the epilog if anything of the job survives teardown",
     ),
-    Field("cpu_binding", _bool, "yes", "pin each daemon to its GPU's local CPUs"),
-    Field("prestart_server", _bool, "no", "start the user's MPS server before the first client"),
-    Field("active_thread_percentage", _optional(_percent), "none", "default active thread %"),
-    Field("pinned_mem_limit", _optional(_mem), "none", "default device pinned memory limit"),
-    Field("client_priority", _optional(_priority), "none", "default client priority (0 or 1)"),
-    Field("start_timeout", _seconds, "15", "seconds for a daemon to answer after start"),
-    Field("command_timeout", _seconds, "10", "seconds for one control command"),
-    Field("terminate_timeout", _seconds, "5", "seconds for clients to exit after terminate_client"),
-    Field("quit_timeout", _seconds, "5", "seconds for quit before killing by PID"),
-    Field("kill_grace", _seconds, "10", "seconds between a forwarded signal and SIGKILL"),
+    Field("cpu_binding", boolean, "yes", "pin each daemon to its GPU's local CPUs"),
+    Field(
+        "prestart_server",
+        boolean,
+        "no",
+        "start the user's MPS server before the first client",
+    ),
+    Field(
+        "active_thread_percentage",
+        optional(percent),
+        "none",
+        "default active thread %",
+    ),
+    Field(
+        "pinned_mem_limit",
+        optional(mem_size),
+        "none",
+        "default device pinned memory limit",
+    ),
+    Field(
+        "client_priority",
+        optional(priority),
+        "none",
+        "default client priority (0 or 1)",
+    ),
+    Field("start_timeout", seconds, "15", "seconds for a daemon to answer after start"),
+    Field("command_timeout", seconds, "10", "seconds for one control command"),
+    Field(
+        "terminate_timeout",
+        seconds,
+        "5",
+        "seconds for clients to exit after terminate_client",
+    ),
+    Field("quit_timeout", seconds, "5", "seconds for quit before killing by PID"),
+    Field("kill_grace", seconds, "10", "seconds between a forwarded signal and SIGKILL"),
     Field(
         "log_archive",
-        _optional(_abs_path),
+        optional(abs_path),
         "none",
         "copy each daemon's control.log and server.log here before removing its directory",
     ),
-    Field("health_check", _bool, "no", "epilog: run a GPU health check after teardown"),
-    Field("syslog", _bool, "yes", "hooks: log to syslog as well as stderr"),
-    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "log level"),
+    Field(
+        "verify_attach",
+        choice("warn", "fail", "off"),
+        "warn",
+        "a rank that is not an MPS client: warn, fail (exit 69) or off (not checked)",
+    ),
+    Field("health_check", boolean, "no", "epilog: run a GPU health check after teardown"),
+    Field("syslog", boolean, "yes", "hooks: log to syslog as well as stderr"),
+    Field("log_level", choice("debug", "info", "warning", "error"), "info", "log level"),
 )
 _BY_NAME = {f.name: f for f in FIELDS}
 
@@ -290,6 +246,7 @@ class Settings:
     quit_timeout: float
     kill_grace: float
     log_archive: str | None
+    verify_attach: Literal["warn", "fail", "off"]
     health_check: bool
     syslog: bool
     log_level: str
@@ -359,13 +316,25 @@ def _file_layer(
 
 
 def _env_layer(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
-    """(name, text, variable) for each ``MPSWRAP_*`` variable that is a setting."""
+    """(name, text, variable) for each ``MPSWRAP_*`` variable that is a setting. Another
+    ``MPSWRAP_*`` variable is named in a warning and ignored: one stray variable in a
+    user's environment must not stop every command (``stop`` included)."""
     for var, text in env.items():
         if var.startswith(ENV_PREFIX) and var not in _NOT_SETTINGS:
             name = var[len(ENV_PREFIX) :].lower()
             if name.startswith("sim_"):
                 continue  # the simulator's own variables
-            yield name, text, var
+            if name in _BY_NAME:
+                yield name, text, var
+            elif var not in _WARNED:
+                _WARNED.add(var)
+                near = difflib.get_close_matches(name, _BY_NAME, n=1)
+                guess = f" (did you mean {ENV_PREFIX}{near[0].upper()}?)" if near else ""
+                log.warning("ignoring %s: not a setting%s", var, guess)
+
+
+#: Unknown variables already warned about (settings are loaded several times a command).
+_WARNED: set[str] = set()
 
 
 def load_settings(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "EXIT_CODES",
     "CapacityError",
     "ConfigError",
     "ControlError",
@@ -25,6 +26,25 @@ __all__ = [
     "internal_error",
     "one_line",
 ]
+
+#: Every exit code mpswrap itself chooses, and what it means (docs/reference.md shows this
+#: table; tests/functional/test_cli_grammar.py produces each code). A program's own exit code
+#: passes through unchanged in the launch modes.
+EXIT_CODES: tuple[tuple[str, str], ...] = (
+    ("0", "success; `status`: every daemon, server and client found is healthy"),
+    (
+        "1",
+        "an operation failed (the message names what, which thing, and why); `stop` and the "
+        "epilog: something survived the ladder",
+    ),
+    ("2", "usage or configuration error: unknown command or option, bad value"),
+    ("3", "`status`: something found is not healthy (a daemon not running, a server in FAULT)"),
+    ("4", "`status`: no mpswrap daemons found for the jobs asked about"),
+    ("69", "`--verify-attach fail`: a rank did not become an MPS client"),
+    ("126", "the program cannot be executed (not an executable file)"),
+    ("127", "the program was not found"),
+    ("128+N", "the program was ended because of signal N (e.g. 143 for SIGTERM)"),
+)
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
 

@@ -12,7 +12,6 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
 
 from .errors import ConfigError, MpswrapError, UsageError
 from .paths import validate_name
@@ -20,7 +19,7 @@ from .paths import validate_name
 __all__ = ["UUID_RE", "GpuRef", "JobEnv", "parse_gpu_list", "parse_int_list"]
 
 #: A GPU in Slurm's lists: a gres position (``2``) or a UUID (``GPU-…``, ``MIG-…``).
-GpuRef = Union[int, str]
+GpuRef = int | str
 _HEX_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 #: A GPU UUID as NVML writes it; a MIG device's in the current form (``MIG-<uuid>``, R470
 #: and later) or the earlier ``MIG-GPU-<uuid>/<gi>/<ci>``.

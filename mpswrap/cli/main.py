@@ -1,28 +1,32 @@
 """Command line: one parser for every mode.
 
 ``mpswrap [options] WORD ...``: the first word after the wrapper options picks the mode,
-the same way every time:
+the same way every time, before anything touches NVML or a daemon:
 
-- a command (``start``, ``stop``, ``status``, ``config``, ``demo``, ``run``, the Slurm hooks,
-  ``version``);
+- a command (``start``, ``stop``, ``status``, ``config``, ``demo``, ``run``, ``help``,
+  ``version``, ``install-hooks``, ``uninstall-hooks``, the Slurm hooks);
 - a launcher (``srun``, ``mpirun``, ``mpiexec``, ``orterun``): prefix mode;
-- anything else, or anything after ``--``: one rank (``srun mpswrap ./app``).
+- a program: a word with a ``/``, or one found on PATH; anything after ``--`` always is one
+  (per-rank mode, ``srun mpswrap ./app``);
+- anything else is a mistyped command: exit 2 with the nearest command named.
 
-``main()`` parses and dispatches; the work lives in ``entry`` and ``cli.manage``. Nothing
-imports this module.
+``-v``/``-q``/``--debug`` are accepted before and after a command word. ``main()`` parses and
+dispatches; the work lives in ``entry`` and ``cli.manage``. Nothing imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
 import re
+import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..config import load_settings
@@ -30,6 +34,7 @@ from ..entry import launchargs
 from ..entry.launch import LaunchOptions
 from ..errors import MpswrapError, UsageError, internal_error
 from ..job.placement import provision_threads
+from .options import LAUNCHERS, MODES, RUN_OPTIONS, VERBOSITY, WRAPPER_OPTIONS, Options
 
 __all__ = ["build_parser", "main"]
 
@@ -37,34 +42,6 @@ log = logging.getLogger("mpswrap")
 
 HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
 _SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
-
-Options = tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
-#: The wrapper options: before a launcher or program, and in ``run`` (written once).
-# fmt: off
-WRAPPER_OPTIONS: Options = (
-    (("--gpus",), {"metavar": "LIST", "help": "GPUs to use: 'all', NVML indices or UUIDs"}),
-    (("--policy",), {"choices": ("block", "cyclic", "affinity"), "help": "rank to GPU mapping"}),
-    (("--threads",), {"metavar": "SPEC", "help": "active thread %%: none, uniform, "
-                      "oversubscribe, a percent, or weights w1:w2:..."}),
-    (("--mem-limit",), {"metavar": "SIZE", "help": "pinned device memory per client: "
-                        "auto (GPU memory / ranks on it) or e.g. 8G, 512M"}),
-    (("--priority",), {"type": int, "choices": (0, 1), "help": "client priority (1 = below)"}),
-    (("--verify-attach",), {"choices": ("fail", "warn"),
-                            "help": "check each rank became an MPS client"}),
-    (("--verify-timeout",), {"type": float, "default": 30.0, "metavar": "S",
-                             "help": "seconds to wait for attachment (default 30)"}),
-    (("--no-shield",), {"action": "store_true",
-                        "help": "let TERM/INT/HUP reach the program directly"}),
-    (("--grace",), {"type": float, "metavar": "S",
-                    "help": "seconds from signal to SIGKILL (default: kill_grace)"}),
-    (("--dry-run",), {"action": "store_true", "help": "print what would run; start nothing"}),
-    (("--job",), {"metavar": "ID", "help": "job id for the per-job state (default: Slurm's)"}),
-    (("--debug",), {"action": "store_true", "help": "verbose logs and tracebacks"}),
-)
-# fmt: on
-RUN_OPTIONS: Options = (
-    (("-n", "--np"), {"type": int, "required": True, "dest": "nprocs", "help": "ranks to start"}),
-)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, hint=f"{self.prog} --help")
 
 
-def _add(parser: argparse.ArgumentParser, options: Options, inherited: bool = False) -> None:
+def _add(parser: Any, options: Options, inherited: bool = False) -> None:
     """Add ``options``; ``inherited``: the top level set them already (no default here, or
     argparse would overwrite the top level's value with this one's)."""
     for flags, kwargs in options:
@@ -82,10 +59,10 @@ def _add(parser: argparse.ArgumentParser, options: Options, inherited: bool = Fa
                                        if inherited else kwargs))  # fmt: skip
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="verbose logs and tracebacks")  # fmt: skip
-    parser.add_argument("--config", metavar="FILE", help="admin config file to read")
+def _common(parser: argparse.ArgumentParser, config: bool = True) -> None:
+    _add(parser, VERBOSITY, inherited=True)
+    if config:
+        parser.add_argument("--config", metavar="FILE", help="admin config file to read")
 
 
 def _job_args(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +98,7 @@ def _commands(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("config", help="show resolved settings and where each came from")
     _common(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("demo", help="start MPS, run clients, show status, tear down")
     _common(p)
     p.add_argument("--clients", type=int, default=4, help="number of clients (default 4)")
@@ -131,12 +108,28 @@ def _commands(sub: Any) -> None:
         default="auto",
         help="use the built-in MPS simulator (auto: when no GPU/MPS is found)",
     )
-    p = sub.add_parser("run", help="run N ranks of a command on this node: run -n N -- CMD")
+    p = sub.add_parser("run", help="run N ranks of a command on this node: run -n N -- CMD",
+                       usage="mpswrap run -n N [options] -- PROGRAM ...")  # fmt: skip
     _add(p, WRAPPER_OPTIONS, inherited=True)
+    _add(p, VERBOSITY, inherited=True)
     _add(p, RUN_OPTIONS)
+    _admin_commands(sub)
+
+
+def _admin_commands(sub: Any) -> None:
     for name in HOOK_COMMANDS:
         _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
-    sub.add_parser("version", help="print the version")
+    _common(sub.add_parser("version", help="print the version"), config=False)
+    from ..slurm import install
+
+    p = sub.add_parser("install-hooks", help="install the Slurm hook shims (root; slurm/README.md)")
+    install.add_install_arguments(p)
+    _common(p, config=False)
+    p = sub.add_parser("uninstall-hooks", help="remove the Slurm hook shims (root)")
+    install.add_uninstall_arguments(p)
+    _common(p, config=False)
+    p = sub.add_parser("help", help="this help, or a command's: help COMMAND")
+    p.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,19 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mpswrap",
         usage="mpswrap [options] COMMAND ... | mpswrap [options] (srun|mpirun|mpiexec|orterun)"
         " ... | mpswrap [options] [--] PROGRAM ...",
-        description="Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.",
-        epilog="Prefix a launcher: 'mpswrap srun -n 8 ./app', 'mpswrap mpirun -np 8 ./app'; "
-        "wrap each rank: 'srun mpswrap ./app'; no scheduler: 'mpswrap run -n 4 -- ./app'. "
-        "'mpswrap COMMAND --help' for more.",
+        description=MODES,
+        epilog="'mpswrap help COMMAND' or 'mpswrap COMMAND --help' for a command's options. "
+        "Settings (mpswrap config) come from MPSWRAP_<NAME> variables and the admin file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mpswrap {__version__}")
-    _add(parser, WRAPPER_OPTIONS)
+    _add(parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
+         WRAPPER_OPTIONS)  # fmt: skip
+    _add(parser.add_argument_group("output"), VERBOSITY)
     _commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="mpswrap"))
     return parser
 
 
 def _valued(options: Options) -> set[str]:
-    return {f for flags, kw in options if kw.get("action") != "store_true" for f in flags}
+    flag_actions = ("store_true", "count")
+    return {f for flags, kw in options if kw.get("action") not in flag_actions for f in flags}
 
 
 def split_options(argv: Sequence[str], valued: set[str]) -> tuple[list[str], list[str], bool]:
@@ -217,6 +213,12 @@ def _cmd_hook(args: argparse.Namespace) -> int:
     return run_hook(args.command, args.config)
 
 
+def _cmd_hooks_install(args: argparse.Namespace) -> int:
+    from ..slurm import install
+
+    return install.install(args) if args.command == "install-hooks" else install.uninstall(args)
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"mpswrap {__version__}")
     return 0
@@ -229,6 +231,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": _cmd_manage,
     "demo": _cmd_demo,
     "version": _cmd_version,
+    "install-hooks": _cmd_hooks_install,
+    "uninstall-hooks": _cmd_hooks_install,
     **dict.fromkeys(HOOK_COMMANDS, _cmd_hook),
 }
 
@@ -237,42 +241,103 @@ def dispatch(argv: list[str]) -> int:
     """Parse ``argv`` with the one parser and run the mode its first word picks."""
     parser = build_parser()
     head, rest, dashdash = split_options(argv, _valued(WRAPPER_OPTIONS))
-    if not dashdash and rest and rest[0] == "run":
-        run_head, command, _ = split_options(rest[1:], _valued((*WRAPPER_OPTIONS, *RUN_OPTIONS)))
+    mode = _mode(rest, dashdash)
+    if mode == "run":
+        valued = _valued((*WRAPPER_OPTIONS, *RUN_OPTIONS))
+        run_head, command, _ = split_options(rest[1:], valued)
         args = parser.parse_args([*head, "run", *run_head])
-        _setup_logging(args.debug)
+        _setup_logging(args, "info")
         from ..entry.local import run_local
 
         return run_local(_options(args), args.nprocs, command)
-    if not dashdash and rest and rest[0] in HANDLERS:
+    if mode == "command":
         args = parser.parse_args(argv)
-        _setup_logging(args.debug)
+        _setup_logging(args, "info")
         return HANDLERS[args.command](args)
     args = parser.parse_args(head)
-    if not rest:
+    if mode == "none":
         if dashdash:
             raise UsageError("no program given after --", hint="mpswrap --help")
         parser.print_help()
-        return 2
-    _setup_logging(args.debug)
-    if not dashdash and launchargs.family_of(rest[0]):
+        raise UsageError("no command, launcher or program given", hint="mpswrap --help")
+    if mode == "launcher":
+        _setup_logging(args, "info")
         from ..entry.launch import prefix
 
         return prefix(_options(args), rest)
-    if not args.debug:  # "daemon already running" from every rank is noise at 48 ranks a GPU
-        logging.getLogger("mpswrap").setLevel(logging.WARNING)
+    # One rank of many: "daemon already running" from every rank is noise at 48 ranks a GPU.
+    _setup_logging(args, "warning")
     from ..entry.launch import per_rank
+    from ..job.supervise import check_program
 
-    return per_rank(_options(args), rest)
+    opts = _options(args)  # usage errors (2) first, then 127/126, before NVML or a daemon
+    check_program(rest, os.environ)
+    return per_rank(opts, rest)
 
 
-def _setup_logging(debug: bool) -> None:
+def _mode(rest: Sequence[str], dashdash: bool) -> str:
+    """What the first word after the wrapper options is: ``command``, ``run``,
+    ``launcher``, ``program`` or ``none``; a word that is none of these is a UsageError."""
+    if not rest:
+        return "none"
+    word = rest[0]
+    if dashdash:
+        return "program"
+    if word == "run":
+        return "run"
+    if word in HANDLERS:
+        return "command"
+    if launchargs.family_of(word):
+        return "launcher"
+    if "/" in word or shutil.which(word):
+        return "program"
+    near = difflib.get_close_matches(word, [*HANDLERS, "run", *LAUNCHERS], n=1, cutoff=0.6)
+    raise UsageError(
+        f"unknown command '{word}'" + (f" (did you mean '{near[0]}'?)" if near else ""),
+        hint="mpswrap --help lists the commands; to run a program, give its path "
+        f"or use 'mpswrap -- {word}'",
+    )
+
+
+def _cmd_help(args: argparse.Namespace) -> int:
+    parser = build_parser()
+    if args.topic is None:
+        parser.print_help()
+        return 0
+    if args.topic not in (*HANDLERS, "run"):
+        raise UsageError(f"no command '{args.topic}'", hint="mpswrap help")
+    parser.parse_args([args.topic, "--help"])
+    return 0
+
+
+HANDLERS["help"] = _cmd_help
+
+
+def _setup_logging(args: argparse.Namespace | None, default: str) -> None:
+    """Log level: --debug/-v/-q, else MPSWRAP_DEBUG=1, else the ``log_level`` setting
+    (``MPSWRAP_LOG_LEVEL`` or the admin file) where one is set, else ``default``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("mpswrap: %(message)s"))
     root = logging.getLogger("mpswrap")
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug or _debug_env() else logging.INFO)
     root.propagate = False
+    root.setLevel(_level(args, default))
+
+
+def _level(args: argparse.Namespace | None, default: str) -> int:
+    debug = bool(getattr(args, "debug", False))
+    verbose, quiet = getattr(args, "verbose", 0) or 0, getattr(args, "quiet", 0) or 0
+    if debug or verbose > quiet:
+        return logging.DEBUG
+    if quiet > verbose:
+        return logging.WARNING if quiet - verbose == 1 else logging.ERROR
+    if _debug_env():
+        return logging.DEBUG
+    if args is not None:
+        settings = load_settings(problems=[], config_file=getattr(args, "config", None))
+        if settings.sources["log_level"] != "default":
+            default = settings.log_level
+    return logging.getLevelName(default.upper())  # type: ignore[no-any-return]
 
 
 def _debug_env() -> bool:
@@ -281,7 +346,7 @@ def _debug_env() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _setup_logging(False)
+    _setup_logging(None, "info")
     try:
         return dispatch(argv)
     except SystemExit as exc:  # --help, --version

@@ -19,7 +19,7 @@ from ..mps.daemon import Defaults
 from ..mps.gpu import load_inventory, resolve_gpus
 from ..paths import JobLayout
 
-__all__ = ["COMMANDS", "print_status"]
+__all__ = ["COMMANDS", "print_status", "unhealthy"]
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,17 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 
 def _allowed_cpus(text: str | None) -> frozenset[int] | None:
-    if text:
-        return frozenset(parse_int_list(text, "--cpus"))
-    return frozenset(os.sched_getaffinity(0))
+    """``--cpus`` within the CPUs this process may use (all of those without it)."""
+    mine = frozenset(os.sched_getaffinity(0))
+    if not text:
+        return mine
+    asked = frozenset(parse_int_list(text, "--cpus"))
+    if not asked <= mine:
+        raise UsageError(
+            "bad --cpus", thing=text, cause=f"CPU(s) {_cpus(sorted(asked - mine))} not available "
+            f"to this process", hint=f"choose among CPUs {_cpus(sorted(mine))}",
+        )  # fmt: skip
+    return asked
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -109,7 +117,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+#: ``status`` exit codes (mpswrap.errors.EXIT_CODES describes them).
+HEALTHY, UNHEALTHY, NOTHING_FOUND = 0, 3, 4
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none."""
     settings = _settings(args)
     jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
     status = {"node": _node(args), "jobs": jobs}
@@ -119,7 +132,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no MPS daemons of mpswrap on {status['node']}")
     for job in [] if args.json else jobs:
         print_status(job)
-    return 0
+    problems = [item for job in jobs for item in unhealthy(job)]
+    for item in problems:
+        log.warning("not healthy: %s", item)
+    if problems:
+        return UNHEALTHY
+    return HEALTHY if jobs else NOTHING_FOUND
+
+
+def unhealthy(job: dict[str, Any]) -> list[str]:
+    """What in one job's status is not healthy, each naming the job and GPU."""
+    where = f"job {job['job']} on {job['node']}"
+    found = [] if job["gpus"] else [f"{where}: no GPU daemon in {job['job_dir']}"]
+    for gpu in job["gpus"]:
+        at = f"{where}, {gpu['key']}"
+        daemon = gpu.get("daemon")
+        if not daemon:
+            found.append(f"{at}: no manifest (its daemon is starting, or failed to start)")
+        elif not daemon.get("alive"):
+            found.append(f"{at}: daemon {daemon.get('pid')} not running")
+        elif gpu.get("error"):
+            found.append(f"{at}: daemon does not answer: {gpu['error']}")
+        found += [f"{at}: server {s['pid']} is {s['status']}"
+                  for s in gpu.get("servers", []) if s["status"] != "ACTIVE"]  # fmt: skip
+        found += [f"{at}: fault at {f['time']} not recovered"
+                  for f in gpu.get("faults", []) if not f["recovered"]]  # fmt: skip
+    return found
 
 
 def print_status(status: dict[str, Any]) -> None:

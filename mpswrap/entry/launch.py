@@ -24,14 +24,15 @@ from .._signals import TERMINATING, SignalTrap
 from ..config import Settings, load_settings
 from ..errors import GpuError, MpswrapError
 from ..job import state
-from ..job.job import Attachment, JobDaemons, attach, log_teardown, release
+from ..job.job import Attachment, JobDaemons, attach, leave, log_teardown
 from ..job.placement import Placement, Slot, check_capacity, place
+from ..job.summary import Outcome, emit
 from ..job.supervise import Rank, supervise, watch
 from ..jobenv import JobEnv
 from ..mps.gpu import GpuInfo, Inventory, client_limit, load_inventory, resolve_gpus, visible_gpus
 from . import launchargs
 
-__all__ = ["LaunchOptions", "capacity_limits", "per_rank", "prefix"]
+__all__ = ["LaunchOptions", "capacity_limits", "finish", "per_rank", "prefix"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,10 @@ class LaunchOptions:
     def settings(self) -> Settings:
         return load_settings({"gpu_policy": self.policy})
 
+    def verify_mode(self, settings: Settings) -> str:
+        """``--verify-attach`` if given, else the ``verify_attach`` setting (warn|fail|off)."""
+        return self.verify_attach or settings.verify_attach
+
     def grace_s(self, settings: Settings) -> float:
         return settings.kill_grace if self.grace is None else self.grace
 
@@ -81,7 +86,9 @@ class LaunchOptions:
         skip = {"dry_run", "debug", "no_shield", "verify_timeout", "job"}
         values: dict[str, object] = {"job": job}
         values.update((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in skip)
-        values["verify_timeout"] = self.verify_timeout if self.verify_attach else None
+        # Unless given here, the ranks' own verify_attach setting applies (MPSWRAP_* reach them).
+        timed = self.verify_attach or self.verify_timeout != LaunchOptions.verify_timeout
+        values["verify_timeout"] = self.verify_timeout if timed else None
         out = [sys.executable, "-m", "mpswrap"]
         out += [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
         out += ["--no-shield"] if self.no_shield else []
@@ -122,6 +129,9 @@ def _slots(att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None) 
 
 
 def per_rank(opts: LaunchOptions, command: list[str]) -> int:
+    """One rank: attach, place, supervise; the node's last rank to leave prints its summary
+    (``job.summary``: ranks of one node that do not overlap in time print one each)."""
+    start = time.time()
     settings = opts.settings()
     env = JobEnv.current()
     job = env.job_key(given=opts.job, fresh="local")
@@ -137,7 +147,8 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
         return 0
     # Signals are recorded, not acted on, until the child runs: attach/release must finish.
     with SignalTrap() as trap:
-        att = attach(settings, env, job, gpus=chosen)
+        att = attach(settings, env, job, gpus=chosen, counted=True)
+        outcomes: list[Outcome] = []  # none if the program never started: its error says why
         try:
             slots = _slots(att, inventory, chosen)
             if att.mode == "user":
@@ -147,15 +158,26 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
             early = [s for s in trap.pop() if s in TERMINATING]
             if early:
                 return 128 + early[0]
-            return supervise(
+            outcomes.append(supervise(
                 command, {**os.environ, **found.env},
                 daemon=att.daemons.daemon(found.slot.key), grace=opts.grace_s(settings),
-                shield=not opts.no_shield, verify_attach=opts.verify_attach,
-                verify_timeout=opts.verify_timeout,
+                shield=not opts.no_shield, verify_attach=opts.verify_mode(settings),
+                verify_timeout=opts.verify_timeout, start=start,
                 name=f"rank {rank if env.rank is None else env.rank}",
-            )  # fmt: skip
+            ))  # fmt: skip
+            return outcomes[0].code
         finally:
-            log_teardown(release(att), "rank")
+            finish(att, outcomes, "rank")
+
+
+def finish(att: Attachment, outcomes: Sequence[Outcome], context: str) -> None:
+    """Leave the job's daemons: log what their teardown left behind and, from the node's
+    last owner, print the node's summary (none where no program ran)."""
+    done = leave(att, outcomes)
+    log_teardown(done.teardown, context)
+    node = done.summary()
+    if node is not None and node.outcomes:
+        emit(node)
 
 
 def _shown(env: Mapping[str, str]) -> str:

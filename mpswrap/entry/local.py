@@ -3,7 +3,8 @@
 This process is the one owner of the attachment: it starts N shielded children with
 ``MPSWRAP_RANK``/``MPSWRAP_LOCAL_RANK``/``MPSWRAP_NPROCS``/``MPSWRAP_LOCAL_SIZE``, prefixes
 each line of their output with ``[rank] ``, and ends the others through the ladder when one
-fails (exit code: the first failing rank's) or when a signal arrives (128+signal).
+fails (exit code: the first failing rank's) or when a signal arrives (128+signal). At the
+end it prints the node's summary line (``job.summary``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,30 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO, Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import IO, Any
 
 from .. import _proc
 from .._signals import TERMINATING, SignalTrap
+from ..config import Settings
 from ..errors import UsageError
-from ..job.job import Attachment, attach, log_teardown, release
-from ..job.placement import Placement, check_capacity
-from ..job.supervise import Rank, end_ranks, guarded, killed_on_error, spawn_rank, watch
+from ..job.job import Attachment, attach
+from ..job.placement import Placement, Slot, check_capacity
+from ..job.summary import Outcome
+from ..job.supervise import (
+    Rank,
+    end_ranks,
+    guarded,
+    killed_on_error,
+    outcomes_of,
+    spawn_rank,
+    watch,
+)
 from ..job.verify import Verifier
 from ..jobenv import JobEnv
-from ..mps.gpu import load_inventory
-from .launch import LaunchOptions, capacity_limits, planned_slots
+from ..mps.gpu import Inventory, load_inventory
+from .launch import LaunchOptions, capacity_limits, finish, planned_slots
 
 __all__ = ["run_local"]
 
@@ -40,42 +52,51 @@ DRAIN_TIMEOUT = 5.0
 
 
 def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
-    """``mpswrap run -n N -- command``; returns the exit code."""
+    """``mpswrap run -n N -- command``; returns the exit code. Ends with the summary line of
+    the node (``job.summary``)."""
+    start = time.time()
     if nprocs < 1:
         raise UsageError("bad -n", thing=str(nprocs), cause="need at least one rank")
     if not command:
         raise UsageError("no command to run", hint="mpswrap run -n 4 -- python train.py")
     settings = opts.settings()
+    opts = replace(opts, verify_attach=opts.verify_mode(settings))
     env = JobEnv(dict(os.environ))
     # A fresh job per run unless told otherwise: this process is its only owner.
     job = env.job_key(given=opts.job, fresh=f"run-{os.getpid()}")
     assert job is not None
     inventory = load_inventory(settings.gpu_inventory)
     chosen = opts.chosen_gpus(inventory)
-    cpus = env.cpus_allowed  # every rank starts with ours (affinity policy)
+    # Every rank starts with our CPUs (affinity policy).
+    place_in = functools.partial(opts.place, policy=settings.gpu_policy, rank_cpus=env.cpus_allowed)
     if opts.dry_run:
         slots = planned_slots(settings, env, job, inventory, chosen)
-        place_rank = functools.partial(opts.place, slots, policy=settings.gpu_policy,
-                                       rank_cpus=cpus)  # fmt: skip
-        return _print_plan(place_rank, nprocs, command)
+        return _print_plan(functools.partial(place_in, slots), nprocs, command)
     # Signals are only recorded from here on, so that attach and release always complete.
     with SignalTrap() as trap:
         att = attach(settings, env, job, gpus=chosen)
+        outcomes: list[Outcome] = []
         try:
             att.announce()
-            slots = att.daemons.slots(inventory)
-            uuids = [s.uuid for s in slots]
-            limits = capacity_limits(uuids, inventory, settings)
-            check_capacity(uuids, nprocs, settings.gpu_policy, limits, att.daemons.clients())
+            slots = _checked_slots(att, inventory, nprocs, settings)
             early = [sig for sig in trap.pop() if sig in TERMINATING]
             if early:
                 return 128 + early[0]
-            place_rank = functools.partial(opts.place, slots, policy=settings.gpu_policy,
-                                           rank_cpus=cpus)  # fmt: skip
-            return _run_ranks(att, opts, command, nprocs, place_rank=place_rank, trap=trap,
-                              grace=opts.grace_s(settings))  # fmt: skip
+            code, outcomes = _run_ranks(att, opts, command, nprocs, trap=trap, start=start,
+                                        place_rank=functools.partial(place_in, slots),
+                                        grace=opts.grace_s(settings))  # fmt: skip
+            return code
         finally:
-            log_teardown(release(att), f"job {job}")
+            finish(att, outcomes, f"job {job}")
+
+
+def _checked_slots(att: Attachment, inventory: Inventory, n: int, settings: Settings) -> list[Slot]:
+    """The attachment's GPUs, once ``n`` more clients are known to fit on them."""
+    slots = att.daemons.slots(inventory)
+    uuids = [s.uuid for s in slots]
+    limits = capacity_limits(uuids, inventory, settings)
+    check_capacity(uuids, n, settings.gpu_policy, limits, att.daemons.clients())
+    return slots
 
 
 def _print_plan(place_rank: Callable[[int, int], Placement], n: int, command: Sequence[str]) -> int:
@@ -101,8 +122,9 @@ def _rank_env(base: Mapping[str, str], placement: Placement, rank: int, n: int) 
 
 
 def _run_ranks(att: Attachment, opts: LaunchOptions, command: Sequence[str], n: int, *,
-               place_rank: Callable[[int, int], Placement], trap: SignalTrap,
-               grace: float) -> int:  # fmt: skip
+               place_rank: Callable[[int, int], Placement], trap: SignalTrap, grace: float,
+               start: float) -> tuple[int, list[Outcome]]:  # fmt: skip
+    """Start, watch and end the N ranks: (the exit code, how each rank ended)."""
     ranks: list[Rank] = []
     pumps: list[threading.Thread] = []
     try:
@@ -117,7 +139,8 @@ def _run_ranks(att: Attachment, opts: LaunchOptions, command: Sequence[str], n: 
             for index, rank in enumerate(ranks):
                 pumps += _start_pumps(rank, index)
             checks = Verifier.for_ranks(ranks, opts.verify_attach, opts.verify_timeout)
-            return watch(ranks, trap, grace=grace, checks=checks)
+            code = watch(ranks, trap, grace=grace, checks=checks)
+            return code, outcomes_of(ranks, checks, start)
     except BaseException:
         end_ranks(ranks, signal.SIGTERM, grace)  # an error of ours: end them cleanly
         raise

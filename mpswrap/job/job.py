@@ -7,7 +7,9 @@ User-mode ownership: the first local rank starts the daemons under the job's own
 every owner (a per-rank supervisor, ``mpswrap run``, a ``session()`` process) holds a
 reference file ``refs/<pid>-<start time>``; the last owner to release stops the daemons. A
 watchdog (``job.watchdog``) stops them when every owner died without releasing; the Slurm
-epilog sweeps whatever is still left.
+epilog sweeps whatever is still left. Per-rank supervisors hold a reference to the prolog's
+daemons too (never stopped by them), so that the last rank of a node is known there as well:
+it prints the node's summary (``job.summary``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,21 @@ from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
 from ..removal import remove_tree
-from . import state
+from . import state, summary
 from .placement import Slot
+from .summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
 
-__all__ = ["Attachment", "JobDaemons", "Teardown", "attach", "live_refs", "log_teardown", "release"]
+__all__ = [
+    "Attachment",
+    "JobDaemons",
+    "Released",
+    "Teardown",
+    "attach",
+    "leave",
+    "live_refs",
+    "log_teardown",
+    "release",
+]
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +133,7 @@ class JobDaemons:
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
         try:
-            for key, gpu in zip(keys, gpus):
+            for key, gpu in zip(keys, gpus, strict=False):
                 steps = self.daemon(key).starting(
                     gpu, user, node=self.layout.node, job_id=self.layout.job_id,
                     started_by=started_by, defaults=defaults, allowed_cpus=allowed_cpus,
@@ -227,12 +240,17 @@ def attach(
     *,
     gpus: list[GpuInfo] | None = None,
     defaults: Defaults | None = None,
+    counted: bool = False,
 ) -> Attachment:
-    """Find the prolog's daemons of ``job``, or start (or join) user-mode ones."""
+    """Find the prolog's daemons of ``job``, or start (or join) user-mode ones. A user-mode
+    owner always holds a reference; ``counted``: a prolog-mode one too, so that ``leave``
+    can tell the node's last rank (the summary)."""
     admin = JobDaemons(state.admin_layout(settings, env.node, job), settings)
     manifests = admin.live_manifests()
     if manifests:
-        return Attachment(admin, manifests, "prolog")
+        return Attachment(
+            admin, manifests, "prolog", _counted_ref(admin.layout) if counted else None
+        )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     if gpus is None:
         gpus = visible_gpus(env, load_inventory(settings.gpu_inventory))
@@ -249,17 +267,56 @@ def attach(
     return Attachment(daemons, manifests, "user", ref)
 
 
+@dataclass
+class Released:
+    """What leaving the job's daemons did."""
+
+    att: Attachment
+    #: The user-mode teardown, when this owner was the last (else None).
+    teardown: Teardown | None = None
+    #: Every outcome of the node's ranks, when this owner was the last to leave; else None.
+    outcomes: list[Outcome] | None = None
+
+    def summary(self) -> NodeSummary | None:
+        """The node's summary, from the last owner to leave; else None."""
+        if self.outcomes is None:
+            return None
+        done = self.teardown
+        if self.att.mode != "user":
+            words = BY_EPILOG
+        elif done is None:  # its directory went first (a tmp cleaner): the watchdog ends them
+            words = "not run (job directory gone)"
+        else:
+            words = teardown_words(len(done.problems()))
+        ended = sum(len(r.terminated) for r in done.gpus) if done else 0
+        return NodeSummary(self.att.layout.node, self.outcomes, words, ended)
+
+
 def release(att: Attachment) -> Teardown | None:
     """Drop this owner's reference; the last owner stops the user-mode daemons (returns
     what that did; None when the daemons stay)."""
-    if att.mode != "user" or att.ref is None or not att.layout.job_dir.exists():
-        return None
+    return leave(att).teardown
+
+
+def leave(att: Attachment, outcomes: Sequence[Outcome] = ()) -> Released:
+    """``release``, with the outcomes of this owner's ranks: an owner that is not the last
+    leaves them in the job directory (``summary.save``); the last, decided under the owner
+    lock, collects every one left there. An owner without a reference (``mpswrap run`` on
+    the prolog's daemons) is alone."""
+    done = Released(att)
+    if att.ref is None or not att.layout.job_dir.exists():
+        done.outcomes = list(outcomes)
+        return done
     with _lock.file_lock(att.layout.job_dir / OWNER_LOCK, timeout=30):
         att.ref.unlink(missing_ok=True)
         att.ref = None
         if live_refs(att.layout):
-            return None
-        return att.daemons.stop()
+            summary.save(att.layout, outcomes)
+            return done
+        done.outcomes = [*summary.collect(att.layout), *outcomes]
+        if att.mode == "user":
+            done.teardown = att.daemons.stop()
+    return done
 
 
 def log_teardown(done: Teardown | None, context: str) -> None:
@@ -275,6 +332,18 @@ def _add_ref(layout: JobLayout) -> Path:
     ref = layout.refs_dir / f"{me.pid}-{me.start_time:.3f}"
     ref.touch()
     return ref
+
+
+def _counted_ref(layout: JobLayout) -> Path | None:
+    """A reference to the prolog's daemons; None (and a warning) where the job directory
+    takes none: the rank then runs as if alone on its node. Without the owner lock: a ref
+    made while the last rank sums up belongs to the next summary, and the rank, which may run
+    for days, does not load filelock (4 MiB) before its program ends."""
+    try:
+        return _add_ref(layout)
+    except OSError as exc:
+        log.warning("summary: this rank is not counted with the node's others (%s)", exc)
+        return None
 
 
 def live_refs(layout: JobLayout) -> list[_proc.ProcId]:

@@ -41,9 +41,14 @@ __all__ = [
     "gpu_dirs",
     "job_layouts",
     "jobs_on_node",
+    "outcomes_dir",
     "user_layout",
     "user_roots",
 ]
+
+
+#: The folder of rank outcome records in a job directory.
+OUTCOMES = "outcomes"
 
 
 def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
@@ -55,9 +60,19 @@ def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
     if settings.user_run_dir:
         return Path(settings.user_run_dir)
     xdg = env.get("XDG_RUNTIME_DIR", "")
-    if xdg and os.path.isabs(xdg) and uid == os.getuid():
+    if xdg and os.path.isabs(xdg) and uid == os.getuid() and _own_dir(xdg, uid):
         return Path(xdg) / "mpswrap"
     return Path(f"/tmp/mpswrap-{uid}")
+
+
+def _own_dir(path: str, uid: int) -> bool:
+    """Whether ``path`` is a real directory of ``uid`` (an inherited ``XDG_RUNTIME_DIR`` of
+    another user, after su or sudo, is not: the /tmp root is used instead)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
 
 
 def user_layout(
@@ -212,6 +227,13 @@ def gpu_dirs(layout: JobLayout) -> list[GpuDirs]:
     check_safe(layout)
     names = list_dir(layout.job_dir, "cannot read job directory") or []
     return [layout.gpu(key) for key in layout.gpu_keys(names)]
+
+
+def outcomes_dir(layout: JobLayout) -> Path:
+    """Records of how the node's ranks ended, until the last rank sums them up
+    (``job.summary``): the job user's, in prolog and user mode alike (the job directory is
+    theirs in both), and removed with the job directory."""
+    return layout.job_dir / OUTCOMES
 
 
 #: Rounds of making a job directory whose node directory another job's epilog removes.

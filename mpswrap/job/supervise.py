@@ -21,19 +21,29 @@ import select
 import shutil
 import signal
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
 
 from .. import _proc
 from .._signals import FORWARDED, TERMINATING, SignalTrap, fork_guard
 from .._wait import pidfd, wait_child, wait_gone
 from ..errors import ProcError
 from ..mps.daemon import Daemon
+from .summary import Outcome
 from .verify import Verifier
 
-__all__ = ["VERIFY_FAILED", "Rank", "end_ranks", "exit_code", "guarded", "spawn_rank", "watch"]
+__all__ = [
+    "VERIFY_FAILED",
+    "Rank",
+    "check_program",
+    "end_ranks",
+    "exit_code",
+    "guarded",
+    "outcomes_of",
+    "spawn_rank",
+    "watch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,8 @@ log = logging.getLogger(__name__)
 #: sysexits' EX_UNAVAILABLE ("a service is unavailable"), apart from the program's own small
 #: codes, usage errors (2) and signals (128+n).
 VERIFY_FAILED = 69
+#: Seconds from SIGTERM to SIGKILL for ranks ended because one is no MPS client.
+VERIFY_GRACE = 2.0
 #: Exit codes of a program that cannot be started, as shells and srun report them.
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
 #: How often the wait loop looks at the ranks when nothing wakes it.
@@ -55,6 +67,8 @@ class Rank:
     ident: _proc.ProcId
     daemon: Daemon | None
     name: str = "rank"
+    #: Its clients ended by terminate_client (the summary counts them).
+    ended: int = 0
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts)."""
@@ -70,7 +84,7 @@ def exit_code(returncode: int) -> int:
 
 
 # --- starting and ending ranks -----------------------------------------------------------
-def _check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
+def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Fail like a shell (127/126) before forking when the program cannot run."""
     program = argv[0] if argv else ""
     path = program if "/" in program else shutil.which(program, path=env.get("PATH", ""))
@@ -101,7 +115,7 @@ def spawn_rank(
     stdin: int | None = None,
 ) -> Rank:
     """Start one client: shielded, in our process group, in the caller's directory."""
-    _check_program(argv, env)
+    check_program(argv, env)
     proc = _proc.spawn(
         argv, env=env,
         new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
@@ -140,15 +154,18 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     """End every MPS client among the ranks' process trees through their daemons' ladder
     (``Daemon.end_clients``); returns the PIDs it terminated."""
-    groups: dict[str, tuple[Daemon, set[int]]] = {}
+    groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
     for rank in (r for r in ranks if r.daemon is not None):
         assert rank.daemon is not None
-        group = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, set()))
-        group[1].update(p.pid for p in rank.tree())
+        group = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, {}))
+        group[1].update((p.pid, rank) for p in rank.tree())
     ended: set[int] = set()
-    for daemon, pids in groups.values():
-        report = daemon.end_clients(pids)
+    for daemon, owners in groups.values():
+        report = daemon.end_clients(set(owners))
         ended.update(report.terminated)
+        for pid in report.terminated:
+            if pid in owners:
+                owners[pid].ended += 1
         for note in report.notes:
             log.warning("%s: %s", daemon.dirs.key, note)
     return ended
@@ -248,8 +265,11 @@ def _first_failure(ranks: Sequence[Rank], grace: float) -> int | None:
 
 
 def _failed_check(ranks: Sequence[Rank], checks: Sequence[Verifier], grace: float) -> int | None:
+    """A ``fail`` check that found its rank without MPS ends every rank. The grace is short:
+    that rank is no client (nothing of MPS to wedge), and the others are ended through
+    terminate_client first, after which killing them is safe."""
     if any(check.failed() for check in checks):
-        end_ranks(ranks, signal.SIGTERM, grace)
+        end_ranks(ranks, signal.SIGTERM, min(grace, VERIFY_GRACE))
         return VERIFY_FAILED
     return None
 
@@ -282,10 +302,30 @@ def supervise(
     verify_attach: str | None = None,
     verify_timeout: float = 30.0,
     name: str = "rank",
-) -> int:
-    """Run ``argv`` as this rank's MPS client until it exits; return the exit code."""
+    start: float | None = None,
+) -> Outcome:
+    """Run ``argv`` as this rank's MPS client until it exits; return how it ended (its exit
+    code: the program's, 128+signal, or 69 when ``fail`` found it without MPS)."""
+    start = time.time() if start is None else start
     with SignalTrap() as trap:
         rank = spawn_rank(argv, env, daemon, shield=shield, name=name)
         checks = Verifier.for_ranks([rank], verify_attach, verify_timeout)
         with guarded([rank], grace), killed_on_error([rank]):
-            return watch([rank], trap, grace=grace, checks=checks)
+            code = watch([rank], trap, grace=grace, checks=checks)
+    return replace(outcomes_of([rank], checks, start)[0], code=code)
+
+
+def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float) -> list[Outcome]:
+    """How each rank ended, once ``watch`` returned: for the summary. A rank that
+    terminate_client ended was a client, whether or not its check had seen it yet."""
+    checked = {id(c.rank): c.listed for c in checks}
+    refused = {id(c.rank) for c in checks if c.refused}
+
+    def code(rank: Rank) -> int:
+        return VERIFY_FAILED if id(rank) in refused else exit_code(rank.proc.poll() or 0)
+
+    def attached(rank: Rank) -> bool | None:
+        seen = checked.get(id(rank))
+        return None if seen is None else seen or rank.ended > 0
+
+    return [Outcome(code(r), attached(r), r.ended, start) for r in ranks]

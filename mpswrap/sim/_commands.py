@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from . import _faults
 from ._ops import Quit, Terminate
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ._daemon import Daemon
 
 #: (stdout, stderr, exit status), or None when the answer comes later (or never).
-Result = Optional[tuple[str, str, int]]
+Result = tuple[str, str, int] | None
 Handler = Callable[["Daemon", "Conn", list[str]], Result]
 
 

@@ -159,7 +159,7 @@ def test_client_limit_refuses_the_49th(backend: Backend) -> None:
     listed = backend.wait_clients(server, 48, timeout=90)
     assert len(listed) == 48
     outs = [c.communicate(timeout=120) for c in clients]
-    failed = [out for (out, _), c in zip(outs, clients) if c.returncode != 0]
+    failed = [out for (out, _), c in zip(outs, clients, strict=False) if c.returncode != 0]
     assert len(failed) == 1, failed
     assert "CUDA error 46" in failed[0]
 

@@ -131,9 +131,22 @@ CASES: tuple[Case, ...] = (
          "mpswrap: bad value for quit_timeout ('-1' in MPSWRAP_QUIT_TIMEOUT): expected seconds "
          "between 0 and 3600", 2,
          env={"MPSWRAP_QUIT_TIMEOUT": "-1"}),
-    Case("env-unknown-setting", "environment", ("status", *JOB),
-         f"mpswrap: unknown setting (no_such_key in MPSWRAP_NO_SUCH_KEY)\nhint: {VALID}", 2,
-         env={"MPSWRAP_NO_SUCH_KEY": "1"}),
+    Case("env-unknown-variable", "environment", ("stop", *JOB),
+         "mpswrap: ignoring MPSWRAP_QUIT_TIMEOT: not a setting (did you mean "
+         "MPSWRAP_QUIT_TIMEOUT?)", 0,
+         env={"MPSWRAP_QUIT_TIMEOT": "1"}),
+    Case("env-client-limit-word", "environment", ("run", "-n", "1", *APP),
+         "mpswrap: bad value for client_limit ('abc' in MPSWRAP_CLIENT_LIMIT): expected auto or "
+         "a number of clients from 1 to 128", 2,
+         env={"MPSWRAP_CLIENT_LIMIT": "abc"}),
+    Case("env-log-level-word", "environment", ("status", *JOB),
+         "mpswrap: bad value for log_level ('loud' in MPSWRAP_LOG_LEVEL): expected one of debug, "
+         "info, warning, error", 2,
+         env={"MPSWRAP_LOG_LEVEL": "loud"}),
+    Case("xdg-runtime-dir-of-another-user", "environment", ("status", "--node", "n1"),
+         "", 4,
+         env={"XDG_RUNTIME_DIR": "<root>/xdg-root", "MPSWRAP_USER_RUN_DIR": "none"},
+         setup="private_root_xdg_dir", as_user=True),
     Case("env-config-missing", "environment", ("status", *JOB),
          "mpswrap: cannot read config file (/nonexistent/mpswrap.conf): No such file or "
          "directory", 2,
@@ -186,6 +199,18 @@ CASES: tuple[Case, ...] = (
     Case("conf-not-utf8", "admin file", ("start", *JOB),
          "mpswrap: cannot read config file (<root>/mpswrap.conf): not UTF-8 text", 2,
          config="run_dir = /run/mpsw\udce4p\n"),
+    # --- command words -------------------------------------------------------------------------
+    Case("command-misspelt", "arguments", ("stauts",),
+         "mpswrap: unknown command 'stauts' (did you mean 'status'?)\nhint: mpswrap --help lists "
+         "the commands; to run a program, give its path or use 'mpswrap -- stauts'", 2),
+    Case("command-help-misspelt", "arguments", ("hlep",),
+         "mpswrap: unknown command 'hlep' (did you mean 'help'?)\nhint: mpswrap --help lists "
+         "the commands; to run a program, give its path or use 'mpswrap -- hlep'", 2),
+    Case("program-missing-after-dashdash", "arguments", ("--", "status"),
+         "mpswrap: program not found (status)\nhint: check the name and PATH", 127),
+    Case("cpus-not-available", "arguments", ("start", *JOB, "--gpus", "0", "--cpus", "4099"),
+         "mpswrap: bad --cpus (4099): CPU(s) 4099 not available to this process\n"
+         "hint: choose among CPUs {cpus}", 2),
     # --- GPU lists ---------------------------------------------------------------------------
     Case("gpus-no-such-index", "GPU list", ("start", *JOB, "--gpus", "7"),
          "mpswrap: no such GPU (index 7): this node has 2 GPU(s)", 1),
@@ -287,6 +312,11 @@ def _private_root_user_run_dir(node: SimNode, uid: int) -> None:
     node.user_run_dir.mkdir(mode=0o700)
 
 
+def _private_root_xdg_dir(node: SimNode, uid: int) -> None:
+    """An ``XDG_RUNTIME_DIR`` that belongs to root (inherited through su/sudo)."""
+    (node.root / "xdg-root").mkdir(mode=0o700)
+
+
 def _open_user_run_dir(node: SimNode, uid: int) -> None:
     node.user_run_dir.mkdir()
     os.chown(node.user_run_dir, uid, uid)
@@ -300,6 +330,7 @@ SETUPS: dict[str, Callable[[SimNode, int], None]] = {
     "root_owned_user_run_dir": _root_owned_user_run_dir,
     "private_root_user_run_dir": _private_root_user_run_dir,
     "open_user_run_dir": _open_user_run_dir,
+    "private_root_xdg_dir": _private_root_xdg_dir,
 }
 
 
@@ -382,10 +413,12 @@ def run_case(case: Case, timeout: float = 120) -> Outcome:
         raise
     shown = str(node.root)
 
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
     def anon(text: str) -> str:
         for word in ("uid", "expected"):
             text = text.replace(f"{word} {uid}", f"{word} {{uid}}")
-        return text.replace(shown, ROOT)
+        return text.replace(shown, ROOT).replace(f"CPUs {cpus}", "CPUs {cpus}")
 
     return Outcome(
         res.returncode,

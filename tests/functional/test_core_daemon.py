@@ -212,7 +212,7 @@ def _wait(cond: object, timeout: float = 30) -> None:
             {"MPSWRAP_USER_RUN_DIR": "/proc/mpswrap", "MPSWRAP_RUN_DIR": "/proc/mpswrap"},
             "(run directory not writable|cannot create directory)",
         ),
-        (["status"], {"MPSWRAP_NO_SUCH_KEY": "1"}, "unknown setting"),
+        (["status"], {"MPSWRAP_QUIT_TIMEOUT": "-1"}, "bad value for quit_timeout"),
     ],
 )
 def test_bad_input_gives_one_line_and_leaves_nothing(

@@ -410,7 +410,7 @@ def test_a_reused_daemon_pid_is_never_killed_and_the_stale_state_is_cleared(
 def _together(argvs: list[list[str]], envs: list[dict[str, str]]) -> list[tuple[int, str, str]]:
     started = [
         subprocess.Popen(a, env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for a, e in zip(argvs, envs)
+        for a, e in zip(argvs, envs, strict=False)
     ]
     out = []
     for proc in started:

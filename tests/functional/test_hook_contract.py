@@ -1,6 +1,6 @@
 """The hooks' exit-code contract (slurm/README.md, "Exit codes"), driven as slurmd drives them.
 
-Each hook runs through the shim (slurm/hook) installed as install.sh would, with the
+Each hook runs through the shim (mpswrap/slurm/hook) installed as install.sh would, with the
 environment slurmd gives it: root's for the prolog and epilog, the job user's for the task
 prolog (a real second user), on the simulator. The table is read from the README and every
 test names the row it checks (``expect``), so the two cannot drift apart; a test checks that
@@ -62,10 +62,14 @@ def expect(case: str, shim: str, res: subprocess.CompletedProcess[str]) -> None:
 
 
 # --- running the hooks as slurmd does --------------------------------------------------------
+#: -P (3.11+): no script directory on sys.path, as -I gives the real shim.
+SAFE_PATH = "-P" if sys.version_info >= (3, 11) else ""
+
+
 def install_shims(
     node: SimNode, name: str = "hooks", pythonpath: str = REPO, python: str | None = None
 ) -> Path:
-    """slurm/hook as install.sh installs it, on an interpreter that runs this tree's mpswrap
+    """mpswrap/slurm/hook as install.sh installs it, on an interpreter that runs this tree's mpswrap
     (or on ``python``)."""
     dest = node.root / name
     dest.mkdir(mode=0o755)
@@ -74,11 +78,11 @@ def install_shims(
         wrapper.write_text(
             "#!/bin/sh\n# The shim's -I would hide PYTHONPATH: run this tree's mpswrap instead.\n"
             '[ "$1" = -I ] || exit 99\nshift\n'
-            f'PYTHONPATH={pythonpath} exec {sys.executable} -P "$@"\n'
+            f'PYTHONPATH={pythonpath} exec {sys.executable} {SAFE_PATH} "$@"\n'
         )
         wrapper.chmod(0o755)
         python = str(wrapper)
-    source = (Path(REPO) / "slurm" / "hook").read_text()
+    source = (Path(REPO) / "mpswrap" / "slurm" / "hook").read_text()
     source = source.replace("@PYTHON@", python).replace("@CONFIG@", str(conf(node)))
     for shim in (dest / n for n in HOOK_NAMES.values()):
         shim.write_text(source)
@@ -346,7 +350,7 @@ def test_without_an_interpreter_the_shim_keeps_the_contract(
     else:
         res = run(broken / shim, slurmd_env(node, shim))
     expect(case, shim, res)
-    assert res.stderr.endswith("is not executable (run slurm/install.sh)\n"), res.stderr
+    assert res.stderr.endswith("is not executable (run mpswrap install-hooks)\n"), res.stderr
 
 
 # --- errors nobody expected ------------------------------------------------------------------

@@ -160,8 +160,9 @@ def test_any_cli_argv_gives_an_exit_code_and_no_traceback(node: SimNode, argv: l
         argv = [a for a in argv if a != "demo"]  # the demo is tested on its own
     before = _snapshot(node.root / "sentinel")
     res = node.mpswrap(*argv, timeout=120)
-    # 0, 1 (failed; also `false`'s own status), 2 (usage), 126/127 (program cannot run).
-    assert res.returncode in (0, 1, 2, 126, 127), (argv, res.returncode, res.stderr)
+    # 0, 1 (failed; also `false`'s own status), 2 (usage), 3/4 (status: unhealthy, none),
+    # 126/127 (program cannot run).
+    assert res.returncode in (0, 1, 2, 3, 4, 126, 127), (argv, res.returncode, res.stderr)
     if "--debug" not in argv:  # asked for: the debug log is the terminal then
         assert "Traceback" not in res.stderr, (argv, res.stderr)
     node.mpswrap("stop", timeout=120)  # whatever a start started

@@ -158,8 +158,9 @@ def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
     [
         (["--policy", "bogus", "./a"], "invalid choice"),
         (["run", "--", "true"], "-n"),
-        (["--threads", "lots", "./a"], "bad --threads"),
-        (["--mem-limit", "3T", "./a"], "bad --mem-limit"),
+        # A program that exists: a missing one is refused first (127).
+        (["--threads", "lots", "true"], "bad --threads"),
+        (["--mem-limit", "3T", "true"], "bad --mem-limit"),
         (["srun", "--multi-prog", "tasks.conf"], "multi-prog"),
     ],
 )
@@ -323,3 +324,124 @@ def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -
     assert {t: r["mode"] for t, r in by_tag(records(rec), "start").items()} == {
         "0": "mps", "1": "non-mps", "2": "mps"}  # fmt: skip
     assert by_tag(records(rec), "end")["0"]["reason"] == "terminated"
+
+
+# --- saying what happened: a rank without MPS, and the summary line -------------------------
+SUMMARY = re.compile(
+    r"^mpswrap: summary: node (\S+): (\d+) ranks?, (.+?), exit codes (.+?), (\d+) ended by "
+    r"terminate_client, teardown (.+?), (\d+\.\d\d) s$",
+    re.M,
+)
+
+
+def summaries(stderr: str) -> list[tuple[str, ...]]:
+    return [m.groups() for m in SUMMARY.finditer(stderr)]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), {}, (0, True, "0 attached (2 not seen)")),  # the default: warn
+        (("--verify-attach", "fail"), {}, (69, True, "0 attached (2 not seen)")),
+        (("--verify-attach", "off"), {}, (0, False, "attach not checked")),
+        ((), {"MPSWRAP_VERIFY_ATTACH": "off"}, (0, False, "attach not checked")),  # the setting
+    ],
+)
+def test_run_says_when_ranks_run_without_mps(
+    node: SimNode, args: tuple[str, ...], env: dict[str, str], expected: tuple[int, bool, str]
+) -> None:
+    """The program's own environment points CUDA at a pipe directory with no daemon: CUDA
+    (and the simulated client) then runs without MPS, silently. mpswrap must say so."""
+    code, warned, attached = expected
+    rec = node.root / "rec.json"
+    program = ["env", "CUDA_MPS_PIPE_DIRECTORY=/nonexistent", node.client, "--seconds", "4",
+               "--record", str(rec)]  # fmt: skip
+    res = node.run("run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--",
+                   *program, **env)  # fmt: skip
+    assert res.returncode == code, res.stderr
+    assert {r["mode"] for r in records(rec) if r["event"] == "start"} == {"non-mps"}
+    not_client = re.findall(r"^mpswrap: rank (\d) is not an MPS client \(pid \d+, pipe "
+                            r"(\S+)\): ", res.stderr, re.M)  # fmt: skip
+    named = sorted((rank, Path(pipe).parent.name) for rank, pipe in not_client)
+    if code == 69:  # the first found ends the run
+        assert len(named) == 1 and named[0] in [("0", "g0"), ("1", "g1")], res.stderr
+    elif warned:  # once per rank, naming its GPU's pipe directory
+        assert named == [("0", "g0"), ("1", "g1")], res.stderr
+    else:
+        assert not named and "not an MPS client" not in res.stderr, res.stderr
+    assert ("CUDA_MPS_PIPE_DIRECTORY" in res.stderr) == warned  # what to check
+    assert all(pipe.startswith(f"{node.user_run_dir}/") for _, pipe in not_client)
+    ((_, ranks, seen, *_),) = summaries(res.stderr)
+    assert (ranks, seen) == ("2", attached), res.stderr
+
+
+def test_run_summary_counts_exit_codes_and_terminated_clients(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 2; exit 3; fi; '
+              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
+    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    assert res.returncode == 3, res.stderr
+    assert sorted(r["reason"] for r in by_tag(records(rec), "end").values()) == ["terminated"] * 2
+    assert "is not an MPS client" not in res.stderr  # rank 1 ended before the timeout
+    ((host, ranks, seen, codes, ended, teardown, seconds),) = summaries(res.stderr)
+    assert host == os.uname().nodename
+    assert (ranks, seen, codes, ended, teardown) == (
+        "3", "2 attached (1 not seen)", "1 (2), 3 (1)", "2", "clean"), res.stderr  # fmt: skip
+    assert 2.0 <= float(seconds) < 60
+    assert res.stderr.rstrip().endswith(" s"), "the summary is the run's last word"
+
+
+def _barrier(folder: Path, n: int) -> str:
+    """Shell: mark this rank started, then wait until ``n`` ranks have (so they overlap)."""
+    return (f'touch {folder}/$MPSWRAP_LOCAL_RANK; '
+            f'while [ "$(ls {folder} | wc -l)" -lt {n} ]; do sleep 0.05; done; ')  # fmt: skip
+
+
+def _per_rank_node(node: SimNode, folder: Path, job: str, n: int) -> list[str]:
+    """``n`` per-rank supervisors of one job on one node, as a launcher starts them; rank 1
+    is no CUDA program and exits 4; the others are clients for 1 s. Their stderr, by rank."""
+    rec = folder / "rec.json"
+    folder.mkdir()
+    folder = folder / "started"
+    folder.mkdir()
+    client_then = f"exec {node.client} --seconds 1 --record {rec}"
+    procs = [
+        node.start("--job", job, "--", "sh", "-c",
+                   _barrier(folder, n) + ("exit 4" if i == 1 else client_then),
+                   MPSWRAP_LOCAL_RANK=str(i), MPSWRAP_LOCAL_SIZE=str(n))
+        for i in range(n)
+    ]  # fmt: skip
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [4 if i == 1 else 0 for i in range(n)], errs
+    assert len([r for r in records(rec) if r.get("mode") == "mps"]) == n - 1
+    return errs
+
+
+def test_per_rank_mode_prints_one_summary_for_the_node(node: SimNode, tmp_path: Path) -> None:
+    errs = _per_rank_node(node, tmp_path / "ranks", "sum1", 3)
+    found = [s for err in errs for s in summaries(err)]
+    assert len(found) == 1, errs
+    (_, ranks, seen, codes, ended, teardown, _) = found[0]
+    assert (ranks, seen, codes, ended, teardown) == (
+        "3", "2 attached (1 not seen)", "0 (2), 4 (1)", "0", "clean"), errs  # fmt: skip
+    assert not any(node.user_run_dir.glob("*/*")), "the job's records must go with it"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
+def test_per_rank_mode_on_prolog_daemons_sums_up_and_leaves_them_be(
+    node: SimNode, tmp_path: Path
+) -> None:
+    assert node.run("start", "--job", "sum2").returncode == 0
+    job_dir = next(node.run_dir.glob("*/sum2"))
+    try:
+        for step in ("a", "b"):  # two steps of one job: a summary each, nothing carried over
+            errs = _per_rank_node(node, tmp_path / step, "sum2", 2)
+            found = [s for err in errs for s in summaries(err)]
+            assert len(found) == 1, errs
+            assert found[0][1:6] == ("2", "1 attached (1 not seen)", "0 (1), 4 (1)", "0",
+                                     "by the epilog"), errs  # fmt: skip
+            assert not (job_dir / "outcomes").exists()
+            assert sorted(p.name for p in job_dir.glob("g*")) == ["g0", "g1"]
+    finally:
+        assert node.run("stop", "--job", "sum2").returncode == 0
+    assert not job_dir.exists()

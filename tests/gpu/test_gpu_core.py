@@ -89,7 +89,7 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         assert "terminated 4 client(s)" in stopped.stdout
         assert "server.log: 4 client termination(s) succeeded, 0 fatal error(s)" in stopped.stdout
         outs = [c.communicate(timeout=60)[0] for c in clients]
-        for c, out in zip(clients, outs):
+        for c, out in zip(clients, outs, strict=False):
             print(f"client {c.pid} exit {c.returncode}: {out.strip()[-300:]}")
             # runuser reports a SIGKILLed child as 137
             assert c.returncode in (1, -9, 137), out

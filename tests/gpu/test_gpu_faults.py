@@ -78,7 +78,9 @@ def test_illegal_memory_access_is_reported_and_the_server_recovers(
     outs = [b.communicate(timeout=120)[0] for b in bystanders]
     print(culprit_out, outs)
     assert culprit.returncode != 0 and "CUDA error 700" in culprit_out
-    assert all(b.returncode != 0 and "CUDA error 700" in o for b, o in zip(bystanders, outs))
+    assert all(
+        b.returncode != 0 and "CUDA error 700" in o for b, o in zip(bystanders, outs, strict=False)
+    )
     status = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]
     print(json.dumps(status, indent=1))
     faults = status["gpus"][0]["faults"]

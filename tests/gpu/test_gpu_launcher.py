@@ -93,7 +93,7 @@ def test_mpirun_12_mlp_ranks_match_raw_mps(
             else:
                 walls[mode].append(_run_mpirun(12, steps, shared_tmp / f"run{i}"))
     raw, wrapped = (statistics.median(walls[m]) for m in ("raw", "mpswrap"))
-    rounds = [w / r for w, r in zip(walls["mpswrap"], walls["raw"])]
+    rounds = [w / r for w, r in zip(walls["mpswrap"], walls["raw"], strict=False)]
     print(f"raw MPS {_spread(walls['raw'])}; mpswrap mpirun {_spread(walls['mpswrap'])}")
     print(
         f"ratio of medians {wrapped / raw:.3f}; per round {', '.join(f'{x:.3f}' for x in rounds)}"

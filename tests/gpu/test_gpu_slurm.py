@@ -1,7 +1,7 @@
 """Issue-3 gpu tier: real Slurm (cgroup plugins) + real MPS + PyTorch on the GPU machine.
 
 An admin-style install: Debian's Slurm packages (carried as .debs), mpswrap's hooks installed
-with slurm/install.sh, ``proctrack/cgroup``, ``task/cgroup`` and ``ConstrainDevices=yes``.
+with mpswrap/slurm/install.sh, ``proctrack/cgroup``, ``task/cgroup`` and ``ConstrainDevices=yes``.
 An sbatch job of the unprivileged user runs 8 tasks on one GPU with a plain ``srun``; each
 task must be an MPS client of the job user's daemon, and after the epilog nothing is left.
 """
@@ -80,7 +80,7 @@ def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, 
     _sh(
         [
             "bash",
-            str(REPO / "slurm" / "install.sh"),
+            str(REPO / "mpswrap" / "slurm" / "install.sh"),
             "--python",
             sys.executable,
             "--config",

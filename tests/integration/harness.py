@@ -3,7 +3,7 @@ test leaves nothing behind.
 
 ``Cluster.start()`` runs tests/integration/cluster/up.sh: munged, slurmctld and two slurmd
 (node1, node2; 2 fake GPUs and gres/mps each), with mpswrap's hooks installed by
-slurm/install.sh as an admin would, the MPS simulator as the control binary and a fake GPU
+mpswrap/slurm/install.sh as an admin would, the MPS simulator as the control binary and a fake GPU
 inventory whose NVML order differs from the device-minor order. Everything lives in one
 world-traversable ``/tmp/mpswrap-slurm.XXXX`` directory: jobs of the non-root test users must
 reach slurm.conf, the munge socket, the hooks and the simulator.
@@ -139,10 +139,17 @@ class Job:
 class Cluster:
     """One test cluster in ``state`` (see tests/integration/cluster/up.sh)."""
 
-    def __init__(self, state: Path, python: str, isolate: str) -> None:
+    def __init__(
+        self, state: Path, python: str, isolate: str, *, hooks: bool = True, features: str = ""
+    ) -> None:
         self.state = state
         self.python = python
         self.isolate = isolate
+        #: False: slurm.conf names no Prolog, Epilog or TaskProlog (the admin-guide test
+        #: installs the hooks and adds the lines itself).
+        self.with_hooks = hooks
+        #: ``Features=`` of every node ("" for none).
+        self.features = features
 
     # --- paths ---------------------------------------------------------------------------
     @property
@@ -197,9 +204,10 @@ class Cluster:
 
     # --- bring-up and teardown -----------------------------------------------------------
     @classmethod
-    def start(cls, python: str | None = None) -> Cluster:
+    def start(cls, python: str | None = None, *, hooks: bool = True, features: str = "") -> Cluster:
         """Bring a cluster up. ``python`` runs the hooks (installed into it as an admin
-        would): by default this interpreter, or ``MPSWRAP_TEST_PYTHON``."""
+        would): by default this interpreter, or ``MPSWRAP_TEST_PYTHON``. ``hooks=False``: no
+        hooks installed or configured. ``features``: every node's ``Features=``."""
         python = python or os.environ.get("MPSWRAP_TEST_PYTHON") or sys.executable
         for user in (USER, USER2):
             ensure_user(user)
@@ -215,9 +223,10 @@ class Cluster:
             if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
             else "none"
         )
-        cluster = cls(state, python, isolate)
+        cluster = cls(state, python, isolate, hooks=hooks, features=features)
         try:
-            cluster._install_hooks()
+            if hooks:
+                cluster._install_hooks()
             cluster._up()
             cluster._install_sim()
             cluster.write_config()
@@ -230,7 +239,7 @@ class Cluster:
     def _install_hooks(self) -> None:
         # As an admin would; the config file does not exist yet (up.sh makes etc/), which
         # install.sh only warns about.
-        install = str(REPO / "slurm" / "install.sh")
+        install = str(REPO / "mpswrap" / "slurm" / "install.sh")
         sh(
             [
                 install,
@@ -258,11 +267,15 @@ class Cluster:
             PROLOG=str(self.hooks / "prolog"),
             EPILOG=str(self.hooks / "epilog"),
             TASK_PROLOG=str(self.hooks / "task_prolog"),
+            FEATURES=self.features,
             ISOLATE=self.isolate,
             INSTALL="0",
             # no smoke job yet: the hooks would fail without their config file
             SMOKE="0",
         )
+        if not self.with_hooks:
+            env.update(PROLOG="none", EPILOG="none", PROLOG_FLAGS="")
+            del env["TASK_PROLOG"]
         sh([str(SCRIPTS / "up.sh"), str(self.state)], env=env, timeout=120)
 
     def _install_sim(self) -> None:

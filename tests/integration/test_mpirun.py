@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -230,6 +231,32 @@ def test_sigterm_to_mpswrap_alone_is_passed_on_after_settling(node: SimNode) -> 
         assert daemons.terminations() == 2
     finally:
         daemons.stop()
+
+
+def test_per_rank_under_mpirun_sums_up_the_node_once(node: SimNode, tmp_path: Path) -> None:
+    """``mpirun -np 4 mpswrap ./app``: the ranks of one mpirun share a job (its PMIx
+    namespace) and the last to leave prints the node's summary line, once. A rank that never
+    became a client and ended before the attach timeout is not warned about: "not seen"."""
+    rec, started = node.root / "rec.json", tmp_path / "started"
+    started.mkdir()
+    rank = "$OMPI_COMM_WORLD_RANK"
+    script = (f"touch {started}/{rank}; "  # every rank is up before any ends: they overlap
+              f'while [ "$(ls {started} | wc -l)" -lt 4 ]; do sleep 0.05; done; '
+              f'if [ "{rank}" = 3 ]; then exit 0; fi; '
+              f'exec {node.client} --seconds 3 --record {rec} --tag "{rank}"')  # fmt: skip
+    res = subprocess.run([*MPIRUN, "-np", "4", *MPSWRAP, "--", "sh", "-c", script],
+                         env=node.env(), text=True, capture_output=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert {r["mode"] for r in starts(rec).values()} == {"mps"} and len(starts(rec)) == 3
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap: summary: ")]
+    assert len(lines) == 1, res.stderr
+    assert re.fullmatch(
+        r"mpswrap: summary: node \S+: 4 ranks, 3 attached \(1 not seen\), exit codes 0, "
+        r"0 ended by terminate_client, teardown clean, \d+\.\d\d s",
+        lines[0],
+    ), lines
+    assert "not an MPS client" not in res.stderr
+    assert not any(node.user_run_dir.glob("*/*")), "user-mode job directory left behind"
 
 
 def test_49_ranks_on_one_volta_gpu_are_refused_before_launch() -> None:

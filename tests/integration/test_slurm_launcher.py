@@ -8,6 +8,7 @@ ended: ``terminated`` only when MPS terminate_client reached it before anything 
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -24,21 +25,34 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_s
 EIGHT_ON_TWO = ("-N2", "-n8", "--ntasks-per-node=4")
 
 
+#: The end-of-run summary a node's last rank prints (``mpswrap.job.summary``).
+SUMMARY = re.compile(
+    r"^mpswrap: summary: node (\S+): (.+), (\d+) ended by terminate_client, teardown (.+), "
+    r"\d+\.\d\d s$",
+    re.M,
+)
+
+
 def _prefix_srun(
     cluster: Cluster, workdir: Path, user_run: Path, name: str, *srun_args: str
-) -> tuple[str, Any]:
-    """``mpswrap srun ... client`` as the job user, outside any allocation."""
+) -> tuple[str, Any, dict[str, str]]:
+    """``mpswrap srun ... client`` as the job user, outside any allocation: the job id, the
+    clients' records, and the summary line of each node (what follows the node name)."""
     rec = workdir / "clients.jsonl"
     env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
     argv = [cluster.python, "-m", "mpswrap", "srun", f"--job-name={name}", *srun_args]
+    # 3 s: long enough for every rank's attach check to see its client.
     res = cluster.run_as(
-        USER, [*argv, *cluster.client_argv(rec, seconds=1)], env=env, cwd=workdir, timeout=120
+        USER, [*argv, *cluster.client_argv(rec, seconds=3)], env=env, cwd=workdir, timeout=120
     )
     job_id = cluster.job_id(name)
     assert job_id is not None, res.stdout + res.stderr
     cluster.wait_gone(job_id)
     assert res.returncode == 0, res.stdout + res.stderr
-    return job_id, read_records(rec)
+    found = SUMMARY.findall(res.stdout + res.stderr)
+    summaries = {node: ", ".join(rest) for node, *rest in found}
+    assert len(found) == len(summaries), f"a node summed up twice: {found}"
+    return job_id, read_records(rec), summaries
 
 
 def _user_run(cluster: Cluster, tag: str) -> Path:
@@ -54,9 +68,12 @@ def test_prefix_srun_two_nodes_without_prolog_starts_user_daemons_and_leaves_non
     cluster: Cluster, workdir: Path
 ) -> None:
     user_run = _user_run(cluster, "user")
-    job, starts = _prefix_srun(
+    job, starts, summaries = _prefix_srun(
         cluster, workdir, user_run, "prefix-user", *EIGHT_ON_TWO, "--gres=gpu:2"
     )
+    # One line per node, from the last of its 4 ranks; the user-mode daemons went with it.
+    done = "4 ranks, 4 attached, exit codes 0, 0, clean"
+    assert summaries == {"node1": done, "node2": done}, summaries
     assert len(starts) == 8 and all(s["mode"] == "mps" for s in starts), starts
     per_pipe = Counter(s["pipe"] for s in starts)
     expected = {
@@ -73,9 +90,11 @@ def test_prefix_srun_two_nodes_with_prolog_attaches_and_starts_none(
     cluster: Cluster, workdir: Path
 ) -> None:
     user_run = _user_run(cluster, "prolog")
-    job, starts = _prefix_srun(
+    job, starts, summaries = _prefix_srun(
         cluster, workdir, user_run, "prefix-prolog", *EIGHT_ON_TWO, "--gres=gpu:2", "--comment=mps"
     )
+    done = "4 ranks, 4 attached, exit codes 0, 0, by the epilog"  # the prolog's daemons stay
+    assert summaries == {"node1": done, "node2": done}, summaries
     assert len(starts) == 8 and all(s["mode"] == "mps" for s in starts), starts
     expected = {cluster.pipe(n, job, k): 2 for n in ("node1", "node2") for k in (0, 1)}
     assert dict(Counter(s["pipe"] for s in starts)) == expected

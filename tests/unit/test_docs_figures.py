@@ -94,12 +94,12 @@ def h100_long() -> list[str]:
     data = load("2026-11-23-h100-long.json")
     w = walls(data)
     steps = data["runs"][0]["steps"]
-    pairs = {n: [r / m for r, m in zip(w["rawmps", n], w["mpswrap", n])] for n in NS}
+    pairs = {n: [r / m for r, m in zip(w["rawmps", n], w["mpswrap", n], strict=False)] for n in NS}
     ratio = {n: med(w["rawmps", n]) / med(w["mpswrap", n]) for n in NS}
     speed = {n: med(w["timesliced", n]) / med(w["rawmps", n]) for n in NS}
     n1 = [t for mode in MODES for t in w[mode, 1]]
     late = [1 - p for n in (24, 48) for p in pairs[n] if p < 1]
-    sliced = max(abs(t / r - 1) for t, r in zip(w["timesliced", 1], w["rawmps", 1]))
+    sliced = max(abs(t / r - 1) for t, r in zip(w["timesliced", 1], w["rawmps", 1], strict=False))
 
     def rate(mode: str, n: int) -> str:
         return f"{n * steps / med(w[mode, n]):,.0f}"

@@ -13,11 +13,24 @@ PKG = Path(__file__).resolve().parents[2] / "mpswrap"
 #: Layers, lowest first, each a folder; inside one, a module imports only those listed before
 #: it (the order is the layer's own).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "": ("errors", "paths", "removal", "config", "jobenv", "_proc", "_wait", "_signals", "_lock"),
+    "": (
+        "errors",
+        "paths",
+        "removal",
+        "values",
+        "config",
+        "jobenv",
+        "_proc",
+        "_wait",
+        "_signals",
+        "_lock",
+    ),
     "mps": ("gpu", "cuda", "control", "mpslog", "manifest", "ladder", "daemon"),
-    "job": ("state", "placement", "verify", "supervise", "job", "watchdog"),
+    "job": ("state", "placement", "verify", "summary", "supervise", "job", "watchdog"),
     "entry": ("launchargs", "slurmjob", "hooks", "launch", "local", "attached", "session"),
-    "cli": ("manage", "demo", "main"),
+    # The shims' installer: only the base layer below it; cli wires its commands.
+    "slurm": ("install", "__main__"),
+    "cli": ("options", "manage", "demo", "main"),
 }
 #: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
 FACES = {"__init__", "__main__"}

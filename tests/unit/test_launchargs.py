@@ -212,7 +212,7 @@ def _check(launcher: str, segments: list[tuple[list[str], list[tuple[str, tuple[
     line = la.parse(argv)
     assert line.argv(W) == expected  # wrapper exactly once before each program
     assert line.argv() == argv  # nothing else changes
-    for seg, (_, parsed, dashdash, program) in zip(line.segments, segments):
+    for seg, (_, parsed, dashdash, program) in zip(line.segments, segments, strict=False):
         assert list(seg.program) == program  # the program's own arguments untouched
         assert list(seg.options) == parsed
         assert seg.dashdash == dashdash

@@ -131,6 +131,7 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "log_archive": st.sampled_from([("none", None), ("/var/log/mps//", "/var/log/mps")]),
     "health_check": st.sampled_from([("no", False), ("on", True)]),
     "syslog": st.sampled_from([("no", False), ("yes", True)]),
+    "verify_attach": st.sampled_from(["warn", "fail", "off"]).map(lambda t: (t, t)),
     "log_level": st.sampled_from(["debug", "info", "warning", "error"]).map(lambda t: (t, t)),
 }
 

@@ -40,7 +40,8 @@
 #   MPS_PER_GPU=100    mps count per GPU   (SHARING=mps)
 #   SHARDS_PER_GPU=4   shard count per GPU (SHARING=shard)
 #   PROLOG=, EPILOG=   scripts to use as Prolog=/Epilog= (absolute paths,
-#                      executable, readable by root). Default: the built-in
+#                      executable, readable by root; "none": no such line, e.g.
+#                      for a test that adds the lines itself). Default: the built-in
 #                      recorders below, which write the environment to
 #                      STATE_DIR/records/{prolog,epilog}.JOBID.NODE.env and then
 #                      exec STATE_DIR/hooks/{prolog,epilog} if it is executable
@@ -49,6 +50,7 @@
 #                      user for each task; its "export NAME=value" lines reach the task;
 #                      it must be readable and executable by job users)
 #   EXTRA_CONF=        more slurm.conf lines (\n for newlines)
+#   FEATURES=          Features= of every node (e.g. "mps", for --constraint=mps)
 #   PROCTRACK=, TASK_PLUGIN=  default proctrack/linuxproc and task/none; the cgroup plugins
 #                      need CGROUP_CONF (e.g. with ConstrainDevices=yes) and a cgroup v2 host
 #   PROLOG_FLAGS=Alloc PrologFlags= value ("" for none). Alloc makes srun wait
@@ -274,6 +276,7 @@ EOF
 done
 PROLOG=${PROLOG:-$D/etc/prolog.sh}; EPILOG=${EPILOG:-$D/etc/epilog.sh}
 for s in "$PROLOG" "$EPILOG" ${TASK_PROLOG:+"$TASK_PROLOG"}; do
+  [ "$s" != none ] || continue
   { [[ $s = /* ]] && [ -x "$s" ]; } || die "prolog/epilog/task prolog '$s' is not an absolute path to an executable"
 done
 # The TaskProlog runs as the job user: a root-only file fails every task.
@@ -285,8 +288,9 @@ fi
 GRES_TYPES=""; [ "$GPUS_PER_NODE" -gt 0 ] && GRES_TYPES=gpu
 [ "$SHARING" = mps ] && GRES_TYPES+=",mps"; [ "$SHARING" = shard ] && GRES_TYPES+=",shard"
 node_gres=""
+[ -z "${FEATURES:-}" ] || node_gres="Features=$FEATURES "
 if [ "$GPUS_PER_NODE" -gt 0 ]; then
-  node_gres="Gres=gpu:$GPUS_PER_NODE"
+  node_gres+="Gres=gpu:$GPUS_PER_NODE"
   [ "$SHARING" = mps ] && node_gres+=",mps:$((MPS_PER_GPU*GPUS_PER_NODE))"
   [ "$SHARING" = shard ] && node_gres+=",shard:$((SHARDS_PER_GPU*GPUS_PER_NODE))"
 fi
@@ -334,9 +338,9 @@ InactiveLimit=0
 MinJobAge=300
 KillWait=5
 Waittime=0
-Prolog=$PROLOG
-Epilog=$EPILOG
 EOF
+[ "$PROLOG" = none ] || echo "Prolog=$PROLOG"
+[ "$EPILOG" = none ] || echo "Epilog=$EPILOG"
 [ -n "$PROLOG_FLAGS" ] && echo "PrologFlags=$PROLOG_FLAGS"
 [ -n "${TASK_PROLOG:-}" ] && echo "TaskProlog=$TASK_PROLOG"
 [ -n "${EXTRA_CONF:-}" ] && printf "%b\n" "$EXTRA_CONF"

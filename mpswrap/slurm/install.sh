@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# slurm/install.sh -- install mpswrap's Slurm hook shims on a node (run as root, on every
-# node, like any other Prolog/Epilog).
+# mpswrap/slurm/install.sh -- install mpswrap's Slurm hook shims on a node (run as root, on
+# every node, like any other Prolog/Epilog). Usually run as `mpswrap install-hooks`.
 #
 #   install.sh --python /abs/path/to/python [--config /etc/mpswrap/mpswrap.conf]
 #              [--dest /usr/local/libexec/mpswrap]
 #
-# Installs slurm/hook as DEST/prolog, DEST/task_prolog and DEST/epilog (the name picks the
-# hook) with the interpreter (@PYTHON@) and the admin config file (@CONFIG@) filled in,
-# root-owned, mode 0755, and prints the slurm.conf lines that point at them.  It does not edit slurm.conf.
+# Installs the shim beside it (hook) as DEST/prolog, DEST/task_prolog and DEST/epilog (the
+# name picks the hook) with the interpreter (@PYTHON@) and the admin config file (@CONFIG@)
+# filled in, root-owned, mode 0755, and prints the slurm.conf lines.  It does not edit slurm.conf.
 # Idempotent: running it again replaces the three files (atomically: a job starting at
 # that moment sees the old or the new shim, never half of one).  Undo: uninstall.sh.
 set -euo pipefail
@@ -37,13 +37,13 @@ for p in "$PYTHON" "$CONFIG" "$DEST"; do
 done
 [ "$(id -u)" = 0 ] || die "run as root: the hooks must be root-owned (slurmd runs them as root)"
 [ -x "$PYTHON" ] || die "$PYTHON is not an executable file"
-[ -r "$HERE/hook" ] || die "$HERE/hook is missing (run install.sh from the mpswrap source tree)"
+[ -r "$HERE/hook" ] || die "$HERE/hook is missing (reinstall mpswrap: the shims ship inside its package)"
 
 # The shims run "$PYTHON -I -m mpswrap": -I ignores PYTHONPATH, so mpswrap must be installed
 # in that interpreter's own environment (pip install into it, not a PYTHONPATH trick).
 if ! out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
       'import mpswrap, sys; sys.stdout.write(mpswrap.__file__)' 2>&1); then
-  die "$PYTHON cannot import mpswrap (install it into that environment: $PYTHON -m pip install mpswrap): $out"
+  die "$PYTHON cannot import mpswrap (install it into that environment: $PYTHON -m pip install <the mpswrap wheel, or a source tree>): $out"
 fi
 echo "install.sh: using mpswrap from $out"
 # The task prolog runs as the job's user: interpreter and package must be readable by all.

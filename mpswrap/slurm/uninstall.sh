@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# slurm/uninstall.sh -- remove the shims that install.sh put in DEST.
+# mpswrap/slurm/uninstall.sh -- remove the shims that install.sh put in DEST
+# (usually run as `mpswrap uninstall-hooks`).
 #
 #   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--force]
 #
