@@ -3,7 +3,7 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher session faults slurm tmpfs probe teardown startup
+# ./gpu-out). Phases: contract core launcher attach session faults slurm tmpfs probe teardown startup
 # bench (default: contract core). Each phase's log is complete when the phase ends, so a visit
 # cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
@@ -74,6 +74,7 @@ for phase in "${PHASES[@]}"; do
     contract) MPS_CONTRACT_BACKEND=real pt contract tests/contract || rc=1 ;;
     core) pt core tests/gpu/test_gpu_core.py || rc=1 ;;
     launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
+    attach) pt attach tests/gpu/test_gpu_attach.py || rc=1 ;;
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
