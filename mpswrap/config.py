@@ -138,6 +138,13 @@ FIELDS: tuple[Field, ...] = (
         "5",
         "seconds for clients to exit after terminate_client",
     ),
+    Field(
+        "terminate_window",
+        seconds,
+        "0.5",
+        "seconds of terminate_client, one client at a time, before a server whose clients "
+        "all end is shut down with the rest (shutdown_server -f)",
+    ),
     Field("quit_timeout", seconds, "5", "seconds for quit before killing by PID"),
     Field("kill_grace", seconds, "10", "seconds between a forwarded signal and SIGKILL"),
     Field(
@@ -243,6 +250,7 @@ class Settings:
     start_timeout: float
     command_timeout: float
     terminate_timeout: float
+    terminate_window: float
     quit_timeout: float
     kill_grace: float
     log_archive: str | None

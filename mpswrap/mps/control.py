@@ -203,6 +203,11 @@ class Control:
                 "terminate_client refused", thing=f"client {client}", cause=repr(out[:200])
             )
 
+    def shutdown_server(self, server: int, force: bool = False) -> None:
+        """``shutdown_server <pid> [-f]``: with ``-f`` the server ends now and its clients
+        fail at their next CUDA call (SIGPIPE or 806 on an H100)."""
+        self.command(f"shutdown_server {server}" + (" -f" if force else ""))
+
     def set_default_active_thread_percentage(self, percent: float) -> float:
         return self._float(f"set_default_active_thread_percentage {percent:g}")
 

@@ -135,3 +135,55 @@ def test_a_server_known_only_by_its_environment_is_found_and_ended(
     assert f"forced daemon/server [{server}]" in res.stdout, res.stdout
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
     assert not _job(node).parent.exists() and not node.leftovers()
+
+
+def test_past_the_terminate_window_the_server_is_shut_down_with_the_rest(
+    node: SimNode, procs: list[subprocess.Popen[str]]
+) -> None:
+    """terminate_client takes 0.3 s each here (170 ms with 48 busy clients on an H100): after
+    the 0.5 s window the job's server is shut down with the clients left, not one by one."""
+    manifest = _start(node)
+    node.faults.write_text(json.dumps({"terminate_reply": 0.3}))
+    clients = [_client(node, procs, manifest["gpu_uuid"]) for _ in range(6)]
+    server = _wait_listed(_control(node), {c.pid for c in clients})
+    res = node.mpswrap("stop", *JOB, MPSWRAP_TERMINATE_WINDOW="0.5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    head = res.stdout.splitlines()[1]
+    assert f", shut down server {server} with " in head, res.stdout
+    terminated = int(head.split("terminated ")[1].split()[0])
+    dropped = int(head.split(" with ")[1].split()[0])
+    assert 1 <= terminated <= 3 and terminated + dropped == 6, head
+    codes = []
+    for proc in clients:
+        out, _ = proc.communicate(timeout=30)
+        codes.append("810" if "CUDA error 810" in out else proc.returncode)
+    assert codes.count("810") == terminated, codes
+    assert codes.count(-signal.SIGPIPE) == dropped, codes  # the simulator's shut-down clients
+    assert not _job(node).parent.exists() and not node.leftovers()
+
+
+def test_a_server_that_serves_others_too_is_never_shut_down(
+    node: SimNode, procs: list[subprocess.Popen[str]]
+) -> None:
+    """A rank's ladder (``Daemon.end_clients`` for its own PIDs) past the window still ends
+    its clients one by one: the server serves clients that are not being ended."""
+    from mpswrap.config import load_settings
+    from mpswrap.job.job import JobDaemons
+    from mpswrap.paths import JobLayout
+
+    manifest = _start(node)
+    node.faults.write_text(json.dumps({"terminate_reply": 0.3}))
+    mine = [_client(node, procs, manifest["gpu_uuid"]) for _ in range(3)]
+    other = _client(node, procs, manifest["gpu_uuid"])
+    _wait_listed(_control(node), {c.pid for c in [*mine, other]})
+    settings = load_settings(env=node.env(MPSWRAP_TERMINATE_WINDOW="0.1"))
+    run_dir = _job(node).parents[2]
+    daemon = JobDaemons(JobLayout(run_dir, "n1", "j1"), settings).daemon("g0")
+    report = daemon.end_clients({c.pid for c in mine})
+    assert sorted(report.terminated) == sorted(c.pid for c in mine) and not report.shut_down
+    for proc in mine:
+        out, _ = proc.communicate(timeout=30)
+        assert "CUDA error 810" in out, out
+    assert other.poll() is None  # still served
+    assert node.mpswrap("stop", *JOB).returncode == 0
+    other.communicate(timeout=30)

@@ -3,9 +3,9 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher attach session faults slurm tmpfs probe teardown startup
-# bench (default: contract core). Each phase's log is complete when the phase ends, so a visit
-# cut short still brings back every finished phase.
+# ./gpu-out). Phases: contract core launcher attach ladder session faults slurm tmpfs probe
+# teardown startup bench (default: contract core). Each phase's log is complete when the
+# phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
 # be here).
@@ -75,6 +75,7 @@ for phase in "${PHASES[@]}"; do
     core) pt core tests/gpu/test_gpu_core.py || rc=1 ;;
     launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
     attach) pt attach tests/gpu/test_gpu_attach.py || rc=1 ;;
+    ladder) pt ladder tests/gpu/test_gpu_teardown.py || rc=1 ;;
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;

@@ -126,6 +126,7 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "start_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "command_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "terminate_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
+    "terminate_window": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "quit_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "kill_grace": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "log_archive": st.sampled_from([("none", None), ("/var/log/mps//", "/var/log/mps")]),

@@ -1,0 +1,81 @@
+"""Issue-16 gpu tier: ending 48 live clients at once on the real driver.
+
+`mpswrap run -n 48` of the CUDA test client gets SIGTERM on its whole tree (as scancel or a
+time limit does): the ladder terminates clients one by one for ``terminate_window`` seconds,
+then shuts the job's server down with the rest (``shutdown_server -f``), then quits. The time
+from the signal to the run's exit is printed, and the GPU must serve a new client after."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import base_env, leftovers
+
+pytestmark = pytest.mark.gpu
+CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "/opt/mpswrap-site/cuda_client")
+N = 48
+#: The issue's target for the whole teardown of 48 live clients.
+TARGET_S = 2.0
+
+
+def _started(proc: subprocess.Popen[str], n: int, timeout: float) -> list[str]:
+    """Lines of output until ``n`` clients said they started."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while sum("started" in ln for ln in lines) < n:
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines[-20:])
+        lines.append(proc.stdout.readline())
+    return lines
+
+
+def test_sigterm_to_a_run_of_48_clients(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    archive = shared_tmp / "logs"
+    env = base_env({
+        "MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"),
+        "MPSWRAP_LOG_ARCHIVE": str(archive),
+        "MPSWRAP_VERIFY_ATTACH": "off",
+        "MPSWRAP_DEBUG": "1",  # the control commands, in the output
+    })  # fmt: skip
+    argv = [sys.executable, "-m", "mpswrap", "run", "-n", str(N), "--", CLIENT, "--seconds", "300"]
+    proc = subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    lines = _started(proc, N, timeout=240)
+    time.sleep(2)  # every client busy in its kernel loop
+    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    start = time.monotonic()
+    for pid in tree:  # like scancel: every process of the step at once
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    rest = proc.communicate(timeout=120)[0]
+    took = time.monotonic() - start
+    out = "".join(lines) + rest
+    print(out[-5000:])
+    print(f"teardown of {N} live clients after SIGTERM: {took:.2f} s (target {TARGET_S} s)")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
+    terminated = len(re.findall(r"'terminate_client \d+ \d+' -> '0'", out))
+    shut_down = re.findall(r"'shutdown_server \d+ -f' ->", out)
+    print(f"terminate_client: {terminated}; shutdown_server -f: {len(shut_down)}")
+    assert terminated == N or len(shut_down) == 1, out[-3000:]
+    assert "teardown clean" in out, out[-3000:]
+    assert leftovers(shared_tmp, mps_baseline) == []
+    server_log = "".join(p.read_text() for p in archive.glob("*-server.log"))
+    assert "fatal" not in server_log.lower()
+    after = subprocess.run([CLIENT, "--seconds", "1"], env={**env, "CUDA_MPS_PIPE_DIRECTORY":
+                           str(shared_tmp / "no-daemon")}, capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert after.returncode == 0, after.stdout + after.stderr  # the GPU is healthy after
+    assert took <= TARGET_S, f"{took:.2f} s"
