@@ -38,6 +38,31 @@ def _started(proc: subprocess.Popen[str], n: int, timeout: float) -> list[str]:
     return lines
 
 
+def _timeline(proc: subprocess.Popen[str], start: float, timeout: float) -> list[tuple[float, str]]:
+    """Each remaining output line with its arrival, in seconds after ``start``."""
+    assert proc.stdout is not None
+    out: list[tuple[float, str]] = []
+    deadline = time.monotonic() + timeout
+    for line in iter(proc.stdout.readline, ""):
+        out.append((time.monotonic() - start, line))
+        assert time.monotonic() < deadline
+    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    out.append((time.monotonic() - start, f"(mpswrap run exited {proc.returncode})\n"))
+    return out
+
+
+def _firsts(timeline: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """The first line of each kind (the command, or the CUDA error) and the last line."""
+    seen: set[str] = set()
+    found = []
+    for when, line in timeline:
+        kind = re.sub(r"[0-9]+", "N", line.split("->")[0])
+        if kind not in seen:
+            seen.add(kind)
+            found.append((when, line))
+    return [*found, timeline[-1]] if timeline and found[-1] != timeline[-1] else found
+
+
 def test_sigterm_to_a_run_of_48_clients(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
@@ -60,10 +85,13 @@ def test_sigterm_to_a_run_of_48_clients(
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    rest = proc.communicate(timeout=120)[0]
+    timeline = _timeline(proc, start, timeout=120)
     took = time.monotonic() - start
-    out = "".join(lines) + rest
+    out = "".join(lines) + "".join(line for _, line in timeline)
     print(out[-5000:])
+    print("timeline after the signal (s, first line of each kind):")
+    for when, line in _firsts(timeline):
+        print(f"  {when:6.3f}  {line.rstrip()[:150]}")
     print(f"teardown of {N} live clients after SIGTERM: {took:.2f} s (target {TARGET_S} s)")
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     terminated = len(re.findall(r"'terminate_client \d+ \d+' -> '0'", out))
