@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,15 +53,31 @@ def _timeline(proc: subprocess.Popen[str], start: float, timeout: float) -> list
 
 
 def _firsts(timeline: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """The first line of each kind (the command, or the CUDA error) and the last line."""
-    seen: set[str] = set()
-    found = []
+    """mpswrap's own lines, and the first and last line of each kind of the clients'."""
+    kinds: dict[str, list[tuple[float, str]]] = {}
     for when, line in timeline:
-        kind = re.sub(r"[0-9]+", "N", line.split("->")[0])
-        if kind not in seen:
-            seen.add(kind)
-            found.append((when, line))
-    return [*found, timeline[-1]] if timeline and found[-1] != timeline[-1] else found
+        if not line.startswith("["):
+            kinds[f"{when}{line}"] = [(when, line)]
+        else:
+            kinds.setdefault(re.sub(r"[0-9]+", "N", line), []).append((when, line))
+    found = {item for lines in kinds.values() for item in (lines[0], lines[-1])}
+    return sorted(found)
+
+
+def _watch_gone(pids: list[int], start: float, gone: dict[int, float]) -> threading.Thread:
+    """Record when each of ``pids`` is gone (seconds after ``start``), polling."""
+
+    def poll() -> None:
+        deadline = time.monotonic() + 120
+        while len(gone) < len(pids) and time.monotonic() < deadline:
+            for pid in pids:
+                if pid not in gone and not psutil.pid_exists(pid):
+                    gone[pid] = time.monotonic() - start
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_sigterm_to_a_run_of_48_clients(
@@ -79,7 +96,10 @@ def test_sigterm_to_a_run_of_48_clients(
     lines = _started(proc, N, timeout=240)
     time.sleep(2)  # every client busy in its kernel loop
     tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    clients = [int(m) for m in re.findall(r"cuda-client (\d+) started", "".join(lines))]
+    gone: dict[int, float] = {}
     start = time.monotonic()
+    watcher = _watch_gone(clients, start, gone)
     for pid in tree:  # like scancel: every process of the step at once
         try:
             os.kill(pid, signal.SIGTERM)
@@ -89,9 +109,14 @@ def test_sigterm_to_a_run_of_48_clients(
     took = time.monotonic() - start
     out = "".join(lines) + "".join(line for _, line in timeline)
     print(out[-5000:])
-    print("timeline after the signal (s, first line of each kind):")
+    print("timeline after the signal (s): mpswrap's lines, first and last of the clients'")
     for when, line in _firsts(timeline):
         print(f"  {when:6.3f}  {line.rstrip()[:150]}")
+    watcher.join(timeout=10)
+    exits = sorted(gone.values())
+    if exits:
+        print(f"clients gone: first {exits[0]:.3f} s, median {exits[len(exits) // 2]:.3f} s, "
+              f"last {exits[-1]:.3f} s ({len(exits)} of {len(clients)})")  # fmt: skip
     print(f"teardown of {N} live clients after SIGTERM: {took:.2f} s (target {TARGET_S} s)")
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     terminated = len(re.findall(r"'terminate_client \d+ \d+' -> '0'", out))
