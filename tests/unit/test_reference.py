@@ -64,8 +64,19 @@ _PATH = re.compile(
 )
 _VAR = re.compile(r"\bMPSWRAP_[A-Z0-9_]*[A-Z0-9]\b")
 _CALL = re.compile(r"\b(session|check_attached|is_client)\(([^()]*)\)")
-#: Named on purpose because they do not exist (docs/reliability.md, its bad-input table).
-DELIBERATE = {"MPSWRAP_NO_SUCH_KEY", "--bogus"}
+
+
+def _deliberate() -> set[str]:
+    """Words and variables docs/reliability.md's bad-input table names on purpose because
+    they are wrong: the table is generated from these cases, and test_bad_input asserts what
+    mpswrap says to each."""
+    from tests.functional.bad_input_table import CASES
+
+    return {word for case in CASES for word in (*case.argv, *case.env)}
+
+
+#: Named on purpose because they do not exist.
+DELIBERATE = _deliberate()
 #: Programs a doc may run as ``mpswrap PROGRAM`` (per-rank mode) by bare name.
 PROGRAMS = {"python", "python3", "sleep", "env", "bash", "hostname", "nvidia-smi"}
 
@@ -209,7 +220,7 @@ def _check_word(
         wrong = [f for f in wrong if f not in DELIBERATE]
         return f"`mpswrap {word}` has no option {wrong[0]}" if wrong else None
     placeholder = word[0] in "[<….~$/" or word.isupper() or word.startswith("...")
-    if word in firsts or placeholder or "/" in word or word in PROGRAMS:
+    if word in firsts or placeholder or "/" in word or word in PROGRAMS or word in DELIBERATE:
         return None
     return f"unknown command {word!r}"
 
