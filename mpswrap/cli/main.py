@@ -316,12 +316,15 @@ HANDLERS["help"] = _cmd_help
 def _setup_logging(args: argparse.Namespace | None, default: str) -> None:
     """Log level: --debug/-v/-q, else MPSWRAP_DEBUG=1, else the ``log_level`` setting
     (``MPSWRAP_LOG_LEVEL`` or the admin file) where one is set, else ``default``."""
+    level = _level(args, default)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("mpswrap: %(message)s"))
+    # Debug lines say when (ms since this process started): where a teardown spends its time.
+    shown = "%(relativeCreated).0f ms %(message)s" if level <= logging.DEBUG else "%(message)s"
+    handler.setFormatter(logging.Formatter(f"mpswrap: {shown}"))
     root = logging.getLogger("mpswrap")
     root.handlers[:] = [handler]
     root.propagate = False
-    root.setLevel(_level(args, default))
+    root.setLevel(level)
 
 
 def _level(args: argparse.Namespace | None, default: str) -> int:

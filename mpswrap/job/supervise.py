@@ -132,6 +132,7 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
     live = [r for r in ranks if r.running()]
     if not live:
         return
+    log.debug("ladder: ending %d rank(s), then signal %d", len(live), sig)
     ended = _terminate_clients(live)
     # Under load the real daemon has answered a listing with nothing (seen with 12 ranks on
     # an H100): look once more for ranks none of whose processes was ended.
@@ -144,6 +145,7 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
     deadline = time.monotonic() + grace
     for rank in live:
         wait_child(rank.proc, max(0.0, deadline - time.monotonic()))
+    log.debug("ladder: %d of %d rank(s) still running", sum(r.running() for r in live), len(live))
     for rank in (r for r in live if r.running()):
         log.warning("%s (pid %d) still running %g s after signal %d: killing it",
                     rank.name, rank.ident.pid, grace, sig)  # fmt: skip
@@ -245,6 +247,8 @@ def watch(
             pending = [c for c in pending if not c.done]
             wake = min([IDLE_WAKE, *(c.due_in() for c in pending), *([tick()] if tick else [])])
             live = [fds.get(id(r)) for r in ranks if r.running()]
+            if not live:  # all gone (e.g. inside the ladder): no sleep before saying so
+                break
             watched = [fd for fd in live if fd is not None]
             _sleep([trap.wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
     if ended_by is not None:

@@ -93,6 +93,8 @@ class Ladder:
         link = next((p for p in (dirs.root, dirs.pipe, dirs.log) if os.path.islink(p)), None)
         if link is None:
             daemon, servers = self._identify(report)
+            log.debug("%s: stopping daemon %s, servers %s", dirs.key, daemon and daemon.pid,
+                      [s.pid for s in servers])  # fmt: skip
             # No manifest or pid file to go by: what names this pipe directory may be the
             # daemon, and the commands reach it through the pipe directory all the same.
             ended = [daemon] if daemon else _proc.procs_mentioning(str(dirs.pipe))
@@ -189,6 +191,7 @@ class Ladder:
                         break
                     clients += self._terminate(server, pid, report)
         alive = self._owned(_wait.wait_gone(clients, self.settings.terminate_timeout), report)
+        log.debug("%s: %d client(s) ended, %d still alive", self.dirs.key, len(clients), len(alive))
         if alive:  # terminated but still running: not in a CUDA call for that long
             _proc.kill_procs(alive, signal.SIGKILL)
             report.killed += [p.pid for p in alive]
