@@ -155,7 +155,7 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
 
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     """End every MPS client among the ranks' process trees through their daemons' ladder
-    (``Daemon.end_clients``); returns the PIDs it terminated."""
+    (``Daemon.end_clients``); returns the PIDs it ended (terminated, or with their server)."""
     groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
     for rank in (r for r in ranks if r.daemon is not None):
         assert rank.daemon is not None
@@ -164,7 +164,7 @@ def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     ended: set[int] = set()
     for daemon, owners in groups.values():
         report = daemon.end_clients(set(owners))
-        ended.update(report.terminated)
+        ended.update(report.terminated, report.dropped)
         for pid in report.terminated:
             if pid in owners:
                 owners[pid].ended += 1

@@ -48,6 +48,8 @@ class StopReport:
     notes: list[str] = field(default_factory=list)
     #: Servers shut down with their clients (``shutdown_server -f``): pid -> clients ended.
     shut_down: dict[int, int] = field(default_factory=dict)
+    #: The clients ended with their server.
+    dropped: list[int] = field(default_factory=list)
     #: What server.log said before the directory was removed.
     log_terminations: int = 0
     log_faults: int = 0
@@ -218,6 +220,7 @@ class Ladder:
                 idents += [i for i in self._terminate(server, pid, report) if i not in idents]
             return idents
         report.shut_down[server] = len(pids)
+        report.dropped += pids
         return idents
 
     def _owned(self, procs: list[_proc.ProcId], report: StopReport) -> list[_proc.ProcId]:
