@@ -49,6 +49,7 @@ def _timeline(proc: subprocess.Popen[str], start: float, timeout: float) -> list
     for line in iter(proc.stdout.readline, ""):
         out.append((time.monotonic() - start, line))
         assert time.monotonic() < deadline
+    proc.stdout.close()
     proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     out.append((time.monotonic() - start, f"(mpswrap run exited {proc.returncode})\n"))
     return out
