@@ -9,8 +9,9 @@
 # Slurm shims, installs the wheel into a fresh environment and runs `mpswrap demo` from it;
 # the tests get that wheel as MPS_TEST_WHEEL (tests/integration/test_admin_guide.py).
 # After the full run under Debian's python3, the unit and functional tiers run again under the
-# oldest Python that pyproject's requires-python allows (found under pyenv or on PATH), from
-# the same wheel: that is the floor CI tests. No such Python fails the run, unless
+# oldest Python that pyproject's requires-python allows (found under pyenv or on PATH), in a
+# fresh environment with the wheel's dependencies (the tests import the source tree, as the
+# main run does): that is the floor CI tests. No such Python fails the run, unless
 # MPS_ALLOW_NO_MIN_PYTHON=1.
 # Strict skips: a skip whose reason tests/allowed_skips.txt does not list fails the run, since
 # everything the tests need is installed here (MPS_STRICT_SKIPS=0 turns that off).
@@ -144,7 +145,7 @@ min_python_tier() {
     return 1
   fi
   read -r python version <<<"$found"
-  log "oldest supported Python: $version ($python): unit and functional tiers, from the wheel"
+  log "oldest supported Python: $version ($python): unit and functional tiers, the wheel's dependencies"
   if ! runuser -u nobody -- env -i "$python" -c pass 2>/dev/null; then
     python=$(world_runnable "$python") || return 1
     runuser -u nobody -- env -i "$python" -c 'import ssl, sqlite3' ||

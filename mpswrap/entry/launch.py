@@ -172,8 +172,15 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
 
 def finish(att: Attachment, outcomes: Sequence[Outcome], context: str) -> None:
     """Leave the job's daemons: log what their teardown left behind and, from the node's
-    last owner, print the node's summary (none where no program ran)."""
-    done = leave(att, outcomes)
+    last owner, print the node's summary (none where no program ran). On the prolog's
+    daemons there is no teardown to lose: the summary never fails such a rank."""
+    try:
+        done = leave(att, outcomes)
+    except (MpswrapError, OSError) as exc:
+        if att.mode == "user":
+            raise
+        log.warning("summary: this rank's outcome not recorded (%s)", exc)
+        return
     log_teardown(done.teardown, context)
     node = done.summary()
     if node is not None and node.outcomes:

@@ -338,8 +338,12 @@ def _counted_ref(layout: JobLayout) -> Path | None:
     """A reference to the prolog's daemons; None (and a warning) where the job directory
     takes none: the rank then runs as if alone on its node. Without the owner lock: a ref
     made while the last rank sums up belongs to the next summary, and the rank, which may run
-    for days, does not load filelock (4 MiB) before its program ends."""
+    for days, does not load filelock (4 MiB) before its program ends. Only in a job directory
+    of this process's own user: root (``srun --jobid`` into a user's job) never writes there."""
     try:
+        if os.lstat(layout.job_dir).st_uid != os.geteuid():
+            log.debug("summary: %s is another user's: this rank is not counted", layout.job_dir)
+            return None
         return _add_ref(layout)
     except OSError as exc:
         log.warning("summary: this rank is not counted with the node's others (%s)", exc)

@@ -163,6 +163,6 @@ def _read(path: Path) -> list[Outcome]:
         if not isinstance(data, list):
             raise ValueError("not a list")
         return [Outcome.from_json(item) for item in data]
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         log.warning("summary: skipping %s: not a rank's record (%s)", path, exc)
         return []

@@ -69,6 +69,8 @@ class Rank:
     name: str = "rank"
     #: Its clients ended by terminate_client (the summary counts them).
     ended: int = 0
+    #: Its clients ended with their server (``shutdown_server -f``): clients all the same.
+    dropped: int = 0
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts)."""
@@ -168,6 +170,9 @@ def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
         for pid in report.terminated:
             if pid in owners:
                 owners[pid].ended += 1
+        for pid in report.dropped:
+            if pid in owners:
+                owners[pid].dropped += 1
         for note in report.notes:
             log.warning("%s: %s", daemon.dirs.key, note)
     return ended
@@ -246,11 +251,7 @@ def watch(
                 failed = _first_failure(ranks, grace) or _failed_check(ranks, pending, grace)
             pending = [c for c in pending if not c.done]
             wake = min([IDLE_WAKE, *(c.due_in() for c in pending), *([tick()] if tick else [])])
-            live = [fds.get(id(r)) for r in ranks if r.running()]
-            if not live:  # all gone (e.g. inside the ladder): no sleep before saying so
-                break
-            watched = [fd for fd in live if fd is not None]
-            _sleep([trap.wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
+            _nap(trap.wake_fd, [fds.get(id(r)) for r in ranks if r.running()], wake)
     if ended_by is not None:
         return 128 + ended_by
     return failed if failed is not None else _first_failure(ranks, grace) or 0
@@ -287,6 +288,15 @@ def _exit_fds(ranks: Sequence[Rank]) -> Iterator[dict[int, int]]:
         for fd in fds.values():
             stack.callback(os.close, fd)
         yield fds
+
+
+def _nap(wake_fd: int, live: list[int | None], wake: float) -> None:
+    """Sleep until a rank with a pidfd exits, a signal comes, or ``wake``; ranks without a
+    pidfd are polled (0.05 s). Not at all once every rank is gone (e.g. inside the ladder)."""
+    if not live:
+        return
+    watched = [fd for fd in live if fd is not None]
+    _sleep([wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
 
 
 def _sleep(fds: list[int], timeout: float) -> None:
@@ -330,6 +340,6 @@ def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float)
 
     def attached(rank: Rank) -> bool | None:
         seen = checked.get(id(rank))
-        return None if seen is None else seen or rank.ended > 0
+        return None if seen is None else seen or rank.ended + rank.dropped > 0
 
     return [Outcome(code(r), attached(r), r.ended, start) for r in ranks]

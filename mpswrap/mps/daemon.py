@@ -349,8 +349,10 @@ class Daemon:
             return self._ladder().stop(report)
 
     def end_clients(self, pids: set[int]) -> StopReport:
-        """terminate_client those of ``pids`` that are clients here, then SIGKILL survivors
-        (a rank's ladder). The safe way to end a busy client: a signal can wedge the server."""
+        """End those of ``pids`` that are clients here (a rank's ladder): terminate_client,
+        and ``shutdown_server -f`` past ``terminate_window`` for a server whose clients are
+        all among them; SIGKILL survivors. The safe way to end a busy client: a signal can
+        wedge the server."""
         report = StopReport(self.dirs.key)
         self._ladder().end_clients(report, pids)
         return report

@@ -189,7 +189,7 @@ class Ladder:
                 whole = len(ending) == len(pids)
                 for index, pid in enumerate(ending):
                     if whole and time.monotonic() >= deadline:
-                        clients += self._shutdown(server, ending[index:], report)
+                        clients += self._shutdown(server, ending[index:], set(ending), report)
                         break
                     clients += self._terminate(server, pid, report)
         alive = self._owned(_wait.wait_gone(clients, self.settings.terminate_timeout), report)
@@ -209,10 +209,17 @@ class Ladder:
             report.notes.append(f"terminate_client {pid}: {exc.cause}")
         return [ident] if ident else []
 
-    def _shutdown(self, server: int, pids: list[int], report: StopReport) -> list[_proc.ProcId]:
-        """``shutdown_server -f``: the server ends, and ``pids`` (its clients) with it."""
+    def _shutdown(
+        self, server: int, pids: list[int], ending: set[int], report: StopReport
+    ) -> list[_proc.ProcId]:
+        """``shutdown_server -f``: the server ends, and ``pids`` (its clients not terminated
+        yet) with it. Only while every client it lists is one of ``ending``: one that
+        connected during the window (another step of the job) would end with them, so the
+        rest go one by one then."""
         idents = [i for i in map(_proc.identify, pids) if i]
         try:
+            if not set(self.control.client_list(server)) <= ending:
+                raise ControlError("not sent", cause="the server has clients that are not ending")
             self.control.shutdown_server(server, force=True)
         except ControlError as exc:
             report.notes.append(f"shutdown_server {server}: {exc.cause}")
@@ -247,8 +254,9 @@ def _copy_regular(src: Path, dest: Path) -> None:
     """Copy the tail of src, only if it is a regular file itself (``read_job_file``): the job
     user owns the log directory and could put a symlink to any file of root's there."""
     text = read_job_file(src, LOG_LIMIT, tail=True)
-    if text is not None:
-        with open(dest, "w") as out:
+    if text is not None:  # never through a link planted in the archive directory either
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as out:
             out.write(text)
 
 

@@ -39,6 +39,31 @@ done
 [ -x "$PYTHON" ] || die "$PYTHON is not an executable file"
 [ -r "$HERE/hook" ] || die "$HERE/hook is missing (reinstall mpswrap: the shims ship inside its package)"
 
+# Root runs the interpreter, the package and the config on every job: whoever may change one
+# of them, or a directory above it, runs code as root. A level counts as safe when root owns
+# it and neither group nor others may write it (a sticky directory, like /tmp, excepted).
+changeable() {  # changeable PATH: print the first level of PATH another user may change
+  local p=$1 uid mode kind
+  while :; do
+    IFS=: read -r uid mode kind < <(stat -c '%u:%a:%F' "$p") || { echo "$p (cannot stat)"; return 0; }
+    [ "$uid" = 0 ] || { echo "$p (owned by uid $uid)"; return 0; }
+    if [ "$kind" != "symbolic link" ] && (( (8#$mode & 8#022) != 0 )) &&
+       ! { [ "$kind" = directory ] && (( (8#$mode & 8#1000) != 0 )); }; then
+      echo "$p (mode $mode)"; return 0
+    fi
+    [ "$p" = / ] && return 1
+    p=$(dirname "$p")
+  done
+}
+refuse_changeable() {  # refuse_changeable WHAT PATH
+  local found
+  if found=$(changeable "$2"); then
+    die "$1 $2 can be changed by a user other than root: $found; the hooks run it as root"
+  fi
+}
+refuse_changeable "the interpreter" "$PYTHON"
+refuse_changeable "the interpreter" "$(readlink -f "$PYTHON")"
+
 # The shims run "$PYTHON -I -m mpswrap": -I ignores PYTHONPATH, so mpswrap must be installed
 # in that interpreter's own environment (pip install into it, not a PYTHONPATH trick).
 if ! out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
@@ -46,6 +71,11 @@ if ! out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
   die "$PYTHON cannot import mpswrap (install it into that environment: $PYTHON -m pip install <the mpswrap wheel, or a source tree>): $out"
 fi
 echo "install.sh: using mpswrap from $out"
+
+PKG=$(dirname "$out")
+refuse_changeable "the mpswrap package" "$PKG"
+bad=$(find "$PKG" \( ! -user 0 -o -perm /022 \) ! -type l -print -quit)
+[ -z "$bad" ] || die "the mpswrap package has $bad, which a user other than root can change; the hooks run it as root"
 # The task prolog runs as the job's user: interpreter and package must be readable by all.
 if id nobody >/dev/null 2>&1 && command -v runuser >/dev/null; then
   (cd / && runuser -u nobody -- env -i PATH=/usr/bin:/bin "$PYTHON" -I -c 'import mpswrap' \
@@ -56,6 +86,7 @@ fi
 # The config file: hooks fail while it is missing (it is named explicitly), so say so now;
 # if it is there, let mpswrap itself check every key and value.
 if [ -e "$CONFIG" ]; then
+  refuse_changeable "the config file" "$CONFIG"
   (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -m mpswrap config \
       --config "$CONFIG" >/dev/null) || die "mpswrap rejects $CONFIG (see the message above)"
   [ "$(stat -c %A "$CONFIG" | cut -c8)" = r ] ||
@@ -66,6 +97,7 @@ fi
 
 # DEST: a root-owned directory; never write through a symlink someone planted.
 if [ -L "$DEST" ]; then die "$DEST is a symbolic link; refusing"; fi
+refuse_changeable "the shims' directory" "$(dirname "$DEST")"
 mkdir -p "$DEST"
 [ "$(stat -c %u "$DEST")" = 0 ] || die "$DEST is not owned by root"
 chmod 0755 "$DEST"
