@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Cluster, why_not_runnable
+from tests.integration.harness import Cluster, running_cluster, why_not_runnable
 
 
 @pytest.fixture(scope="session")
@@ -22,15 +22,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     reason = why_not_runnable()
     if reason:
         pytest.skip(reason)
-    made = Cluster.start()
-    try:
+    with running_cluster(lambda: request.session.testsfailed > 0) as made:
         yield made
-    finally:
-        # Keep the logs of a failed run for a look (the path is printed); purge otherwise.
-        failed = request.session.testsfailed > 0
-        made.stop(purge=not failed)
-        if failed:
-            print(f"\nSlurm test cluster logs kept in {made.state}/log")
 
 
 @pytest.fixture(autouse=True)

@@ -611,6 +611,20 @@ class Cluster:
         return problems
 
 
+@contextlib.contextmanager
+def running_cluster(failed: Any, **options: Any) -> Iterator[Cluster]:
+    """A started cluster (``Cluster.start(**options)``), stopped afterwards; when
+    ``failed()`` says a test failed, its logs are kept and their path printed."""
+    made = Cluster.start(**options)
+    try:
+        yield made
+    finally:
+        keep = bool(failed())
+        made.stop(purge=not keep)
+        if keep:
+            print(f"\nSlurm test cluster logs kept in {made.state}/log")
+
+
 def describe(proc: psutil.Process) -> str:
     try:
         return f"{proc.pid} ({proc.username()}) {' '.join(proc.cmdline())[:200]}"

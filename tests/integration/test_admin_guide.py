@@ -34,6 +34,7 @@ from tests.integration.harness import (
     USER,
     Cluster,
     read_records,
+    running_cluster,
     why_not_runnable,
 )
 
@@ -52,14 +53,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_s
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """This module's own cluster (it overrides conftest's): no mpswrap hooks in slurm.conf
     until the guide adds them; every node has ``Features=mps``."""
-    made = Cluster.start(hooks=False, features="mps")
-    try:
+    failed = lambda: request.session.testsfailed > 0  # noqa: E731
+    with running_cluster(failed, hooks=False, features="mps") as made:
         yield made
-    finally:
-        failed = request.session.testsfailed > 0
-        made.stop(purge=not failed)
-        if failed:
-            print(f"\nSlurm test cluster logs kept in {made.state}/log")
 
 
 @pytest.fixture(scope="module")
