@@ -2,12 +2,15 @@
 
     git worktree add /tmp/base <commit>
     python benchmarks/startup_ab.py /tmp/base . --rounds 4 --out benchmarks/results/<file>.json
+    python benchmarks/startup_ab.py /tmp/base . --gpu --python /opt/mpswrap-venv/bin/python
 
 Each round measures both trees, one after the other (the order alternates), against the MPS
-simulator, with this checkout's ``overhead.py`` pointed at the tree's mpswrap: ``mpswrap --
-date`` with the job's daemons up, from exec to the program's exec, and the RSS of the
-supervisor and of its guard; the prolog and the epilog of a one-GPU job with no clients. The
-trees' bytecode is compiled first. Medians over the rounds; no GPU needed.
+simulator (``--gpu``: the real GPU and MPS), with this checkout's ``overhead.py`` pointed at the
+tree's mpswrap: ``mpswrap -- date`` with the job's daemons up, from exec to the program's exec,
+and the RSS of the supervisor and of its guard; the prolog and the epilog of a one-GPU job with
+no clients. ``--python``: the interpreter that runs mpswrap, e.g. a venv holding only its
+dependencies, as an admin installs it (default: this one). The trees' bytecode is compiled
+first. Medians over the rounds.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ sys.path[:0] = [{here!r}, {root!r}]
 import overhead
 overhead.REPO = Path({root!r})
 overhead.compiled()
-out = overhead._supervisor_costs(overhead.Bench(True, 1), "ab", {repeats})
+out = overhead._supervisor_costs(overhead.Bench({simulate!r}, 1), "ab", {repeats})
 for gpus in {gpus!r}:
-    bench = overhead.Bench(True, gpus)
+    bench = overhead.Bench({simulate!r}, gpus)
     hooks = {{"prolog": [], "epilog": []}}
     for r in range({repeats}):
         for hook in hooks:
@@ -49,10 +52,12 @@ def _name(hook: str, gpus: int) -> str:
     return f"{hook}_median_ms" if gpus == 1 else f"{hook}_gpus{gpus}_median_ms"
 
 
-def measure(root: Path, repeats: int, gpus: list[int]) -> dict[str, Any]:
-    code = MEASURE.format(here=str(HERE), root=str(root), repeats=repeats, gpus=gpus)
+def measure(root: Path, args: argparse.Namespace, gpus: list[int]) -> dict[str, Any]:
+    code = MEASURE.format(
+        here=str(HERE), root=str(root), repeats=args.repeats, gpus=gpus, simulate=not args.gpu
+    )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+        [args.python, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     ).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -64,6 +69,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7, help="starts per measurement")
     ap.add_argument("--gpus", default="1", help="GPU counts for the hooks, e.g. 1,8")
+    ap.add_argument("--gpu", action="store_true", help="the real GPU and MPS, not the simulator")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs mpswrap")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     trees = [t.resolve() for t in args.trees]
@@ -73,11 +80,18 @@ def main() -> int:
     runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            runs[str(tree)].append(measure(tree, args.repeats, gpus))
+            runs[str(tree)].append(measure(tree, args, gpus))
     summaries: list[dict[str, Any]] = []
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "python": sys.version.split()[0],
+        "python": subprocess.run(
+            [args.python, "-c", "import sys; print(sys.version.split()[0])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip(),
+        "interpreter": args.python,
+        "simulated": not args.gpu,
         "host": subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip(),
         "rounds": args.rounds,
         "repeats": args.repeats,

@@ -1,11 +1,14 @@
 """mpswrap: many CUDA processes per GPU through NVIDIA MPS, on Slurm clusters.
 
-``import mpswrap`` loads neither NVML nor mpi4py: session() imports them when entered.
+``import mpswrap`` loads neither NVML nor mpi4py: session() imports them when entered, and
+``session`` itself is imported on first use (PEP 562), so the Slurm hooks and the CLI, which
+import this package first, do not pay for the launcher's modules.
 """
 
 from __future__ import annotations
 
-from .entry.session import session
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CapacityError,
     ConfigError,
@@ -17,6 +20,9 @@ from .errors import (
     ProcError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from .entry.session import session
 
 __version__ = "0.1.0"
 
@@ -35,3 +41,11 @@ __all__ = [
     "__version__",
     "session",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "session":
+        from .entry.session import session
+
+        return session
+    raise AttributeError(f"module 'mpswrap' has no attribute {name!r}")

@@ -6,10 +6,15 @@ Rules kept here so no other module has to remember them:
   output is raised with the error;
 - a process is identified by PID *and* start time, never by name, so a reused PID is never
   signalled.
+
+Whether an identified process still lives is read from ``/proc/<pid>/stat`` (the start time
+as psutil computes it); psutil, 10-25 ms of every start, is imported only by the functions that
+walk process trees, environments or signal, which the prolog's start path does not call.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pwd
@@ -17,11 +22,12 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
-import psutil
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import ProcError, UsageError
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = [
     "Popen",
@@ -228,17 +234,46 @@ class ProcId:
         return {"pid": self.pid, "start_time": self.start_time}
 
 
-def identify(pid: int) -> ProcId | None:
+@functools.cache
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"btime"):
+                return float(line.split()[1])
+    raise OSError("no btime line in /proc/stat")
+
+
+def _stat(pid: int) -> tuple[bytes, float] | None:
+    """State letter and start time of ``pid``: psutil's ``create_time`` (clock ticks since
+    boot over the tick rate, plus the boot time), so the two compare. None when gone or
+    hidden from us."""
     try:
-        return ProcId(pid, psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time()
+    except (OSError, ValueError, IndexError):
         return None
-    except psutil.AccessDenied:
-        return None
+
+
+def identify(pid: int) -> ProcId | None:
+    found = _stat(pid)
+    return ProcId(pid, found[1]) if found else None
+
+
+def is_alive(pid_id: ProcId) -> bool:
+    """The process is there, is no zombie, and is the one identified (not a reused PID)."""
+    found = _stat(pid_id.pid)
+    if found is None:
+        return False
+    state, start = found
+    return state != b"Z" and abs(start - pid_id.start_time) <= 0.05
 
 
 def _process(pid_id: ProcId) -> psutil.Process | None:
     """The live process behind ``pid_id``, or None if gone, a zombie or a reused PID."""
+    import psutil
+
     try:
         proc = psutil.Process(pid_id.pid)
         if abs(proc.create_time() - pid_id.start_time) > 0.05:
@@ -250,12 +285,10 @@ def _process(pid_id: ProcId) -> psutil.Process | None:
         return None
 
 
-def is_alive(pid_id: ProcId) -> bool:
-    return _process(pid_id) is not None
-
-
 def uid_of(pid_id: ProcId) -> int | None:
     """Real uid of the identified process; None when it is gone."""
+    import psutil
+
     proc = _process(pid_id)
     try:
         return int(proc.uids().real) if proc else None
@@ -265,6 +298,8 @@ def uid_of(pid_id: ProcId) -> int | None:
 
 def describe(pid_id: ProcId) -> str:
     """``<pid> (<command line>)`` for reports of leftovers."""
+    import psutil
+
     proc = _process(pid_id)
     if proc is None:
         return f"{pid_id.pid} (gone)"
@@ -276,6 +311,8 @@ def describe(pid_id: ProcId) -> str:
 
 
 def cmdline(pid: int) -> str:
+    import psutil
+
     try:
         return " ".join(psutil.Process(pid).cmdline())
     except (psutil.Error, OSError):
@@ -284,6 +321,8 @@ def cmdline(pid: int) -> str:
 
 def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
     """Signal each process that is still the one we identified; never a reused PID."""
+    import psutil
+
     for pid_id in procs:
         proc = _process(pid_id)
         if proc is None:
@@ -297,6 +336,8 @@ def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
 
 def children_of(pid: int) -> list[ProcId]:
     """Descendants of ``pid`` (recursive), identified."""
+    import psutil
+
     try:
         kids = psutil.Process(pid).children(recursive=True)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -311,6 +352,8 @@ def children_of(pid: int) -> list[ProcId]:
 
 
 def _self_and_ancestors() -> set[int]:
+    import psutil
+
     pids = {os.getpid()}
     try:
         pids.update(p.pid for p in psutil.Process().parents())
@@ -325,6 +368,8 @@ def procs_mentioning(marker: str) -> list[ProcId]:
     A job's pipe directory is unique to it, so this finds what is left of it without trusting
     names. The caller and its ancestors are skipped (they may carry the variable themselves).
     """
+    import psutil
+
     found = []
     skip = _self_and_ancestors()
     for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):

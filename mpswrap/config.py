@@ -74,6 +74,12 @@ FIELDS: tuple[Field, ...] = (
         "MPS control program (name or path)",
     ),
     Field("gpu_inventory", inventory, "nvml", "nvml, or a JSON inventory file (simulation)"),
+    Field(
+        "inventory_cache",
+        boolean,
+        "yes",
+        "keep NVML's inventory for the boot in run_dir (root writes; all read)",
+    ),
     Field("client_limit", clients, "auto", "MPS clients per GPU: auto (by architecture) or N"),
     Field(
         "gpu_policy",
@@ -236,6 +242,7 @@ class Settings:
     user_run_dir: str | None
     control_binary: str
     gpu_inventory: str
+    inventory_cache: bool
     client_limit: int | Literal["auto"]
     gpu_policy: str
     prolog_mode: Literal["always", "opt-in", "never"]

@@ -26,15 +26,17 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
 from ..config import load_settings
 from ..entry import launchargs
-from ..entry.launch import LaunchOptions
 from ..errors import MpswrapError, UsageError, internal_error
 from ..job.placement import provision_threads
 from .options import LAUNCHERS, MODES, RUN_OPTIONS, VERBOSITY, WRAPPER_OPTIONS, Options
+
+if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
+    from ..entry.launch import LaunchOptions
 
 __all__ = ["build_parser", "main"]
 
@@ -171,6 +173,8 @@ def split_options(argv: Sequence[str], valued: set[str]) -> tuple[list[str], lis
 
 
 def _options(args: argparse.Namespace) -> LaunchOptions:
+    from ..entry.launch import LaunchOptions
+
     _check_args(args)
     return LaunchOptions(**{f.name: getattr(args, f.name) for f in fields(LaunchOptions)})
 

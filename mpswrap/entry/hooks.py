@@ -26,7 +26,8 @@ from ..job.job import JobDaemons
 from ..job.placement import Slot, place
 from ..jobenv import GpuRef, JobEnv
 from ..mps.daemon import Defaults
-from ..mps.gpu import default_gres_conf, health_problem, load_inventory, resolve_slurm_gpus
+from ..mps.gpu import health_problem
+from ..mps.slurmgpus import default_gres_conf, resolve_slurm_gpus
 from .slurmjob import is_launcher_daemon_step, job_opted_in
 
 __all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
@@ -120,7 +121,7 @@ def _prolog_failed(env: JobEnv, settings: Settings | None, line: str) -> int:
 
 def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
     job, user = env.slurm_job(), _job_user(env)
-    inventory = load_inventory(settings.gpu_inventory)
+    inventory = state.node_inventory(settings, env.node)
     found = resolve_slurm_gpus(refs, inventory, default_gres_conf(env.env), env.node)
     defaults = Defaults.from_settings(settings, active_thread_percentage=env.mps_percentage)
     manifests = JobDaemons(state.admin_layout(settings, env.node, job), settings).start(

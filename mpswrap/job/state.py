@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import LayoutError
+from ..mps.gpu import Inventory, load_inventory
 from ..paths import (
     GpuDirs,
     JobLayout,
@@ -41,6 +42,7 @@ __all__ = [
     "gpu_dirs",
     "job_layouts",
     "jobs_on_node",
+    "node_inventory",
     "outcomes_dir",
     "user_layout",
     "user_roots",
@@ -53,6 +55,15 @@ OUTCOMES = "outcomes"
 
 def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
     return JobLayout(Path(settings.run_dir), node, job)
+
+
+def node_inventory(settings: Settings, node: str) -> Inventory:
+    """The node's GPUs: NVML's answer, or the boot's copy of it, ``<run_dir>/inventory.<node>
+    .json`` (``inventory_cache``; written by root's hooks, read by all: mps/inventory_cache)."""
+    kept = None
+    if settings.inventory_cache:
+        kept = Path(settings.run_dir) / f"inventory.{validate_name('node name', node)}.json"
+    return load_inventory(settings.gpu_inventory, kept)
 
 
 def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:

@@ -1,9 +1,9 @@
 """GPU inventory: the only module that imports pynvml.
 
-Two sources behind one interface: NVML (the real driver, initialised on first use) and a JSON
-file (the simulator's fake inventory). GPU lists given as NVML indices, UUIDs, or Slurm gres
-positions are resolved here; gres positions go through gres.conf ``File=`` and the device's
-minor number, because gres.conf order and NVML order can differ on real nodes.
+Two sources behind one interface: NVML (the real driver, initialised on first use; or its
+answer kept for the boot, ``inventory_cache``) and a JSON file (the simulator's fake
+inventory). GPU lists given as NVML indices or UUIDs are resolved here; Slurm's names for GPUs
+in ``slurmgpus``.
 """
 
 from __future__ import annotations
@@ -12,26 +12,22 @@ import dataclasses
 import json
 import logging
 import os
-import re
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import GpuError
-from ..jobenv import UUID_RE, GpuRef, JobEnv, parse_int_list
+from ..jobenv import UUID_RE, parse_int_list
+from . import inventory_cache
 
 __all__ = [
     "GpuInfo",
     "Inventory",
     "client_limit",
-    "gres_minors",
+    "health_problem",
     "load_inventory",
     "resolve_gpus",
-    "resolve_gres_positions",
-    "resolve_slurm_gpus",
-    "visible_gpus",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,10 +90,18 @@ class Inventory:
             cause="gres.conf names a device NVML does not list",
         )
 
+    def to_json(self) -> dict[str, Any]:
+        gpus = [gpu.to_json() for gpu in self.gpus]
+        return {"driver_version": self.driver_version, "gpus": gpus,
+                "cuda_driver_version": self.cuda_driver_version}  # fmt: skip
+
     def compute_pids(self, uuid: str) -> list[int]:
-        """PIDs NVML lists as compute processes of that GPU (empty for a file inventory)."""
-        if self._nvml is None:
+        """PIDs NVML lists as compute processes of that GPU (empty for a file inventory).
+        NVML is initialised here when the inventory came from the boot's file."""
+        if self.source != "nvml":
             return []
+        if self._nvml is None:
+            self._nvml = _init_nvml()
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
         procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -113,6 +117,14 @@ def _cpu_set(value: Any) -> frozenset[int]:
 def _from_file(path: str) -> Inventory:
     try:
         data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise GpuError("cannot read GPU inventory file", thing=path, cause=str(exc)) from exc
+    return inventory_from_json(data, path)
+
+
+def inventory_from_json(data: Any, source: str) -> Inventory:
+    """An inventory from its JSON form (``Inventory.to_json``; the simulator's files)."""
+    try:
         gpus = [
             GpuInfo(
                 index=int(g["index"]),
@@ -131,14 +143,10 @@ def _from_file(path: str) -> Inventory:
             )
             for g in data["gpus"]
         ]
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise GpuError("cannot read GPU inventory file", thing=path, cause=str(exc)) from exc
-    return Inventory(
-        gpus,
-        str(data.get("driver_version", "")),
-        int(data.get("cuda_driver_version", 0)),
-        source=path,
-    )
+        driver, cuda = str(data.get("driver_version", "")), int(data.get("cuda_driver_version", 0))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise GpuError("cannot read GPU inventory file", thing=source, cause=str(exc)) from exc
+    return Inventory(gpus, driver, cuda, source=source)
 
 
 def _mask_to_cpus(words: Sequence[int]) -> frozenset[int]:
@@ -177,7 +185,8 @@ def _nvml_gpu(nvml: Any, index: int) -> GpuInfo:
     )
 
 
-def _from_nvml() -> Inventory:
+def _init_nvml() -> Any:
+    """pynvml, imported and initialised."""
     try:
         import pynvml as nvml
     except ImportError as exc:
@@ -189,6 +198,19 @@ def _from_nvml() -> Inventory:
         ) from exc
     try:
         nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise GpuError(
+            "NVML failed",
+            thing="nvmlInit",
+            cause=str(exc),
+            hint="is the NVIDIA driver loaded? run nvidia-smi",
+        ) from exc
+    return nvml
+
+
+def _from_nvml() -> Inventory:
+    nvml = _init_nvml()
+    try:
         count = nvml.nvmlDeviceGetCount()
         gpus = [_nvml_gpu(nvml, i) for i in range(count)]
         driver = nvml.nvmlSystemGetDriverVersion()
@@ -196,7 +218,7 @@ def _from_nvml() -> Inventory:
     except nvml.NVMLError as exc:
         raise GpuError(
             "NVML failed",
-            thing="nvmlInit/device query",
+            thing="device query",
             cause=str(exc),
             hint="is the NVIDIA driver loaded? run nvidia-smi",
         ) from exc
@@ -207,11 +229,30 @@ def _from_nvml() -> Inventory:
 _CACHE: dict[str, Inventory] = {}
 
 
-def load_inventory(source: str = "nvml") -> Inventory:
-    """The node's inventory from NVML or from a JSON file; loaded once per process."""
+def load_inventory(source: str = "nvml", kept: Path | None = None) -> Inventory:
+    """The node's inventory from NVML or from a JSON file; loaded once per process.
+
+    ``kept``: the boot's inventory file (``inventory_cache``), read instead of NVML while the
+    kernel's account of the GPUs is the one it was written with; written after NVML (root).
+    """
     if source not in _CACHE:
-        _CACHE[source] = _from_nvml() if source == "nvml" else _from_file(source)
+        _CACHE[source] = _from_file(source) if source != "nvml" else _nvml_or_kept(kept)
     return _CACHE[source]
+
+
+def _nvml_or_kept(kept: Path | None) -> Inventory:
+    if kept is None:
+        return _from_nvml()
+    now = inventory_cache.fingerprint()
+    data = inventory_cache.read(kept, now)
+    if data is not None:
+        try:
+            return inventory_from_json(data, "nvml")
+        except GpuError as exc:
+            log.warning("%s: asking NVML", exc.line())
+    inventory = _from_nvml()
+    inventory_cache.write(kept, now, inventory.to_json())
+    return inventory
 
 
 # --- resolution -----------------------------------------------------------------------
@@ -241,107 +282,6 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
     if len({g.uuid for g in out}) != len(out):
         raise GpuError("GPU listed twice", thing=spec)
     return out
-
-
-def _expand_hostlist(text: str) -> list[str]:
-    """Expand ``node[1-3,5],gpu7`` (enough of Slurm's hostlist syntax for gres.conf)."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
-        match = re.match(r"^(.*)\[([^\]]*)\](.*)$", part)
-        if not match:
-            names.append(part)
-            continue
-        head, body, tail = match.groups()
-        for item in body.split(","):
-            lo, _, hi = item.partition("-")
-            width = len(lo)
-            try:
-                first, last = int(lo), int(hi or lo)
-            except ValueError:
-                raise GpuError("malformed hostlist in gres.conf", thing=repr(text)) from None
-            for n in range(first, last + 1):
-                names.append(f"{head}{n:0{width}d}{tail}")
-    return names
-
-
-def gres_minors(gres_conf: Path, node: str) -> list[int]:
-    """Device minor numbers of this node's ``Name=gpu`` entries, in gres.conf order."""
-    try:
-        text = gres_conf.read_text()
-    except OSError as exc:
-        raise GpuError(
-            "cannot read gres.conf",
-            thing=str(gres_conf),
-            cause=exc.strerror,
-            hint="check SLURM_CONF: gres.conf is read from its directory",
-        ) from exc
-    minors: list[int] = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-        if fields.get("Name") != "gpu" or "File" not in fields:
-            continue
-        if "NodeName" in fields and node not in _expand_hostlist(fields["NodeName"]):
-            continue
-        for path in _expand_hostlist(fields["File"]):
-            minors.append(_device_minor(path))
-    return minors
-
-
-def _device_minor(path: str) -> int:
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise GpuError("cannot stat GPU device", thing=path, cause=exc.strerror) from exc
-    if not stat.S_ISCHR(st.st_mode):
-        raise GpuError("gres.conf File= is not a character device", thing=path)
-    return os.minor(st.st_rdev)
-
-
-def resolve_slurm_gpus(
-    refs: Sequence[GpuRef], inventory: Inventory, gres_conf: Path | None, node: str
-) -> list[tuple[int, GpuInfo]]:
-    """Slurm's GPUs as (gres position, GPU), each GPU once: a position goes gres.conf File= →
-    minor number → NVML device; a UUID is looked up, and its position found the same way.
-
-    Without gres.conf ``File=`` lines (e.g. AutoDetect), positions follow minor-number order.
-    """
-    minors = gres_minors(gres_conf, node) if gres_conf and gres_conf.exists() else []
-    minors = minors or sorted(g.minor for g in inventory.gpus)
-    out: dict[str, tuple[int, GpuInfo]] = {}
-    for ref in refs:
-        pos, gpu = _by_uuid(ref, inventory, minors) if isinstance(ref, str) else (ref, None)
-        if pos >= len(minors):
-            raise GpuError(
-                "Slurm GPU position not in gres.conf",
-                thing=f"position {pos}",
-                cause=f"gres.conf lists {len(minors)} GPU(s) for {node}",
-            )
-        gpu = gpu or inventory.by_minor(minors[pos])
-        out.setdefault(gpu.uuid, (pos, gpu))
-    return list(out.values())
-
-
-def _by_uuid(uuid: str, inventory: Inventory, minors: list[int]) -> tuple[int, GpuInfo]:
-    if uuid.startswith("MIG-"):
-        raise GpuError("MIG devices are not supported", thing=uuid, hint="give MPS jobs whole GPUs")
-    gpu = inventory.by_uuid(uuid)
-    if gpu.minor not in minors:
-        cause = f"gres.conf lists no /dev/nvidia{gpu.minor}"
-        raise GpuError("Slurm GPU not in gres.conf", thing=uuid, cause=cause)
-    return minors.index(gpu.minor), gpu
-
-
-def resolve_gres_positions(
-    refs: Sequence[GpuRef], inventory: Inventory, gres_conf: Path | None, node: str
-) -> list[GpuInfo]:
-    """Slurm's GPUs (positions or UUIDs) as NVML devices, each once."""
-    return [gpu for _, gpu in resolve_slurm_gpus(refs, inventory, gres_conf, node)]
-
-
-def default_gres_conf(env: Mapping[str, str]) -> Path:
-    conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return Path(conf).parent / "gres.conf"
 
 
 def health_problem(uuid: str, source: str) -> str | None:
@@ -384,14 +324,3 @@ def client_limit(
     if connections > 2:
         limit = max(1, limit * 2 // connections)
     return limit
-
-
-def visible_gpus(env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
-    """The GPUs this step may use: Slurm's gres positions, else CUDA_VISIBLE_DEVICES, else all."""
-    refs = env.step_gpus
-    if refs:
-        return resolve_gres_positions(refs, inventory, default_gres_conf(env.env), env.node)
-    cvd = env.env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() in ("", "-1", "NoDevFiles"):
-        raise GpuError("CUDA_VISIBLE_DEVICES hides every GPU", thing=repr(cvd))
-    return resolve_gpus(cvd or "all", inventory)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import resources
 
 from .._proc import SAFE_PATH, run
 
@@ -74,6 +73,8 @@ def _run_script(name: str, argv: list[str]) -> int:
     env = {"PATH": os.environ.get("PATH") or SAFE_PATH}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    from importlib import resources  # here, not at import: every hook builds the CLI parser
+
     with resources.as_file(resources.files("mpswrap.slurm") / name) as script:
         res = run(["bash", str(script), *argv], env=env, timeout=TIMEOUT)
     sys.stdout.write(res.stdout)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mpswrap.errors import GpuError
-from mpswrap.mps.gpu import GpuInfo, Inventory, resolve_gpus, resolve_gres_positions
+from mpswrap.mps.gpu import GpuInfo, Inventory, resolve_gpus
+from mpswrap.mps.slurmgpus import resolve_gres_positions
 
 #: NVML index order: minors 7, 3, 5 (neither sorted nor the gres.conf order below).
 INVENTORY = Inventory(

@@ -20,7 +20,8 @@ from mpswrap.errors import (
     one_line,
 )
 from mpswrap.jobenv import JobEnv, parse_gpu_list
-from mpswrap.mps.gpu import GpuInfo, Inventory, resolve_slurm_gpus
+from mpswrap.mps.gpu import GpuInfo, Inventory
+from mpswrap.mps.slurmgpus import resolve_slurm_gpus
 
 UUID = "GPU-5a1d0000-0000-4000-8000-000000000000"
 MIG = "MIG-5a1d0000-0000-4000-8000-00000000aaaa"

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mpswrap import config, jobenv, paths
 from mpswrap.errors import ConfigError, GpuError, LayoutError, MpswrapError, UsageError
 from mpswrap.job import placement as client
-from mpswrap.mps import gpu, mpslog
+from mpswrap.mps import gpu, mpslog, slurmgpus
 
 T = TypeVar("T")
 
@@ -104,6 +104,7 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
         lambda t: (t, t)
     ),
     "gpu_inventory": st.sampled_from([("nvml", "nvml"), ("/tmp/g.json", "/tmp/g.json")]),
+    "inventory_cache": st.sampled_from([("no", False), ("yes", True)]),
     "client_limit": st.one_of(
         st.just(("auto", "auto")), st.integers(1, 128).map(lambda n: (str(n), n))
     ),
@@ -221,7 +222,7 @@ def test_a_non_utf8_admin_file_is_a_config_error() -> None:
         config.load_settings(env={}, config_file=str(path))
 
 
-# --- gpu._expand_hostlist -----------------------------------------------------------------
+# --- slurmgpus._expand_hostlist -----------------------------------------------------------------
 _word = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=6)
 
 
@@ -251,7 +252,7 @@ def _hostlist(draw: st.DrawFn) -> tuple[str, list[str]]:
 @given(_hostlist())
 def test_hostlist_expansion_of_generated_lists(case: tuple[str, list[str]]) -> None:
     text, names = case
-    assert gpu._expand_hostlist(text) == names
+    assert slurmgpus._expand_hostlist(text) == names
 
 
 @PROPS
@@ -259,7 +260,7 @@ def test_hostlist_expansion_of_generated_lists(case: tuple[str, list[str]]) -> N
 def test_hostlist_garbage_raises_only_gpu_error(text: str) -> None:
     # gres.conf is read by the prolog and by every rank (gres positions); a malformed
     # NodeName=/File= must be a one-line GpuError, not a ValueError traceback.
-    out, error = _outcome(gpu._expand_hostlist, text)
+    out, error = _outcome(slurmgpus._expand_hostlist, text)
     if error is not None:
         assert isinstance(error, GpuError), error
     else:
