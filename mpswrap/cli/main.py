@@ -33,7 +33,15 @@ from ..config import load_settings
 from ..entry import launchargs
 from ..errors import MpswrapError, UsageError, internal_error
 from ..job.placement import provision_threads
-from .options import LAUNCHERS, MODES, RUN_OPTIONS, VERBOSITY, WRAPPER_OPTIONS, Options
+from .options import (
+    HOOK_COMMANDS,
+    LAUNCHERS,
+    MODES,
+    RUN_OPTIONS,
+    VERBOSITY,
+    WRAPPER_OPTIONS,
+    Options,
+)
 
 if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
     from ..entry.launch import LaunchOptions
@@ -42,7 +50,6 @@ __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("mpswrap")
 
-HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
 _SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
 
 

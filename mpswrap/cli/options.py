@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LAUNCHERS", "MODES", "RUN_OPTIONS", "VERBOSITY", "WRAPPER_OPTIONS", "Options"]
+__all__ = [
+    "HOOK_COMMANDS",
+    "LAUNCHERS",
+    "MODES",
+    "RUN_OPTIONS",
+    "VERBOSITY",
+    "WRAPPER_OPTIONS",
+    "Options",
+]
+
+#: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
+HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
 
 Options = tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
