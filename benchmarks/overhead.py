@@ -180,6 +180,21 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
         )
 
 
+def _rss_of(me: Any, rss: list[int], guard_rss: list[int], guard_uss: list[int]) -> None:
+    """The supervisor's RSS and its guard's (the child whose command line is the supervisor's:
+    a fork; not a short-lived control client it runs, which may end while we look)."""
+    import psutil
+
+    rss.append(me.memory_info().rss)
+    for kid in me.children():
+        try:
+            if kid.cmdline() == me.cmdline():
+                guard_rss.append(kid.memory_info().rss)
+                guard_uss.append(kid.memory_full_info().uss)
+        except psutil.NoSuchProcess:  # also a zombie
+            continue
+
+
 def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
     """Per-rank supervisor (``mpswrap -- prog``) with the job's daemons running: time from
     its exec to the program's exec, and resident memory of the supervisor and of its guard."""
@@ -188,7 +203,11 @@ def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
     bench.hook("prolog", job)
     env = dict(bench.env(job), SLURM_SCRIPT_CONTEXT="", SLURM_STEP_ID="0", SLURM_LOCALID="0")
     env.update(SLURM_STEP_TASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1", SLURM_NTASKS="1")
-    start, rss, guard_rss, guard_uss = [], [], [], []
+    start: list[float] = []
+    rss: list[int] = []
+    guard_rss: list[int] = []
+    guard_uss: list[int] = []
+    proc: subprocess.Popen[bytes] | None = None
     try:
         for _ in range(repeats):
             t0 = time.time()
@@ -200,14 +219,12 @@ def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
         for _ in range(3):
             proc = subprocess.Popen([PY, "-m", "mpswrap", "--", "sleep", "2"], env=env, cwd="/")
             time.sleep(1.2)
-            me = psutil.Process(proc.pid)
-            rss.append(me.memory_info().rss)
-            for kid in me.children():
-                if kid.cmdline()[:1] == [PY]:  # the guard: a fork of the supervisor
-                    guard_rss.append(kid.memory_info().rss)
-                    guard_uss.append(kid.memory_full_info().uss)
+            _rss_of(psutil.Process(proc.pid), rss, guard_rss, guard_uss)
             proc.wait(timeout=60)
     finally:
+        if proc is not None and proc.poll() is None:  # a failed measurement: no leftover
+            proc.kill()
+            proc.wait()
         bench.hook("epilog", job)
     mib = 2**20
     return {

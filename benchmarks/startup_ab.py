@@ -114,7 +114,7 @@ def main() -> int:
                 for hook in ("prolog", "epilog")
             },
             "rss_mib": statistics.median(m["rss_mib"] for m in mine),
-            "guard_rss_mib": statistics.median(m["guard_rss_mib"] or 0 for m in mine),
+            "guard_rss_mib": round(statistics.median(m["guard_rss_mib"] or 0 for m in mine), 2),
             "guard_uss_mib": statistics.median(m["guard_uss_mib"] or 0 for m in mine),
         }
         summaries.append(summary)

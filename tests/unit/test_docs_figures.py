@@ -206,6 +206,25 @@ def start_ab() -> list[str]:
     ]
 
 
+def h100_start_ab() -> list[str]:
+    files = ("2026-11-24-h100-startup-ab-331babf.json", "2026-11-24-h100-startup-ab-bb6707f.json")
+    (a, b), (c, d) = (load(name)["trees"] for name in files)
+    rows = [("per-rank supervisor start, ms", "start_median_ms"),
+            ("prolog, 1 GPU, ms", "prolog_median_ms"),
+            ("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
+            ("supervisor RSS, MiB", "rss_mib")]  # fmt: skip
+    profile = REPO / "docs/gpu-results/2026-11-24/ab-bb6707f/prolog-profile.txt"
+    walls = re.search(r"prolog wall, plain: .*, (\d+ ms)", profile.read_text())
+    assert walls, "no prolog walls in the profile"
+    runs = {r["key"]: r for r in load("2026-11-24-h100-overhead-bb6707f.json")["runs"]}
+    epi = [runs[f"overhead/gpu/epilog/clients{k}"]["epilog"]["median_ms"] for k in (48, 12)]
+    return [
+        *(f"| {what} | {a[k]} | {b[k]} | | {c[k]} | {d[k]} |" for what, k in rows),
+        f"took {walls[1]} in the profile of bb6707f",
+        f"48 live clients {epi[0]} ms (one sample), 12 clients {epi[1]} ms",
+    ]
+
+
 def start_ab_later() -> list[str]:
     a, b = load("2026-11-23-cpu-start-ab-2.json")["trees"]
     data = load("2026-11-23-cpu-start-ab-3.json")
@@ -284,6 +303,7 @@ STATEMENTS = {
     "h100-long": h100_long,
     "h100-overheads": h100_overheads,
     "h100": h100_short,
+    "h100-start-ab": h100_start_ab,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
     "startup-costs": startup_costs,

@@ -25,7 +25,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_signals",
         "_lock",
     ),
-    "mps": ("inventory_cache", "gpu", "slurmgpus", "cuda", "control", "mpslog", "manifest", "ladder", "daemon"),
+    "mps": (
+        "inventory_cache",
+        "gpu",
+        "slurmgpus",
+        "cuda",
+        "control",
+        "mpslog",
+        "manifest",
+        "ladder",
+        "daemon",
+    ),
     "job": ("state", "placement", "verify", "summary", "supervise", "job", "watchdog"),
     "entry": ("launchargs", "slurmjob", "hooks", "launch", "local", "attached", "session"),
     # The shims' installer: only the base layer below it; cli wires its commands.
