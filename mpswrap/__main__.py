@@ -10,9 +10,18 @@ import sys
 from .cli.options import HOOK_COMMANDS
 
 if len(sys.argv) == 2 and sys.argv[1] in HOOK_COMMANDS:
-    from .entry.hooks import run_hook
+    try:
+        from .entry.hooks import run_hook
 
-    sys.exit(run_hook(sys.argv[1]))
+        code = run_hook(sys.argv[1])
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:  # e.g. a broken install: one line, as ``main()`` prints it
+        from .errors import internal_error
+
+        print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
 
 from .cli.main import main
 

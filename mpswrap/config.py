@@ -78,7 +78,7 @@ FIELDS: tuple[Field, ...] = (
         "inventory_cache",
         boolean,
         "yes",
-        "keep NVML's inventory for the boot in run_dir (root writes; all read)",
+        "prolog: keep NVML's inventory for the boot in run_dir, read it instead of NVML",
     ),
     Field("client_limit", clients, "auto", "MPS clients per GPU: auto (by architecture) or N"),
     Field(

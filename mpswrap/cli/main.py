@@ -141,8 +141,10 @@ def _admin_commands(sub: Any) -> None:
     p.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The one parser: wrapper options at the top, then a command or a launcher/program."""
+def build_parser(commands: bool = True) -> argparse.ArgumentParser:
+    """The one parser: wrapper options at the top, then a command or a launcher/program.
+    ``commands=False``: without the commands' sub-parsers, for the launcher and program modes,
+    which parse only the wrapper options (every rank of a job starts that way)."""
     parser = _Parser(
         prog="mpswrap",
         usage="mpswrap [options] COMMAND ... | mpswrap [options] (srun|mpirun|mpiexec|orterun)"
@@ -156,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
          WRAPPER_OPTIONS)  # fmt: skip
     _add(parser.add_argument_group("output"), VERBOSITY)
-    _commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="mpswrap"))
+    if commands:
+        _commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="mpswrap"))
     return parser
 
 
@@ -250,9 +253,10 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def dispatch(argv: list[str]) -> int:
     """Parse ``argv`` with the one parser and run the mode its first word picks."""
-    parser = build_parser()
     head, rest, dashdash = split_options(argv, _valued(WRAPPER_OPTIONS))
     mode = _mode(rest, dashdash)
+    asks_help = any(word in ("-h", "--help") for word in head)
+    parser = build_parser(commands=asks_help or mode not in ("launcher", "program"))
     if mode == "run":
         valued = _valued((*WRAPPER_OPTIONS, *RUN_OPTIONS))
         run_head, command, _ = split_options(rest[1:], valued)

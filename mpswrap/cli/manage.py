@@ -16,7 +16,7 @@ from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
 from ..mps.daemon import Defaults
-from ..mps.gpu import resolve_gpus
+from ..mps.gpu import load_inventory, resolve_gpus
 from ..paths import JobLayout
 
 __all__ = ["COMMANDS", "print_status", "unhealthy"]
@@ -74,7 +74,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     node = _node(args)
     job = JobEnv.current().job_key(given=args.job, fresh="local")
     assert job is not None
-    gpus = resolve_gpus(args.gpus, state.node_inventory(settings, node))
+    gpus = resolve_gpus(args.gpus, load_inventory(settings.gpu_inventory))
     admin = os.geteuid() == 0 and not args.run_dir
     if args.run_dir:
         layout = JobLayout(Path(os.path.abspath(args.run_dir)), node, job)

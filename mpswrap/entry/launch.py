@@ -29,7 +29,7 @@ from ..job.placement import Placement, Slot, check_capacity, place
 from ..job.summary import Outcome, emit
 from ..job.supervise import Rank, supervise, watch
 from ..jobenv import JobEnv
-from ..mps.gpu import GpuInfo, Inventory, client_limit, resolve_gpus
+from ..mps.gpu import GpuInfo, Inventory, client_limit, load_inventory, resolve_gpus
 from ..mps.slurmgpus import visible_gpus
 from . import launchargs
 
@@ -138,7 +138,7 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     job = env.job_key(given=opts.job, fresh="local")
     assert job is not None
     rank, size, policy = _local_position(env, settings.gpu_policy)
-    inventory = state.node_inventory(settings, env.node)
+    inventory = load_inventory(settings.gpu_inventory)
     chosen = opts.chosen_gpus(inventory)
     if opts.dry_run:
         slots = planned_slots(settings, env, job, inventory, chosen)
@@ -257,7 +257,7 @@ def _check_launch_capacity(line: launchargs.CommandLine, opts: LaunchOptions,
         return
     job_env = JobEnv(env)
     try:
-        inventory = state.node_inventory(settings, job_env.node)
+        inventory = load_inventory(settings.gpu_inventory)
         gpus = opts.chosen_gpus(inventory) or visible_gpus(job_env, inventory)
     except MpswrapError as exc:  # e.g. no NVML where the launch command runs
         log.debug("capacity not checked before launch: %s", exc.line())

@@ -25,7 +25,6 @@ from .. import _proc
 from .._signals import TERMINATING, SignalTrap
 from ..config import Settings
 from ..errors import UsageError
-from ..job import state
 from ..job.job import Attachment, attach
 from ..job.placement import Placement, Slot, check_capacity
 from ..job.summary import Outcome
@@ -40,7 +39,7 @@ from ..job.supervise import (
 )
 from ..job.verify import Verifier
 from ..jobenv import JobEnv
-from ..mps.gpu import Inventory
+from ..mps.gpu import Inventory, load_inventory
 from .launch import LaunchOptions, capacity_limits, finish, planned_slots
 
 __all__ = ["run_local"]
@@ -66,7 +65,7 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
     # A fresh job per run unless told otherwise: this process is its only owner.
     job = env.job_key(given=opts.job, fresh=f"run-{os.getpid()}")
     assert job is not None
-    inventory = state.node_inventory(settings, env.node)
+    inventory = load_inventory(settings.gpu_inventory)
     chosen = opts.chosen_gpus(inventory)
     # Every rank starts with our CPUs (affinity policy).
     place_in = functools.partial(opts.place, policy=settings.gpu_policy, rank_cpus=env.cpus_allowed)

@@ -34,12 +34,11 @@ from typing import Any
 from .. import _wait
 from ..config import Settings, load_settings
 from ..errors import DaemonError, GpuError, MpswrapError
-from ..job import state
 from ..job.job import Attachment, attach, log_teardown, release
 from ..job.placement import Slot, check_capacity, place
 from ..jobenv import JobEnv
 from ..mps.cuda import cuda_error, cuda_started
-from ..mps.gpu import GpuInfo, Inventory, resolve_gpus
+from ..mps.gpu import GpuInfo, Inventory, load_inventory, resolve_gpus
 from ..mps.slurmgpus import visible_gpus
 from .attached import Session
 from .launch import capacity_limits
@@ -111,7 +110,7 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
     def _enter(self) -> Session:
         settings = load_settings({"pinned_mem_limit": self.mem_limit, "gpu_policy": self.policy})
         env = JobEnv.current()
-        inventory = state.node_inventory(settings, env.node)
+        inventory = load_inventory(settings.gpu_inventory)
         started = cuda_started(inventory)
         if started and not os.environ.get(PIPE_VAR):
             raise cuda_error(started)

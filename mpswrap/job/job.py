@@ -28,7 +28,7 @@ from ..config import Settings
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
-from ..mps.gpu import GpuInfo, Inventory
+from ..mps.gpu import GpuInfo, Inventory, load_inventory
 from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
 from ..mps.slurmgpus import visible_gpus
@@ -254,7 +254,7 @@ def attach(
         )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     if gpus is None:
-        gpus = visible_gpus(env, state.node_inventory(settings, env.node))
+        gpus = visible_gpus(env, load_inventory(settings.gpu_inventory))
     daemons.check([f"g{i}" for i in range(len(gpus))])  # before anything is created
     user = _proc.lookup_user()
     state.create(daemons.layout, user.uid, user.gid, shared_parents=False)

@@ -58,8 +58,9 @@ def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
 
 
 def node_inventory(settings: Settings, node: str) -> Inventory:
-    """The node's GPUs: NVML's answer, or the boot's copy of it, ``<run_dir>/inventory.<node>
-    .json`` (``inventory_cache``; written by root's hooks, read by all: mps/inventory_cache)."""
+    """The node's GPUs for root's prolog: NVML's answer, or the boot's copy of it,
+    ``<run_dir>/inventory.<node>.json`` (``inventory_cache``; mps/inventory_cache). Only for
+    hooks slurmd runs as root, outside the job's cgroup: a rank asks NVML for its own view."""
     kept = None
     if settings.inventory_cache:
         kept = Path(settings.run_dir) / f"inventory.{validate_name('node name', node)}.json"

@@ -73,7 +73,7 @@ def _run_script(name: str, argv: list[str]) -> int:
     env = {"PATH": os.environ.get("PATH") or SAFE_PATH}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    from importlib import resources  # here, not at import: every hook builds the CLI parser
+    from importlib import resources  # here, not at import: the CLI's other commands need none
 
     with resources.as_file(resources.files("mpswrap.slurm") / name) as script:
         res = run(["bash", str(script), *argv], env=env, timeout=TIMEOUT)

@@ -164,3 +164,30 @@ def test_import_mpswrap_is_light() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent)
+
+
+def test_the_hooks_start_path_is_lean() -> None:
+    """What the shims' ``python -I -m mpswrap <hook>`` imports before the hook runs: not the
+    CLI (its parser and the commands' modules), not the launcher or session(), not psutil
+    (process identity comes from /proc) and not importlib.resources."""
+    code = (
+        "import sys, runpy; sys.argv = ['mpswrap', 'prolog']; "
+        "import mpswrap.entry.hooks as h; h.run_hook = lambda hook: 0; "
+        "runpy.run_module('mpswrap', run_name='__main__')"
+    )
+    probe = (
+        "import atexit, sys; atexit.register(lambda: print(sorted(m for m in ("
+        "'argparse', 'psutil', 'pynvml', 'filelock', 'importlib.resources', 'mpswrap.cli.main', "
+        "'mpswrap.entry.launch', 'mpswrap.entry.session') if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", f"{probe}; {code}"], capture_output=True,
+                         text=True, cwd=PKG.parent, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_hook_commands_are_the_hooks() -> None:
+    from mpswrap.cli.options import HOOK_COMMANDS
+    from mpswrap.entry.hooks import HOOKS
+
+    assert set(HOOK_COMMANDS) == set(HOOKS)

@@ -1,6 +1,7 @@
-"""The boot's copy of NVML's inventory (mps/inventory_cache): used while the kernel's account of
-the GPUs is unchanged, never when anyone but root could have written it. NVML is a stand-in
-that counts its calls; /proc is a fake tree."""
+"""The boot's copy of NVML's inventory (mps/inventory_cache): root's prolog uses it while the
+kernel's account of the GPUs is unchanged, never when anyone but root could have written it,
+and never for a view of other GPUs than the kernel's. NVML is a stand-in that counts its calls;
+/proc is a fake tree. (Run as root, as CI does: the cache is root's.)"""
 
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ class FakeNvml:
         return uuid
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[object]:
-        return []
+        class Proc:
+            pid = 4242
+
+        return [Proc()]
 
 
 @pytest.fixture
@@ -79,7 +83,7 @@ def test_nvml_is_asked_once_per_boot_and_the_copy_is_what_it_said(
     assert fake.asked == 1, "the second process asked NVML although the copy was current"
     assert again.gpus == first.gpus == GPUS
     assert (again.driver_version, again.cuda_driver_version) == ("580.159.04", 13000)
-    assert again.compute_pids(GPUS[0].uuid) == [], "NVML is opened for process queries"
+    assert again.compute_pids(GPUS[0].uuid) == [4242], "NVML is opened for process queries"
 
 
 @pytest.mark.parametrize(
@@ -176,3 +180,60 @@ def test_a_link_in_place_of_the_copy_is_not_followed(
     (run / "inventory.n1.json").symlink_to(real)
     _load(run)
     assert fake.asked == 2 and not (run / "inventory.n1.json").is_symlink()
+
+
+def test_run_dir_of_another_owner_is_neither_read_nor_written(node: tuple[Path, FakeNvml]) -> None:
+    run, fake = node
+    _load(run)
+    os.chown(run, 65534, 65534)  # nobody's, mode 0755: nobody could have written the file
+    assert _load(run).gpus == GPUS
+    assert fake.asked == 2
+    os.chown(run, 0, 0)
+
+
+def test_a_file_of_another_owner_is_not_read(node: tuple[Path, FakeNvml]) -> None:
+    run, fake = node
+    _load(run)
+    os.chown(run / "inventory.n1.json", 65534, 65534)
+    _load(run)
+    assert fake.asked == 2
+
+
+def test_no_run_dir_yet_means_nvml_and_no_file(node: tuple[Path, FakeNvml]) -> None:
+    run, fake = node
+    run.rmdir()
+    _load(run)
+    assert fake.asked == 1 and not run.exists()
+
+
+def test_an_nvml_view_of_other_gpus_is_not_kept(
+    node: tuple[Path, FakeNvml], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML asked inside a cgroup that hides a GPU must not become the node's inventory."""
+    run, _ = node
+    narrowed = Inventory([GPUS[1]], "580.159.04", 13000, source="nvml")
+    monkeypatch.setattr(gpu, "_from_nvml", lambda: narrowed)
+    assert _load(run).gpus == [GPUS[1]]
+    assert not (run / "inventory.n1.json").exists()
+
+
+def test_a_kept_file_that_disagrees_with_the_kernel_is_not_used(
+    node: tuple[Path, FakeNvml],
+) -> None:
+    run, fake = node
+    _load(run)
+    kept = run / "inventory.n1.json"
+    data = json.loads(kept.read_text())
+    data["gpus"] = data["gpus"][:1]  # the fingerprint still names both GPUs
+    kept.write_text(json.dumps(data))
+    assert _load(run).gpus == GPUS
+    assert fake.asked == 2
+
+
+def test_only_the_prolog_uses_the_file() -> None:
+    """A rank, a task prolog or a command asks NVML for its own view (a job's cgroup may hide
+    GPUs and renumber the rest): only entry/hooks.py (the prolog's start) asks for the file."""
+    package = Path(state.__file__).resolve().parents[1]
+    users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                   if "node_inventory(" in p.read_text() and p.name != "state.py")  # fmt: skip
+    assert users == ["entry/hooks.py"]
