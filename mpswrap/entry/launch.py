@@ -29,7 +29,14 @@ from ..job.placement import Placement, Slot, check_capacity, place
 from ..job.summary import Outcome, emit
 from ..job.supervise import Rank, supervise, watch
 from ..jobenv import JobEnv
-from ..mps.gpu import GpuInfo, Inventory, client_limit, load_inventory, resolve_gpus
+from ..mps.gpu import (
+    GpuInfo,
+    Inventory,
+    client_limit,
+    inventory_from_json,
+    load_inventory,
+    resolve_gpus,
+)
 from ..mps.slurmgpus import visible_gpus
 from . import launchargs
 
@@ -129,6 +136,32 @@ def _slots(att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None) 
     return picked
 
 
+def _inventory(att: Attachment, settings: Settings) -> Inventory:
+    """The attached GPUs as their daemons' starter saw them (the manifests; looked up by UUID
+    only, which a job's cgroup does not change), so that a rank joining them loads no NVML;
+    NVML for user-mode daemons (the capacity check needs the driver's version) and where a
+    manifest has no GPU facts (an older mpswrap wrote it)."""
+    if att.mode != "prolog":
+        return load_inventory(settings.gpu_inventory)
+    try:
+        found = inventory_from_json({"gpus": [m.gpu for m in att.manifests]}, "manifests")
+    except GpuError:
+        return load_inventory(settings.gpu_inventory)
+    if [g.uuid for g in found.gpus] != [m.gpu_uuid for m in att.manifests]:
+        return load_inventory(settings.gpu_inventory)
+    return found
+
+
+def _dry_run(opts: LaunchOptions, command: list[str], slots: list[Slot], env: JobEnv,
+             position: tuple[int, int, str]) -> int:  # fmt: skip
+    """Say where this rank would run: the GPU, its variables, the command."""
+    rank, size, policy = position
+    found = opts.place(slots, rank, size, policy=policy, rank_cpus=env.cpus_allowed)
+    print(f"[{rank}] gpu {found.position} ({found.uuid}): {_shown(found.env)} "
+          f"{shlex.join(command)}")  # fmt: skip
+    return 0
+
+
 def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     """One rank: attach, place, supervise; the node's last rank to leave prints its summary
     (``job.summary``: ranks of one node that do not overlap in time print one each)."""
@@ -138,19 +171,19 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     job = env.job_key(given=opts.job, fresh="local")
     assert job is not None
     rank, size, policy = _local_position(env, settings.gpu_policy)
-    inventory = load_inventory(settings.gpu_inventory)
-    chosen = opts.chosen_gpus(inventory)
-    if opts.dry_run:
+    # NVML only where NVML's view is asked for: --gpus (its indices), a dry run, user mode.
+    nvml = opts.gpus is not None or opts.dry_run
+    inventory = load_inventory(settings.gpu_inventory) if nvml else None
+    chosen = opts.chosen_gpus(inventory) if inventory else None
+    if opts.dry_run and inventory is not None:
         slots = planned_slots(settings, env, job, inventory, chosen)
-        found = opts.place(slots, rank, size, policy=policy, rank_cpus=env.cpus_allowed)
-        print(f"[{rank}] gpu {found.position} ({found.uuid}): {_shown(found.env)} "
-              f"{shlex.join(command)}")  # fmt: skip
-        return 0
+        return _dry_run(opts, command, slots, env, (rank, size, policy))
     # Signals are recorded, not acted on, until the child runs: attach/release must finish.
     with SignalTrap() as trap:
         att = attach(settings, env, job, gpus=chosen, counted=True)
         outcomes: list[Outcome] = []  # none if the program never started: its error says why
         try:
+            inventory = inventory or _inventory(att, settings)
             slots = _slots(att, inventory, chosen)
             if att.mode == "user":
                 uuids = [s.uuid for s in slots]

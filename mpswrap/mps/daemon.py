@@ -223,7 +223,7 @@ class Daemon:
             user=user.name, uid=user.uid, gid=user.gid, daemon_pid=daemon.pid,
             daemon_start_time=daemon.start_time, cpus=cpus, settings=applied, servers=servers,
             control_binary=binary, node=origin["node"], job_id=origin["job_id"],
-            started_by=origin["started_by"],
+            started_by=origin["started_by"], gpu=gpu.to_json(),
         )  # fmt: skip
         write_manifest(self.dirs.manifest, manifest, user.uid, user.gid)
         log.info("started MPS daemon pid %d for %s (%s) cpus %s",

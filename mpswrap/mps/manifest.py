@@ -43,6 +43,9 @@ class Manifest:
     settings: dict[str, Any] = field(default_factory=dict)
     servers: list[dict[str, float]] = field(default_factory=list)
     control_binary: str = ""
+    #: The GPU as its starter's NVML saw it (GpuInfo.to_json): a rank that joins the daemons
+    #: takes CPUs and memory from here instead of loading NVML (empty in older manifests).
+    gpu: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     version: int = MANIFEST_VERSION
 

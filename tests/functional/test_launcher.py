@@ -445,3 +445,28 @@ def test_per_rank_mode_on_prolog_daemons_sums_up_and_leaves_them_be(
     finally:
         assert node.run("stop", "--job", "sum2").returncode == 0
     assert not job_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
+def test_a_rank_joining_prolog_daemons_takes_its_gpu_from_the_manifest(
+    node: SimNode, tmp_path: Path
+) -> None:
+    """No NVML per rank: with the prolog's daemons up, a rank places itself from the manifests,
+    so even with the node's inventory gone each rank gets its GPU and that GPU's daemon."""
+    assert node.run("start", "--job", "inv1").returncode == 0
+    gpus = json.loads(node.inventory.read_text())["gpus"]
+    hidden = tmp_path / "gpus.json"
+    node.inventory.rename(hidden)
+    try:
+        for rank in (0, 1):
+            out = node.run("--job", "inv1", "--", "sh", "-c",
+                           "echo $CUDA_MPS_PIPE_DIRECTORY $CUDA_VISIBLE_DEVICES",
+                           MPSWRAP_LOCAL_RANK=str(rank), MPSWRAP_LOCAL_SIZE="2")  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.split() == [
+                str(next(node.run_dir.glob("*/inv1")) / f"g{rank}" / "pipe"),
+                gpus[rank]["uuid"],
+            ], out.stdout
+    finally:
+        hidden.rename(node.inventory)
+        assert node.run("stop", "--job", "inv1").returncode == 0
