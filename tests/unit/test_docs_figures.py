@@ -207,8 +207,9 @@ def start_ab() -> list[str]:
 
 
 def h100_start_ab() -> list[str]:
-    files = ("2026-11-24-h100-startup-ab-331babf.json", "2026-11-24-h100-startup-ab-bb6707f.json")
-    (a, b), (c, d) = (load(name)["trees"] for name in files)
+    files = ("331babf", "bb6707f", "0c9b392")
+    (a, b), (c, d), (e, f) = (load(f"2026-11-24-h100-startup-ab-{n}.json")["trees"] for n in files)
+    g, h = load("2026-11-24-h100-startup-ab-deae135.json")["trees"]
     rows = [("per-rank supervisor start, ms", "start_median_ms"),
             ("prolog, 1 GPU, ms", "prolog_median_ms"),
             ("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
@@ -219,7 +220,12 @@ def h100_start_ab() -> list[str]:
     runs = {r["key"]: r for r in load("2026-11-24-h100-overhead-bb6707f.json")["runs"]}
     epi = [runs[f"overhead/gpu/epilog/clients{k}"]["epilog"]["median_ms"] for k in (48, 12)]
     return [
-        *(f"| {what} | {a[k]} | {b[k]} | | {c[k]} | {d[k]} |" for what, k in rows),
+        *(
+            f"| {what} | {a[k]} | {b[k]} | | {c[k]} | {d[k]} | | {e[k]} | {f[k]} |"
+            for what, k in rows
+        ),
+        f"start {g['start_median_ms']} → {h['start_median_ms']} ms, RSS {g['rss_mib']} → "
+        f"{round(h['rss_mib'], 2)} MiB",
         f"took {walls[1]} in the profile of bb6707f",
         f"48 live clients {epi[0]} ms (one sample), 12 clients {epi[1]} ms",
     ]
