@@ -199,13 +199,13 @@ def _init_nvml() -> Any:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise GpuError(
-            "NVML failed",
-            thing="nvmlInit",
-            cause=str(exc),
-            hint="is the NVIDIA driver loaded? run nvidia-smi",
-        ) from exc
+        raise _nvml_failed("nvmlInit", exc) from exc
     return nvml
+
+
+def _nvml_failed(what: str, exc: Exception) -> GpuError:
+    return GpuError("NVML failed", thing=what, cause=str(exc),
+                    hint="is the NVIDIA driver loaded? run nvidia-smi")  # fmt: skip
 
 
 def _from_nvml() -> Inventory:
@@ -216,12 +216,7 @@ def _from_nvml() -> Inventory:
         driver = nvml.nvmlSystemGetDriverVersion()
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
     except nvml.NVMLError as exc:
-        raise GpuError(
-            "NVML failed",
-            thing="device query",
-            cause=str(exc),
-            hint="is the NVIDIA driver loaded? run nvidia-smi",
-        ) from exc
+        raise _nvml_failed("device query", exc) from exc
     driver = driver.decode() if isinstance(driver, bytes) else str(driver)
     return Inventory(gpus, driver, cuda, source="nvml", _nvml=nvml)
 
