@@ -22,7 +22,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ProcError, UsageError
 
@@ -310,13 +310,20 @@ def describe(pid_id: ProcId) -> str:
     return f"{pid_id.pid} ({cmd})"
 
 
-def cmdline(pid: int) -> str:
+def facts(pid: int) -> dict[str, Any]:
+    """What ``status`` shows of a process: command line, user, start time (seconds since the
+    epoch), and its environment where we may read it (ours, or as root; else empty)."""
     import psutil
 
+    out: dict[str, Any] = {"cmdline": "", "user": None, "start_time": None, "environ": {}}
     try:
-        return " ".join(psutil.Process(pid).cmdline())
-    except (psutil.Error, OSError):
-        return ""
+        proc = psutil.Process(pid)
+        out.update(cmdline=" ".join(proc.cmdline()), start_time=proc.create_time())
+        out["user"] = proc.username()
+        out["environ"] = proc.environ()
+    except (psutil.Error, OSError, KeyError):  # KeyError: a uid with no name
+        pass
+    return out
 
 
 def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:

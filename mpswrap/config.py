@@ -157,8 +157,9 @@ FIELDS: tuple[Field, ...] = (
         "log_archive",
         optional(abs_path),
         "none",
-        "copy each daemon's control.log and server.log here before removing its directory",
+        "keep each daemon's control.log, server.log and record here (mpswrap report)",
     ),
+    Field("log_archive_days", seconds, "30", "days log_archive keeps records and logs"),
     Field(
         "verify_attach",
         choice("warn", "fail", "off"),
@@ -261,6 +262,7 @@ class Settings:
     quit_timeout: float
     kill_grace: float
     log_archive: str | None
+    log_archive_days: float
     verify_attach: Literal["warn", "fail", "off"]
     health_check: bool
     syslog: bool

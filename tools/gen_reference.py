@@ -7,8 +7,10 @@ drift from it.
 Each section lies between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``; the
 prose outside the markers is hand-written and kept. Sources: the one CLI parser
 (``mpswrap.cli.main.build_parser``: usage, modes, every command and option), the settings
-table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``) and
-``mpswrap.session`` (signature, docstring, what it returns). tests/unit/test_reference.py
+table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``), a status
+client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), the metric series
+(``mpswrap.cli.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
+returns). tests/unit/test_reference.py
 runs the check.
 """
 
@@ -240,11 +242,26 @@ def _rst(text: str) -> str:
     return text.replace("``", "`")
 
 
+def status_clients() -> list[str]:
+    from mpswrap.mps.control import CLIENT_FIELDS
+
+    return _table(("field", "meaning"), [(_code(k), _cell(v)) for k, v in CLIENT_FIELDS.items()])
+
+
+def metric_series() -> list[str]:
+    from mpswrap.cli.metrics import FAMILIES
+
+    return _table(("series", "type", "meaning"),
+                  [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES])  # fmt: skip
+
+
 SECTIONS: dict[str, Callable[[], list[str]]] = {
     "modes": modes,
     "commands": commands,
     "settings": settings,
     "exit-codes": exit_codes,
+    "status-clients": status_clients,
+    "metric-series": metric_series,
     "python-api": python_api,
 }
 

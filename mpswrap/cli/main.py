@@ -126,6 +126,15 @@ def _commands(sub: Any) -> None:
 
 
 def _admin_commands(sub: Any) -> None:
+    p = sub.add_parser("report", help="a finished job's record (log_archive): clients, faults")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB", help="the job id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
+    _common(p)
+    _job_args(p)
+    p.add_argument("--textfile", metavar="DIR", help="write DIR/mpswrap.prom instead (for "
+                   "node_exporter's textfile collector)")  # fmt: skip
     for name in HOOK_COMMANDS:
         _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
     _common(sub.add_parser("version", help="print the version"), config=False)
@@ -243,6 +252,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "start": _cmd_manage,
     "stop": _cmd_manage,
     "status": _cmd_manage,
+    "metrics": _cmd_manage,
+    "report": _cmd_manage,
     "demo": _cmd_demo,
     "version": _cmd_version,
     "install-hooks": _cmd_hooks_install,

@@ -16,8 +16,10 @@ from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
 from ..mps.daemon import Defaults
-from ..mps.gpu import load_inventory, resolve_gpus
-from ..paths import JobLayout
+from ..mps.gpu import load_inventory, resolve_gpus, usage
+from ..mps.record import read_records
+from ..paths import JobLayout, validate_name
+from . import metrics
 
 __all__ = ["COMMANDS", "print_status", "unhealthy"]
 
@@ -121,11 +123,34 @@ def cmd_stop(args: argparse.Namespace) -> int:
 HEALTHY, UNHEALTHY, NOTHING_FOUND = 0, 3, 4
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none."""
+def node_status(args: argparse.Namespace) -> dict[str, Any]:
+    """The jobs' daemons, servers and clients on this node, with NVML's figures where it
+    answers: each GPU's memory and utilisation, each client's GPU memory."""
     settings = _settings(args)
     jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
-    status = {"node": _node(args), "jobs": jobs}
+    for gpu in (g for job in jobs for g in job["gpus"] if g.get("uuid")):
+        found = usage(gpu["uuid"], settings.gpu_inventory)
+        processes = found.pop("processes") if found else {}
+        gpu["usage"] = found
+        for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
+            client["gpu_memory_bytes"] = processes.get(client["pid"])
+    return {"node": _node(args), "jobs": jobs}
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """The node's state in Prometheus's text format: printed, or kept for node_exporter."""
+    text = metrics.render(node_status(args))
+    if args.textfile:
+        metrics.write_textfile(Path(args.textfile), text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none."""
+    status = node_status(args)
+    jobs = status["jobs"]
     if args.json:
         print(json.dumps(status, indent=1))
     elif not jobs:
@@ -177,7 +202,7 @@ def print_status(status: dict[str, Any]) -> None:
                 f"clients {len(server['clients'])}"
             )
             for client in server["clients"]:
-                print(f"      client {client['pid']} {client['cmdline']}")
+                print(f"      client {client['pid']}{_client_words(client)} {client['cmdline']}")
         for fault in gpu.get("faults", []):
             print(
                 f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
@@ -186,4 +211,53 @@ def print_status(status: dict[str, Any]) -> None:
             )
 
 
-COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}
+def cmd_report(args: argparse.Namespace) -> int:
+    """The records a job's teardowns kept under log_archive (mps/record): 0, or 4 for none."""
+    settings = _settings(args)
+    if not settings.log_archive:
+        raise UsageError("no log_archive is set: teardowns keep no records",
+                         hint="set log_archive in the admin file (slurm/README.md)")  # fmt: skip
+    found = read_records(Path(settings.log_archive), validate_name("job id", args.job_id))
+    if args.json:
+        print(json.dumps(found, indent=1))
+    for rec in [] if args.json else found:
+        print(_record_line(rec))
+    if not found:
+        log.warning("no record of job %s in %s", args.job_id, settings.log_archive)
+    return HEALTHY if found else NOTHING_FOUND
+
+
+def _record_line(rec: dict[str, Any]) -> str:
+    took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
+    faults = "; ".join(f"fault at {f['time']}: server {f['server_pid']}, client(s) "
+                       f"{f['reported_by']}" for f in rec["faults"]) or "no fault"  # fmt: skip
+    left = ", ".join(rec["leftovers"])
+    return (
+        f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"
+        f"{f', {took:.0f} s' if took is not None else ''}): {rec['clients_seen_count']} "
+        f"client(s) seen, {len(rec['ended_by_terminate_client'])} ended by terminate_client, "
+        f"{len(rec['ended_with_server'])} with their server, {len(rec['killed'])} killed; "
+        f"{faults}; {'left behind: ' + left if left else 'nothing left behind'}"
+    )
+
+
+def _client_words(client: dict[str, Any]) -> str:
+    """`` rank R, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
+    words = [f"rank {client['rank']}" if client.get("rank") is not None else ""]
+    if client.get("gpu_memory_bytes") is not None:
+        words.append(f"{client['gpu_memory_bytes'] / 2**30:.2f} GiB")
+    if client.get("active_thread_percentage") is not None:
+        words.append(f"{client['active_thread_percentage']:g}% threads")
+    if client.get("uptime_s") is not None:
+        words.append(f"up {client['uptime_s']:.0f} s")
+    shown = ", ".join(w for w in words if w)
+    return f" ({shown})" if shown else ""
+
+
+COMMANDS = {
+    "start": cmd_start,
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "metrics": cmd_metrics,
+    "report": cmd_report,
+}

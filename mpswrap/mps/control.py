@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import _proc, _wait
 from ..errors import ControlError, ProcError
+from ..jobenv import JobEnv
 from ..paths import GpuDirs
 
-__all__ = ["Control", "client_env", "daemon_env", "find_binary"]
+__all__ = ["Control", "client_env", "client_status", "daemon_env", "find_binary"]
 
 log = logging.getLogger(__name__)
+_NUMBER = re.compile(r"[0-9]{1,3}(\.[0-9]+)?")
 
 #: Where NVIDIA's packages put the MPS binaries; hooks run with a minimal PATH.
 SEARCH_PATH = (
@@ -237,3 +242,35 @@ class Control:
             return
         seconds = max(1, int(force_after))
         self.command(f"quit -t {seconds}", timeout=seconds + self.timeout)
+
+
+#: The fields of one client in ``status --json`` (``jobs[].gpus[].servers[].clients[]``).
+CLIENT_FIELDS = {
+    "pid": "the client's process ID",
+    "cmdline": "its command line",
+    "user": "the user it runs as",
+    "start_time": "when it started, seconds since the epoch",
+    "uptime_s": "seconds since it started",
+    "rank": "its rank from the launcher's variables (MPSWRAP_RANK, SLURM_PROCID, ...) or null",
+    "active_thread_percentage": "its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, or null (the server's)",
+    "pinned_mem_limit": "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, or null",
+    "gpu_memory_bytes": "GPU memory it uses, from NVML (MPS-aware query where the driver has "
+    "it), or null where NVML cannot say",
+}
+
+
+def client_status(pid: int) -> dict[str, Any]:
+    """One client as ``status`` shows it; its rank, thread share and memory limit from its
+    environment where we may read it (ours, or as root). GPU memory comes from NVML later."""
+    facts = _proc.facts(pid)
+    env, start = facts.pop("environ"), facts["start_time"]
+    share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    return {
+        "pid": pid,
+        **facts,
+        "uptime_s": round(time.time() - start, 1) if start else None,
+        "rank": JobEnv(env).rank,
+        "active_thread_percentage": float(share) if share and _NUMBER.fullmatch(share) else None,
+        "pinned_mem_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "gpu_memory_bytes": None,
+    }

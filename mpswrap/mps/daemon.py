@@ -26,7 +26,7 @@ from .._lock import file_lock
 from ..config import Settings
 from ..errors import ControlError, DaemonError, MpswrapError
 from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
-from .control import Control, daemon_env, find_binary
+from .control import Control, client_status, daemon_env, find_binary
 from .gpu import GpuInfo
 from .ladder import Ladder, StopReport, read_pid
 from .manifest import Manifest, read_manifest, write_manifest
@@ -325,7 +325,7 @@ class Daemon:
                         "pid": server,
                         "status": control.server_status(server),
                         "active_thread_percentage": control.active_thread_percentage(server),
-                        "clients": [{"pid": c, "cmdline": _proc.cmdline(c)} for c in clients],
+                        "clients": [client_status(c) for c in clients],
                     }
                 )
         except ControlError as exc:

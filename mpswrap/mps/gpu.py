@@ -28,6 +28,7 @@ __all__ = [
     "health_problem",
     "load_inventory",
     "resolve_gpus",
+    "usage",
 ]
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,35 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
     if len({g.uuid for g in out}) != len(out):
         raise GpuError("GPU listed twice", thing=spec)
     return out
+
+
+def usage(uuid: str, source: str) -> dict[str, Any] | None:
+    """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
+    memory of each process it lists (MPS clients through the MPS-aware query where the driver
+    has it). None for a file inventory or where NVML cannot answer."""
+    if source != "nvml":
+        return None
+    try:
+        nvml = _init_nvml()
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        found = {
+            "memory_used_bytes": int(memory.used),
+            "memory_total_bytes": int(memory.total),
+            "utilization_percent": int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+        }
+        processes: dict[int, int] = {}
+        for name in (
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetMPSComputeRunningProcesses",
+        ):  # the MPS view wins
+            for proc in getattr(nvml, name, lambda _h: [])(handle):
+                if getattr(proc, "usedGpuMemory", None) is not None:
+                    processes[int(proc.pid)] = int(proc.usedGpuMemory)
+    except Exception as exc:  # GpuError, or NVML's own error types
+        log.debug("no NVML figures for %s: %s", uuid, exc)
+        return None
+    return {**found, "processes": processes}
 
 
 def health_problem(uuid: str, source: str) -> str | None:

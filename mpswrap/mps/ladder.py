@@ -16,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import _proc, _wait
 from .._lock import maybe_locked
@@ -23,6 +24,7 @@ from ..config import Settings
 from ..errors import ControlError, MpswrapError
 from ..paths import GpuDirs, read_job_file
 from ..removal import remove_tree
+from . import record
 from .control import Control
 from .manifest import Manifest, read_manifest
 from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
@@ -57,6 +59,17 @@ class StopReport:
     @property
     def clean(self) -> bool:
         return not self.leftovers and not self.paths
+
+    def ended(self) -> dict[str, Any]:
+        """How the clients and servers were ended, for the job's record (mps/record)."""
+        return {
+            "ended_by_terminate_client": self.terminated,
+            "ended_with_server": self.dropped,
+            "servers_shut_down": {str(pid): n for pid, n in self.shut_down.items()},
+            "killed": self.killed,
+            "terminations_logged": self.log_terminations,
+            "leftovers": self.leftovers,
+        }
 
     def lines(self) -> list[str]:
         """The report as people read it (stop, the epilog, run's teardown)."""
@@ -148,16 +161,24 @@ class Ladder:
         return self._end_clients(report, only)
 
     def _archive_logs(self, report: StopReport) -> None:
-        """Keep the MPS logs for post-mortems (setting log_archive) before the dirs go."""
+        """Keep the MPS logs and the job's record (mps/record) for post-mortems (setting
+        log_archive) before the dirs go; older ones past log_archive_days go."""
         archive = self.settings.log_archive
         if not archive:
             return
         job_dir = self.dirs.root.parent
         prefix = f"{job_dir.parent.name}-{job_dir.name}-{self.dirs.key}"
         try:
+            manifest = self.manifest()
+        except MpswrapError:
+            manifest = None
+        try:
             os.makedirs(archive, mode=0o755, exist_ok=True)
+            record.prune(Path(archive), self.settings.log_archive_days)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
                 _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
+            found = record.record_of(self.dirs, manifest, report.ended())
+            record.write_record(Path(archive), prefix, found)
         except OSError as exc:
             report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 

@@ -24,6 +24,7 @@ _LINE = re.compile(r"^\[(?P<stamp>[^\]]*?)\s+(?P<who>\w+)\s+(?P<pid>\d+)\]\s?(?P
 _FATAL_CLIENT = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
 _PID_ONLY = re.compile(r"^\s*(\d+)\s*$")
 _NEW_SERVER = re.compile(r"Starting new server (\d+)")
+_NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user")
 
 
 @dataclass
@@ -105,3 +106,10 @@ def server_pids(control_log: Path) -> set[int]:
     """PIDs of every server the daemon started (``Starting new server <pid> for user <uid>``)."""
     found = (_NEW_SERVER.search(text) for _, _, text in _lines(control_log))
     return {int(m.group(1)) for m in found if m}
+
+
+def clients_seen(control_log: Path) -> list[int]:
+    """PIDs of the clients that connected, once each, in order (``NEW CLIENT <pid> from
+    user <uid>``)."""
+    found = (_NEW_CLIENT.search(text) for _, _, text in _lines(control_log))
+    return list(dict.fromkeys(int(m.group(1)) for m in found if m))

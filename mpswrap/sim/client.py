@@ -173,6 +173,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--fault-after", type=float, default=None)
     parser.add_argument("--linger", type=float, default=None)
+    # The real test client holds that much device memory; the simulator has none to hold.
+    parser.add_argument("--alloc-mib", type=float, default=0.0)
     parser.add_argument("--record", default=None)
     parser.add_argument("--tag", default=None)
     return parser.parse_args(argv)

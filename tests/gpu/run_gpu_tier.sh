@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out). Phases: contract core launcher attach ladder session faults slurm tmpfs probe
-# teardown startup bench (default: contract core). Each phase's log is complete when the
+# metrics teardown startup bench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
@@ -80,6 +80,7 @@ for phase in "${PHASES[@]}"; do
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
+    metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     probe) bounded bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       tail -40 "$OUT/probe/probe.txt" ;;
     teardown) bounded bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1 || rc=1

@@ -33,6 +33,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "control",
         "mpslog",
         "manifest",
+        "record",
         "ladder",
         "daemon",
     ),
@@ -40,7 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "entry": ("launchargs", "slurmjob", "hooks", "launch", "local", "attached", "session"),
     # The shims' installer: only the base layer below it; cli wires its commands.
     "slurm": ("install", "__main__"),
-    "cli": ("options", "manage", "demo", "main"),
+    "cli": ("options", "metrics", "manage", "demo", "main"),
 }
 #: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
 FACES = {"__init__", "__main__"}
