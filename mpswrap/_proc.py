@@ -14,6 +14,7 @@ walk process trees, environments or signal, which the prolog's start path does n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -310,19 +311,25 @@ def describe(pid_id: ProcId) -> str:
     return f"{pid_id.pid} ({cmd})"
 
 
-def facts(pid: int) -> dict[str, Any]:
-    """What ``status`` shows of a process: command line, user, start time (seconds since the
-    epoch), and its environment where we may read it (ours, or as root; else empty)."""
+def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
+    """A process for ``status``: command line, user, start time; its environment only when it
+    runs as ``environ_of`` (never another user's) and we may read it. Each field on its own."""
     import psutil
 
     out: dict[str, Any] = {"cmdline": "", "user": None, "start_time": None, "environ": {}}
     try:
         proc = psutil.Process(pid)
-        out.update(cmdline=" ".join(proc.cmdline()), start_time=proc.create_time())
-        out["user"] = proc.username()
-        out["environ"] = proc.environ()
-    except (psutil.Error, OSError, KeyError):  # KeyError: a uid with no name
-        pass
+    except psutil.Error:
+        return out
+    for key, read in (("cmdline", lambda: " ".join(proc.cmdline())),
+                      ("start_time", proc.create_time), ("user", proc.username)):  # fmt: skip
+        try:
+            out[key] = read()
+        except (psutil.Error, OSError):
+            pass
+    with contextlib.suppress(psutil.Error, OSError):
+        if environ_of is not None and proc.uids().real == environ_of:
+            out["environ"] = proc.environ()
     return out
 
 

@@ -23,6 +23,7 @@ from .values import (
     boolean,
     choice,
     clients,
+    days,
     inventory,
     mem_size,
     optional,
@@ -159,7 +160,12 @@ FIELDS: tuple[Field, ...] = (
         "none",
         "keep each daemon's control.log, server.log and record here (mpswrap report)",
     ),
-    Field("log_archive_days", seconds, "30", "days log_archive keeps records and logs"),
+    Field(
+        "log_archive_days",
+        optional(days),
+        "30",
+        "days log_archive keeps mpswrap's records and logs (none: kept forever)",
+    ),
     Field(
         "verify_attach",
         choice("warn", "fail", "off"),
@@ -262,7 +268,7 @@ class Settings:
     quit_timeout: float
     kill_grace: float
     log_archive: str | None
-    log_archive_days: float
+    log_archive_days: float | None
     verify_attach: Literal["warn", "fail", "off"]
     health_check: bool
     syslog: bool

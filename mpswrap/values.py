@@ -62,6 +62,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def days(text: str) -> float:
+    error = "expected days between 0 and 36500"
+    value = _number(text, error)
+    if not 0 < value <= 36500:
+        raise ValueError(error)
+    return value
+
+
 def optional(parse: Parser) -> Parser:
     def wrapped(text: str) -> object:
         return None if text.lower() in ("", "none", "off") else parse(text)

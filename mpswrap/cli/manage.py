@@ -128,10 +128,14 @@ def node_status(args: argparse.Namespace) -> dict[str, Any]:
     answers: each GPU's memory and utilisation, each client's GPU memory."""
     settings = _settings(args)
     jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
-    for gpu in (g for job in jobs for g in job["gpus"] if g.get("uuid")):
-        found = usage(gpu["uuid"], settings.gpu_inventory)
-        processes = found.pop("processes") if found else {}
-        gpu["usage"] = found
+    asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
+    for gpu in (g for job in jobs for g in job["gpus"]):
+        uuid = gpu.get("uuid")
+        if uuid and uuid not in asked:
+            asked[uuid] = usage(uuid, settings.gpu_inventory)
+        found = dict(asked.get(uuid) or {}) if uuid else {}
+        processes = found.pop("processes", {})
+        gpu["usage"] = found or None
         for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
             client["gpu_memory_bytes"] = processes.get(client["pid"])
     return {"node": _node(args), "jobs": jobs}

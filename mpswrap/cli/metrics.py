@@ -4,9 +4,12 @@ exposition format (version 0.0.4), printed, or written for node_exporter's textf
 
 Written by hand, not with prometheus_client: the format is small and fixed, and the hooks and
 the CLI stay without a further dependency; the tests parse the output with prometheus_client.
-Every series carries ``node``, ``job``, ``user`` and ``gpu_uuid`` (``gpu`` the job's GPU key);
-client series add ``pid`` and ``rank`` (empty where the client's environment names none or may
-not be read). docs/reference.md lists the series.
+A job's series carry ``node``, ``job``, ``user``, ``gpu_uuid``, ``gpu`` (the job's GPU key) and
+``job_dir`` (two directories of one job id, a prolog's and a user's, stay two series); client
+series add ``pid`` and ``rank`` (empty where the client's environment names none or may not
+be read). A GPU's own figures are given once per GPU (``node``, ``gpu_uuid``), however many
+jobs share it. A series written twice would make node_exporter refuse the whole scrape: the
+first is kept. docs/reference.md lists the series.
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ FAMILIES = (
     ("mpswrap_client_uptime_seconds", "gauge", "seconds since an MPS client started"),
     ("mpswrap_gpu_memory_used_bytes", "gauge", "GPU memory used, all processes (NVML)"),
     ("mpswrap_gpu_utilization_percent", "gauge", "GPU utilisation over NVML's last sample"),
-    ("mpswrap_faults_total", "counter", "fatal GPU faults in the server log"),
+    ("mpswrap_faults", "gauge", "fatal GPU faults in the server log (its last 8 MiB)"),
     ("mpswrap_faults_unrecovered", "gauge", "faults whose server has not come back"),
 )  # fmt: skip
 FILE = "mpswrap.prom"
 
 
 def _escape(value: Any) -> str:
+    """A label value: UTF-8 (bytes of a command line that were no UTF-8 written as \\x..),
+    with backslash, quote and newline escaped."""
     text = "" if value is None else str(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -58,20 +64,21 @@ def _samples(status: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], floa
         for gpu in job["gpus"]:
             daemon = gpu.get("daemon") or {}
             at = {"node": job["node"], "job": job["job"], "user": daemon.get("user"),
-                  "gpu_uuid": gpu.get("uuid"), "gpu": gpu["key"]}  # fmt: skip
+                  "gpu_uuid": gpu.get("uuid"), "gpu": gpu["key"],
+                  "job_dir": job["job_dir"]}  # fmt: skip
             yield "mpswrap_daemon_up", at, 1 if daemon.get("alive") else 0
             yield from _gpu_samples(gpu, at)
+            usage, its = gpu.get("usage") or {}, {"node": job["node"], "gpu_uuid": gpu.get("uuid")}
+            for key in ("memory_used_bytes", "utilization_percent"):
+                if usage.get(key) is not None:
+                    yield f"mpswrap_gpu_{key}", its, usage[key]
 
 
 def _gpu_samples(
     gpu: dict[str, Any], at: dict[str, Any]
 ) -> Iterator[tuple[str, dict[str, Any], float]]:
-    usage = gpu.get("usage") or {}
-    if usage:
-        yield "mpswrap_gpu_memory_used_bytes", at, usage["memory_used_bytes"]
-        yield "mpswrap_gpu_utilization_percent", at, usage["utilization_percent"]
     faults = gpu.get("faults", [])
-    yield "mpswrap_faults_total", at, len(faults)
+    yield "mpswrap_faults", at, len(faults)
     yield "mpswrap_faults_unrecovered", at, sum(not f["recovered"] for f in faults)
     for server in gpu.get("servers", []):
         here = {**at, "server_pid": server["pid"]}
@@ -90,8 +97,13 @@ def _gpu_samples(
 def render(status: dict[str, Any]) -> str:
     """The exposition of ``status`` (``mpswrap status --json``'s object)."""
     by_family: dict[str, list[str]] = {name: [] for name, _, _ in FAMILIES}
+    seen: set[str] = set()
     for name, labels, value in _samples(status):
-        by_family[name].append(f"{name}{_labels(labels)} {_number(value)}")
+        series = f"{name}{_labels(labels)}"
+        if series in seen:  # e.g. a GPU two jobs share: its figures once
+            continue
+        seen.add(series)
+        by_family[name].append(f"{series} {_number(value)}")
     lines: list[str] = []
     for name, kind, text in FAMILIES:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *by_family[name]]
@@ -105,7 +117,7 @@ def write_textfile(folder: Path, text: str) -> Path:
     target = folder / FILE
     fd, tmp = tempfile.mkstemp(prefix=".mpswrap.prom.", dir=folder)
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)

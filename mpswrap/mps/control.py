@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc, _wait
-from ..errors import ControlError, ProcError
+from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
 from ..paths import GpuDirs
 
@@ -259,17 +259,22 @@ CLIENT_FIELDS = {
 }
 
 
-def client_status(pid: int) -> dict[str, Any]:
+def client_status(pid: int, uid: int | None) -> dict[str, Any]:
     """One client as ``status`` shows it; its rank, thread share and memory limit from its
-    environment where we may read it (ours, or as root). GPU memory comes from NVML later."""
-    facts = _proc.facts(pid)
+    environment, read only when it runs as ``uid`` (the daemon's user: the PIDs come from a
+    daemon that user controls) and we may read it. GPU memory comes from NVML later."""
+    facts = _proc.facts(pid, uid)
     env, start = facts.pop("environ"), facts["start_time"]
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    try:
+        rank = JobEnv(env).rank
+    except MpswrapError:  # a malformed rank variable: this client's rank is unknown, no more
+        rank = None
     return {
         "pid": pid,
         **facts,
         "uptime_s": round(time.time() - start, 1) if start else None,
-        "rank": JobEnv(env).rank,
+        "rank": rank,
         "active_thread_percentage": float(share) if share and _NUMBER.fullmatch(share) else None,
         "pinned_mem_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         "gpu_memory_bytes": None,

@@ -308,13 +308,13 @@ class Daemon:
             info["settings"] = manifest.settings
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
         if info["daemon"] and info["daemon"]["alive"]:
-            info.update(self._live_status())
+            info.update(self._live_status(manifest.uid if manifest else None))
         active = {s["pid"] for s in info["servers"] if s["status"] == "ACTIVE"}
         for fault in info["faults"]:  # the live state outranks the log's wording
             fault["recovered"] = fault["recovered"] or fault["server_pid"] in active
         return info
 
-    def _live_status(self) -> dict[str, Any]:
+    def _live_status(self, uid: int | None) -> dict[str, Any]:
         control = self.control
         out: dict[str, Any] = {"servers": []}
         try:
@@ -325,7 +325,7 @@ class Daemon:
                         "pid": server,
                         "status": control.server_status(server),
                         "active_thread_percentage": control.active_thread_percentage(server),
-                        "clients": [client_status(c) for c in clients],
+                        "clients": [client_status(c, uid) for c in clients],
                     }
                 )
         except ControlError as exc:

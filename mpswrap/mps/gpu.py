@@ -283,30 +283,39 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
 def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver
-    has it). None for a file inventory or where NVML cannot answer."""
+    has it). Each figure on its own (None where NVML cannot give it, e.g. utilisation on MIG);
+    None for a file inventory or where NVML does not answer at all."""
     if source != "nvml":
         return None
     try:
         nvml = _init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        found = {
-            "memory_used_bytes": int(memory.used),
-            "memory_total_bytes": int(memory.total),
-            "utilization_percent": int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-        }
-        processes: dict[int, int] = {}
-        for name in (
-            "nvmlDeviceGetComputeRunningProcesses",
-            "nvmlDeviceGetMPSComputeRunningProcesses",
-        ):  # the MPS view wins
-            for proc in getattr(nvml, name, lambda _h: [])(handle):
-                if getattr(proc, "usedGpuMemory", None) is not None:
-                    processes[int(proc.pid)] = int(proc.usedGpuMemory)
     except Exception as exc:  # GpuError, or NVML's own error types
         log.debug("no NVML figures for %s: %s", uuid, exc)
         return None
-    return {**found, "processes": processes}
+    memory = _asked(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    util = _asked(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+    processes: dict[int, int] = {}
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+        query = getattr(nvml, name, None)  # the MPS view last: it wins
+        for proc in (_asked(lambda q=query: q(handle)) or []) if query else []:
+            if getattr(proc, "usedGpuMemory", None) is not None:
+                processes[int(proc.pid)] = int(proc.usedGpuMemory)
+    return {
+        "memory_used_bytes": int(memory.used) if memory else None,
+        "memory_total_bytes": int(memory.total) if memory else None,
+        "utilization_percent": int(util.gpu) if util else None,
+        "processes": processes,
+    }
+
+
+def _asked(query: Any) -> Any:
+    """NVML's answer, or None where it has none (not supported, an older driver)."""
+    try:
+        return query()
+    except Exception as exc:  # NVML's own error types
+        log.debug("NVML: %s", exc)
+        return None
 
 
 def health_problem(uuid: str, source: str) -> str | None:

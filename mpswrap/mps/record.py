@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 SUFFIX = "-record.json"
 LIMIT = 4096  # clients and faults kept per record: a record stays under a few hundred KiB
+#: The names mpswrap writes in an archive (``prune`` removes no other file).
+OURS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-g[0-9]{1,3}-(control\.log|server\.log|record\.json)")
+STAMP = ".mpswrap-pruned"
+PRUNE_EVERY = 3600.0  # seconds: one scan of a large shared archive per hour, not per GPU
 
 
 def record_of(dirs: GpuDirs, manifest: Manifest | None, ended: dict[str, Any]) -> dict[str, Any]:
@@ -52,26 +57,46 @@ def record_of(dirs: GpuDirs, manifest: Manifest | None, ended: dict[str, Any]) -
 def write_record(archive: Path, prefix: str, record: dict[str, Any]) -> Path:
     """``<archive>/<prefix>-record.json``, written whole (a new file renamed over it)."""
     target = archive / f"{prefix}{SUFFIX}"
-    tmp = archive / f".{prefix}{SUFFIX}.{os.getpid()}"
+    tmp = archive / f".{prefix}{SUFFIX}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with open(fd, "w") as handle:
-        json.dump(record, handle, indent=1)
-    os.replace(tmp, target)
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=1)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 
-def prune(archive: Path, days: float) -> None:
-    """Remove mpswrap's records and logs older than ``days`` from ``archive`` (never another
-    kind of file, never through a link)."""
+def prune(archive: Path, days: float | None) -> None:
+    """Remove mpswrap's records and logs older than ``days`` from ``archive``: only names
+    mpswrap writes (``OURS``), never through a link, at most once an hour (a stamp file)."""
+    if days is None or not _due(archive):
+        return
     cutoff = time.time() - days * 86400
     for entry in os.scandir(archive):
-        if not entry.name.endswith((SUFFIX, "-control.log", "-server.log")):
+        if not OURS.fullmatch(entry.name):
             continue
         try:
             if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
         except OSError as exc:
             log.debug("not pruned %s: %s", entry.path, exc)
+
+
+def _due(archive: Path) -> bool:
+    """Whether an hour passed since the last prune; the stamp is renewed when it did."""
+    fd = os.open(archive / STAMP, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        st = os.fstat(fd)
+        if 0 < time.time() - st.st_mtime < PRUNE_EVERY and st.st_size:
+            return False
+        os.pwrite(fd, b"1", 0)
+        os.utime(fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_records(archive: Path, job: str) -> list[dict[str, Any]]:

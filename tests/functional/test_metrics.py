@@ -30,6 +30,7 @@ def job(node: SimNode) -> Iterator[list[subprocess.Popen[str]]]:
     g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
     clients = [
         subprocess.Popen([node.client, "--seconds", "60"], text=True, env=node.env(
+            OMPI_COMM_WORLD_RANK="abc",  # malformed, and outranked by MPSWRAP_RANK: harmless
             CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"),
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(10 * (r + 1)), MPSWRAP_RANK=str(r),
             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={r + 1}G"))
@@ -84,7 +85,11 @@ def test_metrics_parse_and_carry_every_family(
     up = {s.labels["gpu"]: s.value for s in families["mpswrap_daemon_up"].samples}
     assert up == {"g0": 1.0, "g1": 1.0}
     assert [s.value for s in families["mpswrap_server_clients"].samples] == [3.0]
-    assert families["mpswrap_faults"].type == "counter"
+    assert families["mpswrap_faults"].type == "gauge"  # recounted from the log: may go down
+    without_nvml = {"mpswrap_client_gpu_memory_bytes", "mpswrap_gpu_memory_used_bytes",
+                    "mpswrap_gpu_utilization_percent"}  # fmt: skip
+    empty = [n for n, f in families.items() if not f.samples and n not in without_nvml]
+    assert empty == [], empty
 
 
 def test_the_textfile_is_never_read_half_written(node: SimNode, job: list[subprocess.Popen[str]],
@@ -205,3 +210,60 @@ def _listed_in(node: SimNode, job: str, k: int) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"{k} clients never listed")
+
+
+def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
+    odd = subprocess.Popen(
+        [str(node.client), "--seconds", "60", "--tag", 'a"b\\c\nd\udcff'], text=True,
+        env=node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), SLURM_PROCID="x1",
+                     CUDA_MPS_LOG_DIRECTORY=str(g0 / "log")), errors="surrogateescape",
+    )  # fmt: skip
+    try:
+        _listed_in(node, "met", 4)
+        status = node.run("status", "--job", "met", "--json")
+        assert status.returncode == 0, status.stderr
+        out = node.run("metrics", "--job", "met")
+        assert out.returncode == 0, out.stderr
+        info = next(f for f in text_string_to_metric_families(out.stdout)
+                    if f.name == "mpswrap_client_info").samples  # fmt: skip
+        mine = [s for s in info if s.labels["pid"] == str(odd.pid)]
+        assert mine and mine[0].labels["rank"] == "", mine
+        assert 'a"b\\c\nd\\udcff' in mine[0].labels["command"], mine[0].labels["command"]
+    finally:
+        odd.kill()
+        odd.wait()
+
+
+def test_a_gpu_shared_by_two_jobs_and_one_job_id_twice_give_no_duplicate_series() -> None:
+    gpu = {"key": "g0", "uuid": "GPU-1", "daemon": {"user": "u", "alive": True}, "faults": [],
+           "servers": [], "usage": {"memory_used_bytes": 5, "utilization_percent": 7}}  # fmt: skip
+    jobs = [{"node": "n1", "job": j, "job_dir": d, "gpus": [gpu]}
+            for j, d in (("1", "/run/m/n1/1"), ("2", "/run/m/n1/2"),
+                         ("1", "/tmp/u/n1/1"))]  # fmt: skip
+    text = metrics.render({"node": "n1", "jobs": jobs})
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(samples) == len(set(samples))
+    assert sum(line.startswith("mpswrap_gpu_memory_used_bytes") for line in samples) == 1
+    assert sum(line.startswith("mpswrap_daemon_up") for line in samples) == 3
+
+
+def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -> None:
+    from mpswrap.mps import record
+
+    old = time.time() - 40 * 86400
+    names = ["n1-5-g0-record.json", "n1-5-g0-server.log", "nginx-server.log", "x-record.json",
+             "notes.txt"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (old, old))
+    record.prune(tmp_path, 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".mpswrap-pruned", "nginx-server.log", "x-record.json", "notes.txt"])  # fmt: skip
+    (tmp_path / "n1-6-g1-control.log").write_text("x")
+    os.utime(tmp_path / "n1-6-g1-control.log", (old, old))
+    record.prune(tmp_path, 30)
+    assert (tmp_path / "n1-6-g1-control.log").exists(), "pruned twice within the hour"
+    record.prune(tmp_path, None)  # log_archive_days = none: kept forever

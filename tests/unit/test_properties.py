@@ -131,7 +131,9 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "quit_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "kill_grace": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "log_archive": st.sampled_from([("none", None), ("/var/log/mps//", "/var/log/mps")]),
-    "log_archive_days": st.integers(1, 3650).map(lambda n: (str(n), float(n))),
+    "log_archive_days": st.one_of(
+        st.just(("none", None)), st.integers(1, 36500).map(lambda n: (str(n), float(n)))
+    ),
     "health_check": st.sampled_from([("no", False), ("on", True)]),
     "syslog": st.sampled_from([("no", False), ("yes", True)]),
     "verify_attach": st.sampled_from(["warn", "fail", "off"]).map(lambda t: (t, t)),
