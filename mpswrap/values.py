@@ -54,20 +54,21 @@ def _number(text: str, error: str) -> float:
     return float(text)
 
 
-def seconds(text: str) -> float:
-    error = "expected seconds between 0 and 3600"
+def _up_to(text: str, most: float, unit: str) -> float:
+    """A plain decimal above 0 and at most ``most``."""
+    error = f"expected {unit} between 0 and {most:g}"
     value = _number(text, error)
-    if not 0 < value <= 3600:
+    if not 0 < value <= most:
         raise ValueError(error)
     return value
+
+
+def seconds(text: str) -> float:
+    return _up_to(text, 3600, "seconds")
 
 
 def days(text: str) -> float:
-    error = "expected days between 0 and 36500"
-    value = _number(text, error)
-    if not 0 < value <= 36500:
-        raise ValueError(error)
-    return value
+    return _up_to(text, 36500, "days")
 
 
 def optional(parse: Parser) -> Parser:

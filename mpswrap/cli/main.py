@@ -130,6 +130,9 @@ def _admin_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("job_id", metavar="JOB", help="the job id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.choices["status"].add_argument(
+        "--watch", nargs="?", type=float, const=2.0, metavar="S",
+        help="print it again every S seconds (default 2) until interrupted")  # fmt: skip
     p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
     _common(p)
     _job_args(p)

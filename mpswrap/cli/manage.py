@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +154,24 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none."""
+    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none; with
+    ``--watch S``, again every S seconds until interrupted (the last one's code)."""
+    if args.watch is None:
+        return _status_once(args)
+    if args.watch <= 0:
+        raise UsageError("--watch needs seconds above 0", thing=str(args.watch))
+    code = NOTHING_FOUND
+    try:
+        while True:
+            print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+            code = _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return code
+
+
+def _status_once(args: argparse.Namespace) -> int:
     status = node_status(args)
     jobs = status["jobs"]
     if args.json:

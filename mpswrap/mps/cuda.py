@@ -13,7 +13,9 @@ import sys
 from ..errors import MpswrapError
 from .gpu import Inventory
 
-__all__ = ["cuda_error", "cuda_started"]
+__all__ = ["cuda_error", "cuda_started", "mps_client"]
+
+CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133
 
 
 def cuda_started(inventory: Inventory) -> str | None:
@@ -64,3 +66,22 @@ def cuda_error(reason: str) -> MpswrapError:
         "`mpswrap mpirun -np N python app.py`",
         context="session",
     )
+
+
+def mps_client() -> bool | None:
+    """Whether this process's current CUDA context runs through MPS, as the driver says
+    (``CU_DEVICE_ATTRIBUTE_MPS_ENABLED``): the answer where PIDs are not comparable with the
+    daemon's (another PID namespace, a container). Asked of an already loaded libcuda only;
+    None where it cannot say (no CUDA here yet, no current context, an older driver)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
+    ctx, dev, value = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+        return None
+    if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0:
+        return None
+    if lib.cuDeviceGetAttribute(ctypes.byref(value), CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev) != 0:
+        return None  # e.g. a driver that does not know the attribute
+    return bool(value.value)

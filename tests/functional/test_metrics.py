@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -267,3 +268,22 @@ def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -
     record.prune(tmp_path, 30)
     assert (tmp_path / "n1-6-g1-control.log").exists(), "pruned twice within the hour"
     record.prune(tmp_path, None)  # log_archive_days = none: kept forever
+
+
+def test_status_watch_refreshes_until_interrupted(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    watch = node.start("status", "--job", "met", "--watch", "0.2")
+    heads, clients = 0, 0
+    assert watch.stdout is not None
+    for line in watch.stdout:
+        heads += line.startswith("--- ")
+        clients += line.strip().startswith("client ")
+        if heads == 3:
+            break
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err  # the last status was healthy
+    assert clients >= 2 * len(job), "each refresh lists the clients"
+    bad = node.run("status", "--watch", "0")
+    assert bad.returncode == 2 and "--watch needs seconds above 0" in bad.stderr

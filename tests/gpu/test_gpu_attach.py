@@ -62,3 +62,24 @@ def test_a_rank_without_mps_is_named(
         assert summary["codes"] == "0" and out.count(" done") == 2, (summary[0], out)
     assert summary["teardown"] == "clean", summary[0]
     assert leftovers(shared_tmp, mps_baseline) == []
+
+
+PROBE = (
+    "import sys, torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); "
+    "from mpswrap.mps.cuda import mps_client; print('mps_client', mps_client())"
+)
+
+
+def test_the_driver_says_which_process_runs_through_mps(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """CU_DEVICE_ATTRIBUTE_MPS_ENABLED on the real driver: True for a rank of `mpswrap run`,
+    False for a process whose pipe directory reaches no daemon (time-sliced)."""
+    code, out, _, _ = _run(gpu_user, shared_tmp, "-n", "2", "--", sys.executable, "-c", PROBE)
+    assert code == 0 and out.count("mps_client True") == 2, out
+    nowhere = shared_tmp / "nowhere"
+    nowhere.mkdir(mode=0o777)
+    env = base_env({"CUDA_MPS_PIPE_DIRECTORY": str(nowhere)})
+    plain = as_user(gpu_user, [sys.executable, "-c", PROBE], env, timeout=180)
+    assert plain.returncode == 0 and "mps_client False" in plain.stdout, plain.stdout + plain.stderr
+    assert leftovers(shared_tmp, mps_baseline) == []
