@@ -206,6 +206,15 @@ def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
     _wait_job_gone(cluster, job)
     print((work / "job.out").read_text()[-2000:])
     assert_job_left_nothing(cluster, job, mps_baseline)
+    # The epilog's record of the job (log_archive): the 8 clients, the job's user, nothing left.
+    env = dict(os.environ, MPSWRAP_CONFIG=cluster["config"])
+    report = _sh([sys.executable, "-m", "mpswrap", "report", job, "--json"], env=env)
+    records = json.loads(report.stdout)
+    print(json.dumps(records, indent=1)[:2000])
+    assert [(r["clients_seen_count"], r["user"], r["leftovers"]) for r in records] == [
+        (8, gpu_user, [])
+    ], records
+    assert set(records[0]["clients_seen"]) == clients
 
 
 def _wait_job_gone(cluster: dict[str, str], job: str, timeout: float = 180) -> None:
