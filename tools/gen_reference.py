@@ -8,7 +8,8 @@ Each section lies between ``<!-- generated: NAME -->`` and ``<!-- end generated 
 prose outside the markers is hand-written and kept. Sources: the one CLI parser
 (``mpswrap.cli.main.build_parser``: usage, modes, every command and option), the settings
 table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``), a status
-client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), the metric series
+client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), a job record's
+(``mpswrap.mps.record.FIELDS``), the metric series
 (``mpswrap.cli.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
 returns). tests/unit/test_reference.py
 runs the check.
@@ -248,6 +249,12 @@ def status_clients() -> list[str]:
     return _table(("field", "meaning"), [(_code(k), _cell(v)) for k, v in CLIENT_FIELDS.items()])
 
 
+def job_record() -> list[str]:
+    from mpswrap.mps.record import FIELDS
+
+    return _table(("field", "meaning"), [(_code(k), _cell(v)) for k, v in FIELDS.items()])
+
+
 def metric_series() -> list[str]:
     from mpswrap.cli.metrics import FAMILIES
 
@@ -262,6 +269,7 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
     "exit-codes": exit_codes,
     "status-clients": status_clients,
     "metric-series": metric_series,
+    "job-record": job_record,
     "python-api": python_api,
 }
 

@@ -21,7 +21,7 @@ from ..paths import GpuDirs
 from .manifest import Manifest
 from .mpslog import clients_seen, read_faults
 
-__all__ = ["SUFFIX", "prune", "read_records", "record_of", "write_record"]
+__all__ = ["FIELDS", "SUFFIX", "prune", "read_records", "record_of", "write_record"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,26 @@ LIMIT = 4096  # clients and faults kept per record: a record stays under a few h
 #: The names mpswrap writes in an archive (``prune`` removes no other file).
 OURS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-g[0-9]{1,3}-(control\.log|server\.log|record\.json)")
 STAMP = ".mpswrap-pruned"
+#: The fields of a record (``mpswrap report JOB --json``), as docs/reference.md lists them.
+FIELDS = {
+    "node": "the node",
+    "job": "the job id",
+    "gpu": "the job's GPU key (g0, g1, ...)",
+    "gpu_uuid": "the GPU's UUID",
+    "user": "the user the daemon ran as",
+    "started_by": "prolog, user (mpswrap's launcher) or cli (mpswrap start)",
+    "daemon_started": "when the daemon started, seconds since the epoch",
+    "stopped": "when the teardown wrote the record",
+    "clients_seen": "PIDs of the clients that connected (control.log), at most 4096",
+    "clients_seen_count": "how many connected",
+    "ended_by_terminate_client": "clients the teardown ended with terminate_client",
+    "ended_with_server": "clients ended with their server (shutdown_server -f)",
+    "servers_shut_down": "server PID -> clients it had when shut down",
+    "killed": "clients that needed SIGKILL",
+    "terminations_logged": "'Client termination succeeded' lines in server.log",
+    "leftovers": "what survived the teardown",
+    "faults": "fatal faults in server.log: time, server PID, the PIDs it named, recovered",
+}
 PRUNE_EVERY = 3600.0  # seconds: one scan of a large shared archive per hour, not per GPU
 
 

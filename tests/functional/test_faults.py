@@ -589,3 +589,40 @@ def test_a_daemon_that_dies_during_start_gives_one_line_and_leaves_nothing(
         lines[0],
     ), lines[0]
     assert_nothing_left(node, job_dir(node))
+
+
+@needs_root
+def test_the_epilog_keeps_a_record_with_the_documented_fields(node: SimNode) -> None:
+    from mpswrap.mps.record import FIELDS
+
+    archive = node.root / "archive"
+    admin_config(node, log_archive=str(archive), terminate_window="10")
+    assert slurm_hook(node, "prolog", user="root").returncode == 0
+    g0 = admin_job(node) / "g0"
+    env = dict(node.env(), CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"),
+               CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"))  # fmt: skip
+    clients = [subprocess.Popen([node.client, "--seconds", "60"], env=env, text=True,
+                                stdout=subprocess.DEVNULL) for _ in range(4)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not all(
+            f"NEW CLIENT {c.pid} " in (g0 / "log" / "control.log").read_text() for c in clients
+        ):
+            assert time.monotonic() < deadline, "4 clients did not connect"
+            time.sleep(0.1)
+        end = slurm_hook(node, "epilog", user="root")
+        assert end.returncode == 0, end.stderr
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+            c.wait()
+    report = node.run("report", "101", "--json", MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
+    assert report.returncode == 0, report.stderr
+    records = json.loads(report.stdout)
+    assert [r["gpu"] for r in records] == ["g0", "g1"]
+    assert all(set(r) == set(FIELDS) for r in records), "the fields reference.md lists"
+    assert sorted(records[0]["ended_by_terminate_client"]) == sorted(c.pid for c in clients)
+    assert records[0]["started_by"] == "prolog" and records[0]["user"] == "root"
+    assert sorted(p.name for p in archive.glob("n1-101-g0-*")) == [
+        "n1-101-g0-control.log", "n1-101-g0-record.json", "n1-101-g0-server.log"]  # fmt: skip

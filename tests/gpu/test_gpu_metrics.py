@@ -1,5 +1,6 @@
 """Issue-17 gpu tier: each client's GPU memory in ``status --json`` and ``metrics`` against what it
-allocated and what nvidia-smi says; the job's record after teardown; a fault in all three."""
+allocated and what nvidia-smi says; the job's record after the epilog; a fault in all three.
+The hooks run as slurmd runs them (root, the job's variables), without a Slurm."""
 
 from __future__ import annotations
 
@@ -30,16 +31,27 @@ def _mpswrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 
 def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
-    env = dict(os.environ, MPSWRAP_RUN_DIR=str(tmp / "run"), MPSWRAP_USER_RUN_DIR=str(tmp / "run"),
-               MPSWRAP_LOG_ARCHIVE=str(tmp / "archive"), MPSWRAP_TERMINATE_WINDOW="10",
-               SLURM_JOB_ID=job)  # fmt: skip
-    started = _mpswrap(env, "start", "--gpus", "0", "--json")
+    """The job's daemon started by the prolog hook, as slurmd runs it (root, the job's
+    variables, an admin file with log_archive); the environment for the hooks and for
+    mpswrap's commands, and the one for its clients."""
+    conf = tmp / "mpswrap.conf"
+    conf.write_text(f"run_dir = {tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
+                    f"log_archive = {tmp / 'archive'}\nterminate_window = 10\n")  # fmt: skip
+    env = dict(os.environ, MPSWRAP_CONFIG=str(conf), SLURM_JOB_ID=job, SLURM_JOB_UID="0",
+               SLURM_JOB_GID="0", SLURMD_NODENAME="node1", SLURM_JOB_GPUS="0",
+               SLURM_CONF=str(tmp / "slurm.conf"))  # fmt: skip
+    started = _mpswrap(dict(env, SLURM_SCRIPT_CONTEXT="prolog_slurmd"), "prolog")
     assert started.returncode == 0, started.stderr
-    m = json.loads(started.stdout)[0]
-    g = next((tmp / "run").rglob(f"{job}/{m['key']}"))
+    g = tmp / "run" / "node1" / job / "g0"
+    manifest = json.loads((g / "manifest.json").read_text())
     cenv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
-                CUDA_VISIBLE_DEVICES=str(m["gpu_uuid"]))  # fmt: skip
+                CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]))  # fmt: skip
     return env, cenv
+
+
+def _epilog(env: dict[str, str]) -> None:
+    done = _mpswrap(dict(env, SLURM_SCRIPT_CONTEXT="epilog_slurmd"), "epilog")
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _clients(env: dict[str, str]) -> list[dict[str, Any]]:
@@ -93,8 +105,7 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
             assert in_metrics[proc.pid] == got
             # what it allocated, plus what every client has: within 5% or 64 MiB
             assert abs(got - base - size * MIB) <= max(0.05 * size * MIB, 64 * MIB), (rank, got)
-        stopped = _mpswrap(env, "stop")
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        _epilog(env)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -122,7 +133,7 @@ def test_a_fault_shows_in_status_metrics_and_the_record(
     assert status["faults"], status
     families = {f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)}
     assert [s.value for s in families["mpswrap_faults"].samples] == [len(status["faults"])]
-    assert _mpswrap(env, "stop").returncode == 0
+    _epilog(env)
     report = json.loads(_mpswrap(env, "report", "fault17", "--json").stdout)[0]
     print(json.dumps(report["faults"], indent=1))
     named = {pid for f in report["faults"] for pid in f["reported_by"] + f["affected"]}
