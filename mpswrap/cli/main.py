@@ -136,6 +136,9 @@ def _admin_commands(sub: Any) -> None:
     p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
     _common(p)
     _job_args(p)
+    for parser in (sub.choices["status"], p):
+        parser.add_argument("--all", action="store_true", help="every job here (root: "
+                            "every user's), even inside a job")  # fmt: skip
     p.add_argument("--textfile", metavar="DIR", help="write DIR/mpswrap.prom instead (for "
                    "node_exporter's textfile collector)")  # fmt: skip
     for name in HOOK_COMMANDS:

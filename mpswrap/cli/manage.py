@@ -34,9 +34,9 @@ def _node(args: argparse.Namespace) -> str:
 
 def _layouts(args: argparse.Namespace, settings: Settings) -> list[JobLayout]:
     """The jobs a command acts on: ``--job`` (or the job this runs in) where its state is;
-    else every job of the caller's on this node (root: every job)."""
+    else, or with ``--all``, every job of the caller's on this node (root: every job)."""
     env, node = JobEnv.current(), _node(args)
-    job = env.job_key(given=args.job)
+    job = None if getattr(args, "all", False) else env.job_key(given=args.job)
     if job is not None:
         return state.job_layouts(settings, node, job, os.getuid(), args.run_dir)
     if args.run_dir:

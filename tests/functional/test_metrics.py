@@ -287,3 +287,14 @@ def test_status_watch_refreshes_until_interrupted(
     assert clients >= 2 * len(job), "each refresh lists the clients"
     bad = node.run("status", "--watch", "0")
     assert bad.returncode == 2 and "--watch needs seconds above 0" in bad.stderr
+
+
+def test_all_shows_every_job_even_from_inside_another(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    inside = node.run("status", "--json", SLURM_JOB_ID="4242")
+    assert inside.returncode == 4 and json.loads(inside.stdout)["jobs"] == [], inside.stdout
+    every = node.run("status", "--json", "--all", SLURM_JOB_ID="4242")
+    assert [j["job"] for j in json.loads(every.stdout)["jobs"]] == ["met"], every.stdout
+    metrics_all = node.run("metrics", "--all", SLURM_JOB_ID="4242")
+    assert 'job="met"' in metrics_all.stdout, metrics_all.stdout
