@@ -5,7 +5,9 @@ binaries."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +44,8 @@ class Bench:
 
     def __init__(self, simulate: bool, gpus: int) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="mpso-", dir="/tmp"))
+        # Gone with the process that made it (its jobs' epilogs have run by then).
+        atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.simulate = simulate
         lines = [f"run_dir = {self.tmp / 'run'}", "prolog_mode = always", "syslog = no"]
         if simulate:
