@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from mpswrap.config import load_settings
 from mpswrap.job import state
 from mpswrap.mps import gpu, inventory_cache
 from mpswrap.mps.gpu import GpuInfo, Inventory
+from tests.simenv import ensure_test_user
 
 GPUS = [
     GpuInfo(0, "GPU-00000000-0000-0000-0000-000000000001", 1, "H100", (9, 0),
@@ -64,6 +68,15 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, FakeNvm
     monkeypatch.setattr(gpu, "_init_nvml", lambda: fake)
     monkeypatch.setattr(gpu, "_CACHE", {})
     return run, fake
+
+
+def _forge(run: Path, change: Any) -> Path:
+    """The kept file of node n1, with ``change`` applied to its JSON."""
+    kept = run / "inventory.n1.json"
+    data = json.loads(kept.read_text())
+    change(data)
+    kept.write_text(json.dumps(data))
+    return kept
 
 
 def _load(run: Path, **settings: str) -> Inventory:
@@ -150,10 +163,7 @@ def test_a_directory_others_can_write_is_neither_read_nor_written(
 ) -> None:
     run, fake = node
     _load(run)
-    kept = run / "inventory.n1.json"
-    planted = json.loads(kept.read_text())
-    planted["gpus"][0]["cpus"] = [99]
-    kept.write_text(json.dumps(planted))
+    kept = _forge(run, lambda data: data["gpus"][0].update(cpus=[99]))
     for mode in (0o777, 0o1777):  # a user could have put it there, sticky or not
         run.chmod(mode)
         assert _load(run).gpus == GPUS
@@ -222,10 +232,7 @@ def test_a_kept_file_that_disagrees_with_the_kernel_is_not_used(
 ) -> None:
     run, fake = node
     _load(run)
-    kept = run / "inventory.n1.json"
-    data = json.loads(kept.read_text())
-    data["gpus"] = data["gpus"][:1]  # the fingerprint still names both GPUs
-    kept.write_text(json.dumps(data))
+    _forge(run, lambda data: data["gpus"].pop())  # the fingerprint still names both GPUs
     assert _load(run).gpus == GPUS
     assert fake.asked == 2
 
@@ -237,3 +244,27 @@ def test_only_the_prolog_uses_the_file() -> None:
     users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                    if "node_inventory(" in p.read_text() and p.name != "state.py")  # fmt: skip
     assert users == ["entry/hooks.py"]
+
+
+def test_a_file_another_user_writes_into_their_run_dir_is_not_read(
+    node: tuple[Path, FakeNvml],
+) -> None:
+    """A real second user owns run_dir (an admin's mistake) and writes a current-looking
+    inventory there with other CPUs: root's prolog asks NVML instead, and writes nothing."""
+    run, fake = node
+    _load(run)
+    forged = json.loads((run / "inventory.n1.json").read_text())
+    forged["gpus"][0]["cpus"] = [99]
+    (run / "inventory.n1.json").unlink()
+    user = ensure_test_user()
+    os.chown(run, pwd.getpwnam(user).pw_uid, -1)
+    for level in (run.parent, *run.parent.parents):  # the user reaches run_dir
+        if level == Path("/tmp"):
+            break
+        level.chmod(level.stat().st_mode | 0o005)
+    target = str(run / "inventory.n1.json")
+    subprocess.run(["runuser", "-u", user, "--", "sh", "-c", 'cat > "$1"', "sh", target],
+                   input=json.dumps(forged), text=True, check=True)  # fmt: skip
+    assert _load(run).gpus == GPUS
+    assert fake.asked == 2
+    assert json.loads((run / "inventory.n1.json").read_text())["gpus"][0]["cpus"] == [99]
