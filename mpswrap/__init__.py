@@ -1,8 +1,8 @@
 """mpswrap: many CUDA processes per GPU through NVIDIA MPS, on Slurm clusters.
 
 ``import mpswrap`` loads neither NVML nor mpi4py: session() imports them when entered, and
-``session`` itself is imported on first use (PEP 562), so the Slurm hooks and the CLI, which
-import this package first, do not pay for the launcher's modules.
+``session`` and ``farm`` are imported on first use (PEP 562), so the Slurm hooks and the CLI,
+which import this package first, do not pay for the launcher's modules.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .entry.farm import farm
     from .entry.session import session
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "ProcError",
     "UsageError",
     "__version__",
+    "farm",
     "session",
 ]
 
@@ -48,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from .entry.session import session
 
         return session
+    if name == "farm":
+        from .entry.farm import farm
+
+        return farm
     raise AttributeError(f"module 'mpswrap' has no attribute {name!r}")

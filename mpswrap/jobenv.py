@@ -263,6 +263,18 @@ class JobEnv:
         return step is not None and re.fullmatch(r"[0-9]{1,10}", step) is not None
 
     @property
+    def step_task(self) -> tuple[int, int] | None:
+        """(task, tasks) of a task of a numbered step (``srun``): ``SLURM_PROCID`` of
+        ``SLURM_STEP_NUM_TASKS``; None outside one (the batch script, a login shell)."""
+        if not self.is_real_step:
+            return None
+        rank, _ = self._first_int(("SLURM_PROCID",))
+        size, _ = self._first_int(("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+        if rank is None or size is None or not 0 <= rank < size:
+            return None
+        return rank, size
+
+    @property
     def cpus_allowed(self) -> frozenset[int] | None:
         try:
             return frozenset(os.sched_getaffinity(0))

@@ -33,7 +33,10 @@ from ..config import load_settings
 from ..entry import launchargs
 from ..errors import MpswrapError, UsageError, internal_error
 from ..job.placement import provision_threads
+from .farmcmd import add_parsers
+from .logs import debug_env, setup_logging
 from .options import (
+    CALIBRATE_OPTIONS,
     HOOK_COMMANDS,
     LAUNCHERS,
     MODES,
@@ -122,6 +125,7 @@ def _commands(sub: Any) -> None:
     _add(p, WRAPPER_OPTIONS, inherited=True)
     _add(p, VERBOSITY, inherited=True)
     _add(p, RUN_OPTIONS)
+    add_parsers(sub, _add, (WRAPPER_OPTIONS, VERBOSITY))
     _admin_commands(sub)
 
 
@@ -248,6 +252,12 @@ def _cmd_hooks_install(args: argparse.Namespace) -> int:
     return install.install(args) if args.command == "install-hooks" else install.uninstall(args)
 
 
+def _cmd_farm(args: argparse.Namespace) -> int:
+    from .farmcmd import cmd_farm
+
+    return cmd_farm(args, _options(args))
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"mpswrap {__version__}")
     return 0
@@ -261,6 +271,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "metrics": _cmd_manage,
     "report": _cmd_manage,
     "demo": _cmd_demo,
+    "farm": _cmd_farm,
     "version": _cmd_version,
     "install-hooks": _cmd_hooks_install,
     "uninstall-hooks": _cmd_hooks_install,
@@ -274,17 +285,11 @@ def dispatch(argv: list[str]) -> int:
     mode = _mode(rest, dashdash)
     asks_help = any(word in ("-h", "--help") for word in head)
     parser = build_parser(commands=asks_help or mode not in ("launcher", "program"))
-    if mode == "run":
-        valued = _valued((*WRAPPER_OPTIONS, *RUN_OPTIONS))
-        run_head, command, _ = split_options(rest[1:], valued)
-        args = parser.parse_args([*head, "run", *run_head])
-        _setup_logging(args, "info")
-        from ..entry.local import run_local
-
-        return run_local(_options(args), args.nprocs, command)
+    if mode in ("run", "calibrate"):
+        return _command_after_dashes(parser, mode, head, rest[1:])
     if mode == "command":
         args = parser.parse_args(argv)
-        _setup_logging(args, "info")
+        setup_logging(args, "info")
         return HANDLERS[args.command](args)
     args = parser.parse_args(head)
     if mode == "none":
@@ -293,18 +298,34 @@ def dispatch(argv: list[str]) -> int:
         parser.print_help()
         raise UsageError("no command, launcher or program given", hint="mpswrap --help")
     if mode == "launcher":
-        _setup_logging(args, "info")
+        setup_logging(args, "info")
         from ..entry.launch import prefix
 
         return prefix(_options(args), rest)
     # One rank of many: "daemon already running" from every rank is noise at 48 ranks a GPU.
-    _setup_logging(args, "warning")
+    setup_logging(args, "warning")
     from ..entry.launch import per_rank
     from ..job.supervise import check_program
 
     opts = _options(args)  # usage errors (2) first, then 127/126, before NVML or a daemon
     check_program(rest, os.environ)
     return per_rank(opts, rest)
+
+
+def _command_after_dashes(parser: argparse.ArgumentParser, mode: str, head: list[str],
+                          rest: list[str]) -> int:  # fmt: skip
+    """``run`` and ``calibrate``: their options, then ``--`` and the program."""
+    own = RUN_OPTIONS if mode == "run" else CALIBRATE_OPTIONS
+    mode_head, command, _ = split_options(rest, _valued((*WRAPPER_OPTIONS, *own)))
+    args = parser.parse_args([*head, mode, *mode_head])
+    setup_logging(args, "info")
+    if mode == "calibrate":
+        from .farmcmd import cmd_calibrate
+
+        return cmd_calibrate(args, _options(args), command)
+    from ..entry.local import run_local
+
+    return run_local(_options(args), args.nprocs, command)
 
 
 def _mode(rest: Sequence[str], dashdash: bool) -> str:
@@ -315,15 +336,16 @@ def _mode(rest: Sequence[str], dashdash: bool) -> str:
     word = rest[0]
     if dashdash:
         return "program"
-    if word == "run":
-        return "run"
+    if word in ("run", "calibrate"):
+        return word
     if word in HANDLERS:
         return "command"
     if launchargs.family_of(word):
         return "launcher"
     if "/" in word or shutil.which(word):
         return "program"
-    near = difflib.get_close_matches(word, [*HANDLERS, "run", *LAUNCHERS], n=1, cutoff=0.6)
+    words = [*HANDLERS, "run", "calibrate", *LAUNCHERS]
+    near = difflib.get_close_matches(word, words, n=1, cutoff=0.6)
     raise UsageError(
         f"unknown command '{word}'" + (f" (did you mean '{near[0]}'?)" if near else ""),
         hint="mpswrap --help lists the commands; to run a program, give its path "
@@ -336,7 +358,7 @@ def _cmd_help(args: argparse.Namespace) -> int:
     if args.topic is None:
         parser.print_help()
         return 0
-    if args.topic not in (*HANDLERS, "run"):
+    if args.topic not in (*HANDLERS, "run", "calibrate"):
         raise UsageError(f"no command '{args.topic}'", hint="mpswrap help")
     parser.parse_args([args.topic, "--help"])
     return 0
@@ -345,49 +367,15 @@ def _cmd_help(args: argparse.Namespace) -> int:
 HANDLERS["help"] = _cmd_help
 
 
-def _setup_logging(args: argparse.Namespace | None, default: str) -> None:
-    """Log level: --debug/-v/-q, else MPSWRAP_DEBUG=1, else the ``log_level`` setting
-    (``MPSWRAP_LOG_LEVEL`` or the admin file) where one is set, else ``default``."""
-    level = _level(args, default)
-    handler = logging.StreamHandler(sys.stderr)
-    # Debug lines say when (ms since this process started): where a teardown spends its time.
-    shown = "%(relativeCreated).0f ms %(message)s" if level <= logging.DEBUG else "%(message)s"
-    handler.setFormatter(logging.Formatter(f"mpswrap: {shown}"))
-    root = logging.getLogger("mpswrap")
-    root.handlers[:] = [handler]
-    root.propagate = False
-    root.setLevel(level)
-
-
-def _level(args: argparse.Namespace | None, default: str) -> int:
-    debug = bool(getattr(args, "debug", False))
-    verbose, quiet = getattr(args, "verbose", 0) or 0, getattr(args, "quiet", 0) or 0
-    if debug or verbose > quiet:
-        return logging.DEBUG
-    if quiet > verbose:
-        return logging.WARNING if quiet - verbose == 1 else logging.ERROR
-    if _debug_env():
-        return logging.DEBUG
-    if args is not None:
-        settings = load_settings(problems=[], config_file=getattr(args, "config", None))
-        if settings.sources["log_level"] != "default":
-            default = settings.log_level
-    return logging.getLevelName(default.upper())  # type: ignore[no-any-return]
-
-
-def _debug_env() -> bool:
-    return os.environ.get("MPSWRAP_DEBUG") == "1"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _setup_logging(None, "info")
+    setup_logging(None, "info")
     try:
         return dispatch(argv)
     except SystemExit as exc:  # --help, --version
         return int(exc.code or 0)
     except MpswrapError as exc:
-        if "--debug" in argv or _debug_env():
+        if "--debug" in argv or debug_env():
             log.exception("failed")
         print(exc.render(), file=sys.stderr)
         return exc.exit_code

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CALIBRATE_OPTIONS",
+    "FARM_OPTIONS",
     "HOOK_COMMANDS",
     "LAUNCHERS",
     "MODES",
@@ -55,6 +57,35 @@ VERBOSITY: Options = (
 RUN_OPTIONS: Options = (
     (("-n", "--np"), {"type": int, "required": True, "dest": "nprocs", "help": "ranks to start"}),
 )
+# fmt: off
+#: ``mpswrap farm``'s own options (docs/howto-farm.md).
+FARM_OPTIONS: Options = (
+    (("--per-gpu",), {"type": int, "metavar": "K", "help": "tasks at once on each GPU "
+                      "(default: the client limit, a CPU per task, at most 16)"}),
+    (("--retries",), {"type": int, "default": 1, "metavar": "N",
+                      "help": "runs more of a task a fatal GPU fault ended (default 1)"}),
+    (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "help": "logs and state "
+                  "(default: <TASKS>.farm here); running again skips tasks done there"}),
+    (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
+                    "srun task's share, SLURM_PROCID of the step's tasks; else all)"}),
+    (("--progress",), {"choices": ("auto", "bar", "lines", "off"), "default": "auto",
+                       "help": "a redrawn line (bar), a line per task (lines) or none; "
+                       "auto: bar on a terminal"}),
+)
+#: ``mpswrap calibrate``'s own options.
+CALIBRATE_OPTIONS: Options = (
+    (("--max",), {"type": int, "dest": "top", "metavar": "N", "help": "most copies at once "
+                  "(default: the client limit, a CPU per copy, at most 16)"}),
+    (("--counts",), {"metavar": "LIST", "help": "copies to try, e.g. 1,4,8,12 "
+                     "(default: 1, 2, 4, ... up to --max)"}),
+    (("--repeats",), {"type": int, "default": 2, "metavar": "R",
+                      "help": "runs of each configuration, interleaved (default 2)"}),
+    (("--plot",), {"metavar": "FILE", "help": "save throughput against copies (matplotlib)"}),
+    (("--json",), {"action": "store_true", "help": "print the table as JSON"}),
+    (("--dir",), {"dest": "farm_dir", "default": "calibrate.farm", "metavar": "DIR",
+                  "help": "where the copies' logs go (kept when one fails)"}),
+)
+# fmt: on
 
 
 MODES = """\
@@ -69,6 +100,10 @@ modes:
                         client (srun mpswrap ./app); after -- always a program
   mpswrap run -n N [options] -- PROGRAM ...
                         N ranks on this node, no scheduler
+  mpswrap farm [options] TASKS
+                        many independent commands, K at a time per GPU
+  mpswrap calibrate [options] -- PROGRAM ...
+                        how many copies per GPU, with which thread policy
   mpswrap COMMAND ...   manage daemons, show settings, the Slurm hooks (below)"""
 
 LAUNCHERS = ("srun", "mpirun", "mpiexec", "orterun")

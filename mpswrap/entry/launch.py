@@ -40,7 +40,15 @@ from ..mps.gpu import (
 from ..mps.slurmgpus import visible_gpus
 from . import launchargs
 
-__all__ = ["LaunchOptions", "capacity_limits", "finish", "per_rank", "prefix"]
+__all__ = [
+    "LaunchOptions",
+    "attached_inventory",
+    "attached_slots",
+    "capacity_limits",
+    "finish",
+    "per_rank",
+    "prefix",
+]
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +132,9 @@ def _local_position(env: JobEnv, policy: str) -> tuple[int, int, str]:
     return rank, size, policy
 
 
-def _slots(att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None) -> list[Slot]:
+def attached_slots(
+    att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None
+) -> list[Slot]:
     """The attachment's GPUs, restricted to ``--gpus`` for prolog daemons."""
     slots = att.daemons.slots(inventory)
     if chosen is None or att.mode == "user":
@@ -136,7 +146,7 @@ def _slots(att: Attachment, inventory: Inventory, chosen: list[GpuInfo] | None) 
     return picked
 
 
-def _inventory(att: Attachment, settings: Settings) -> Inventory:
+def attached_inventory(att: Attachment, settings: Settings) -> Inventory:
     """The attached GPUs as their daemons' starter saw them (the manifests; looked up by UUID
     only, which a job's cgroup does not change), so that a rank joining them loads no NVML;
     NVML for user-mode daemons (the capacity check needs the driver's version) and where a
@@ -183,8 +193,8 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
         att = attach(settings, env, job, gpus=chosen, counted=True)
         outcomes: list[Outcome] = []  # none if the program never started: its error says why
         try:
-            inventory = inventory or _inventory(att, settings)
-            slots = _slots(att, inventory, chosen)
+            inventory = inventory or attached_inventory(att, settings)
+            slots = attached_slots(att, inventory, chosen)
             if att.mode == "user":
                 uuids = [s.uuid for s in slots]
                 check_capacity(uuids, size, policy, capacity_limits(uuids, inventory, settings))

@@ -22,11 +22,11 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from .. import _proc
-from .._signals import FORWARDED, TERMINATING, SignalTrap, fork_guard
+from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
 from .._wait import pidfd, wait_child, wait_gone
 from ..errors import ProcError
 from ..mps.daemon import Daemon
@@ -39,6 +39,7 @@ __all__ = [
     "check_program",
     "end_ranks",
     "exit_code",
+    "guard_ranks",
     "guarded",
     "outcomes_of",
     "spawn_rank",
@@ -182,11 +183,16 @@ def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
 def guarded(ranks: Sequence[Rank], grace: float) -> Iterator[None]:
     """While inside, a forked guard ends the ranks through the ladder should this supervisor
     die first (SIGKILL, OOM killer): they ignore the SIGTERM that would otherwise end them."""
-    guard = fork_guard(lambda: _end_orphans(ranks, grace), ignore=(*TERMINATING, *FORWARDED))
+    guard = guard_ranks(ranks, grace)
     try:
         yield
     finally:
         guard.release()
+
+
+def guard_ranks(ranks: Sequence[Rank], grace: float) -> Guard:
+    """The guard of ``guarded``, for a caller that releases it itself (a farm's task)."""
+    return fork_guard(lambda: _end_orphans(ranks, grace), ignore=(*TERMINATING, *FORWARDED))
 
 
 def _end_orphans(ranks: Sequence[Rank], grace: float) -> None:
@@ -226,35 +232,51 @@ def watch(
     checks: Sequence[Verifier] = (),
     on_terminate: Callable[[int], None] | None = None,
     tick: Callable[[], float] | None = None,
+    isolated: bool = False,
+    more: Callable[[], bool] | None = None,
 ) -> int:
     """Wait until every rank has exited; return the exit code.
 
-    USR1/USR2 go to the live ranks at once. The first TERM/INT/HUP runs ``on_terminate``
-    (default: the ladder for every rank); later ones are ignored. A rank that fails, or one
-    that a ``fail`` check finds without MPS, ends the others through the ladder. ``tick`` runs
-    at each wake and says how soon to wake again. Exit code: 128+signal after a terminating
-    signal, else the first failure's, else 0 (for one rank: its own).
-    """
+    USR1/USR2 go to the live ranks. The first TERM/INT/HUP runs ``on_terminate`` (default:
+    the ladder for every rank). A rank that fails, or that a ``fail`` check finds without MPS,
+    ends the others (``isolated``: itself). ``tick`` runs at each wake, may add ranks and checks
+    (a farm), and says when to wake; ``more``: work remains though no rank runs. Exit code:
+    128+signal after a terminating signal, else (not isolated) the first failure's, else 0."""
     terminate = on_terminate or (lambda sig: end_ranks(ranks, sig, grace))
     ended_by: int | None = None
     failed: int | None = None
-    pending = list(checks)
-    with _exit_fds(ranks) as fds:
-        while any(r.running() for r in ranks):
-            for sig in trap.pop():
-                if sig in FORWARDED:
-                    _proc.kill_procs([r.ident for r in ranks if r.running()], sig)
-                elif ended_by is None:
-                    ended_by = sig
-                    terminate(sig)
-            if ended_by is None and failed is None:
+    with _ExitFds() as fds:
+        while True:
+            ended_by = _take_signals(ranks, trap, ended_by, terminate)
+            pending = [c for c in checks if not c.done]
+            if isolated:
+                _refuse_unattached(pending, grace)
+            elif ended_by is None and failed is None:
                 failed = _first_failure(ranks, grace) or _failed_check(ranks, pending, grace)
-            pending = [c for c in pending if not c.done]
-            wake = min([IDLE_WAKE, *(c.due_in() for c in pending), *([tick()] if tick else [])])
-            _nap(trap.wake_fd, [fds.get(id(r)) for r in ranks if r.running()], wake)
+            wake = min([IDLE_WAKE, *(c.due_in() for c in pending if not c.done),
+                        *([tick()] if tick else [])])  # fmt: skip
+            live = [r for r in ranks if r.running()]
+            if not live and not (more is not None and ended_by is None and more()):
+                break
+            watched = [fds.of(r) for r in live]
+            fds.prune()
+            _nap(trap.wake_fd, watched, wake)
     if ended_by is not None:
         return 128 + ended_by
-    return failed if failed is not None else _first_failure(ranks, grace) or 0
+    return 0 if isolated else failed if failed is not None else _first_failure(ranks, grace) or 0
+
+
+def _take_signals(ranks: Sequence[Rank], trap: SignalTrap, ended_by: int | None,
+                  terminate: Callable[[int], None]) -> int | None:  # fmt: skip
+    """USR1/USR2 to the live ranks; the first terminating signal runs ``terminate``. Returns
+    the terminating signal that came, if any."""
+    for sig in trap.pop():
+        if sig in FORWARDED:
+            _proc.kill_procs([r.ident for r in ranks if r.running()], sig)
+        elif ended_by is None:
+            ended_by = sig
+            terminate(sig)
+    return ended_by
 
 
 def _first_failure(ranks: Sequence[Rank], grace: float) -> int | None:
@@ -279,22 +301,49 @@ def _failed_check(ranks: Sequence[Rank], checks: Sequence[Verifier], grace: floa
     return None
 
 
-@contextmanager
-def _exit_fds(ranks: Sequence[Rank]) -> Iterator[dict[int, int]]:
-    """Per rank (by id), a pidfd that turns readable when it exits (Linux >= 5.3); ranks
-    without one are polled."""
-    with ExitStack() as stack:
-        fds = {id(r): fd for r in ranks if (fd := pidfd(r.proc.pid)) is not None}
-        for fd in fds.values():
-            stack.callback(os.close, fd)
-        yield fds
+def _refuse_unattached(checks: Sequence[Verifier], grace: float) -> None:
+    """Isolated ranks: a ``fail`` check ends its own rank (``Verifier.refused`` says why)."""
+    for check in checks:
+        if check.failed() and isinstance(check.rank, Rank):
+            end_ranks([check.rank], signal.SIGTERM, min(grace, VERIFY_GRACE))
+
+
+class _ExitFds:
+    """Per rank, a pidfd that turns readable when it exits (Linux >= 5.3), opened when first
+    asked for and closed once the rank is no longer asked for; ranks without one are polled."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, tuple[Rank, int | None]] = {}  # id(rank) -> (rank, fd)
+        self._asked: set[int] = set()
+
+    def of(self, rank: Rank) -> int | None:
+        entry = self._fds.get(id(rank))
+        if entry is None:
+            entry = self._fds[id(rank)] = (rank, pidfd(rank.proc.pid))
+        self._asked.add(id(rank))
+        return entry[1]
+
+    def __enter__(self) -> _ExitFds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close(set(self._fds))
+
+    def prune(self) -> None:
+        """Close the descriptors of ranks not asked for since the last prune."""
+        self._close(set(self._fds) - self._asked)
+        self._asked.clear()
+
+    def _close(self, keys: set[int]) -> None:
+        for key in keys:
+            fd = self._fds.pop(key)[1]
+            if fd is not None:
+                os.close(fd)
 
 
 def _nap(wake_fd: int, live: list[int | None], wake: float) -> None:
     """Sleep until a rank with a pidfd exits, a signal comes, or ``wake``; ranks without a
-    pidfd are polled (0.05 s). Not at all once every rank is gone (e.g. inside the ladder)."""
-    if not live:
-        return
+    pidfd are polled (0.05 s)."""
     watched = [fd for fd in live if fd is not None]
     _sleep([wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
 

@@ -37,11 +37,33 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "ladder",
         "daemon",
     ),
-    "job": ("state", "placement", "verify", "summary", "supervise", "job", "watchdog"),
-    "entry": ("launchargs", "slurmjob", "hooks", "launch", "local", "attached", "session"),
+    "job": (
+        "state",
+        "tasks",
+        "placement",
+        "verify",
+        "summary",
+        "supervise",
+        "job",
+        "watchdog",
+        "faultwatch",
+        "farmer",
+    ),
+    "entry": (
+        "launchargs",
+        "slurmjob",
+        "hooks",
+        "launch",
+        "local",
+        "farmview",
+        "farm",
+        "calibrate",
+        "attached",
+        "session",
+    ),
     # The shims' installer: only the base layer below it; cli wires its commands.
     "slurm": ("install", "__main__"),
-    "cli": ("options", "metrics", "manage", "demo", "main"),
+    "cli": ("options", "logs", "metrics", "manage", "demo", "farmcmd", "main"),
 }
 #: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
 FACES = {"__init__", "__main__"}
