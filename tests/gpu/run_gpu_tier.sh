@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out). Phases: contract core launcher attach ladder session faults slurm tmpfs probe
-# metrics teardown startup bench (default: contract core). Each phase's log is complete when the
+# metrics farm teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
@@ -81,6 +81,9 @@ for phase in "${PHASES[@]}"; do
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
+    farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
+    farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--parts calibrate"
+      "$PY" benchmarks/farm_bench.py --out "$OUT/farm.json" "${farm_args[@]}" || rc=1 ;;
     probe) bounded bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       tail -40 "$OUT/probe/probe.txt" ;;
     teardown) bounded bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
