@@ -37,5 +37,5 @@ for _ in range(args.steps):
     torch.cuda.synchronize()
 end = time.time()
 print(json.dumps({"pid": os.getpid(), "seed": args.seed, "t0": t0, "init_s": ready - t0,
-                  "train_s": end - ready, "loss": float(loss)}), flush=True)  # fmt: skip
+                  "train_s": end - ready, "loss": loss.item()}), flush=True)  # fmt: skip
 sys.exit(0)

@@ -83,6 +83,10 @@ for phase in "${PHASES[@]}"; do
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
     farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--parts calibrate"
+      # Bytecode for PyTorch, as an installed one has: without it each task's import compiles
+      # torch again (14-16 s a task alone on 2026-11-24, where PYTHONDONTWRITEBYTECODE is set).
+      torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+      "$PY" -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1
       "$PY" benchmarks/farm_bench.py --out "$OUT/farm.json" "${farm_args[@]}" || rc=1 ;;
     probe) bounded bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       tail -40 "$OUT/probe/probe.txt" ;;

@@ -1,0 +1,400 @@
+"""The one owner of subprocesses, signals, kills and privilege drop.
+
+Rules kept here so no other module has to remember them:
+- argv lists only, never a shell; the environment is always passed explicitly;
+- every call is bounded: on timeout the whole process group is killed and the captured
+  output is raised with the error;
+- a process is identified by PID *and* start time, never by name, so a reused PID is never
+  signalled.
+
+Whether an identified process still lives is read from ``/proc/<pid>/stat`` (the start time
+as psutil computes it); psutil, 10-25 ms of every start, is imported only by the functions that
+walk process trees, environments or signal, which the prolog's start path does not call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import pwd
+import signal
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import ProcError, UsageError
+
+if TYPE_CHECKING:
+    import psutil
+
+__all__ = [
+    "Popen",
+    "ProcId",
+    "Result",
+    "UserIds",
+    "identify",
+    "is_alive",
+    "kill_procs",
+    "lookup_user",
+    "run",
+    "spawn",
+]
+
+log = logging.getLogger(__name__)
+
+DEVNULL = subprocess.DEVNULL
+PIPE = subprocess.PIPE
+#: A started process, as ``spawn`` returns it (for annotations elsewhere).
+Popen = subprocess.Popen
+
+#: The PATH of every tool mpswrap runs for itself (hooks run with a minimal one, and a task's
+#: PATH is its user's own).
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
+#: process of a step at once, and the supervisor must end the client through MPS first.
+SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Child(Protocol):
+    """A started child process, as ``spawn`` returns it."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class UserIds:
+    """Who a process runs as: names, ids and supplementary groups."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def lookup_user(who: str | int | None = None, gid: int | None = None) -> UserIds:
+    """Resolve a user name or uid (default: the current user) with its groups."""
+    try:
+        entry = (
+            pwd.getpwuid(os.geteuid() if who is None else who)
+            if not isinstance(who, str)
+            else pwd.getpwnam(who)
+        )
+    except KeyError:
+        raise UsageError("unknown user", thing=str(who)) from None
+    primary = entry.pw_gid if gid is None else gid
+    try:
+        groups = tuple(os.getgrouplist(entry.pw_name, primary))
+    except OSError:
+        groups = (primary,)
+    return UserIds(entry.pw_name, entry.pw_uid, primary, groups, entry.pw_dir)
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _user_kwargs(user: UserIds | None) -> dict[str, object]:
+    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0):
+        return {}
+    if user.uid == os.geteuid():
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+
+
+def _preexec(cpus: Iterable[int] | None, ignore: Sequence[int]) -> Callable[[], None] | None:
+    cpu_set = set(cpus) if cpus else None
+    if not cpu_set and not ignore:
+        return None
+
+    def child() -> None:  # runs between fork and exec: keep it minimal
+        if cpu_set:
+            os.sched_setaffinity(0, cpu_set)
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return child
+
+
+def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(list(argv), text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+    except FileNotFoundError as exc:
+        raise ProcError(
+            "program not found",
+            thing=argv[0],
+            argv=list(argv),
+            hint="install it or set its absolute path in the config",
+        ) from exc
+    except PermissionError as exc:
+        raise ProcError(
+            "cannot execute program", thing=argv[0], cause=exc.strerror, argv=list(argv)
+        ) from exc
+    except subprocess.SubprocessError as exc:  # the child failed before exec (preexec_fn)
+        raise ProcError(
+            "cannot start program", thing=argv[0], argv=list(argv),
+            cause="setting its CPU affinity or signal dispositions failed",
+        ) from exc  # fmt: skip
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    input: str | None = None,
+    user: UserIds | None = None,
+    cwd: str = "/",
+) -> Result:
+    """Run ``argv`` to completion within ``timeout`` seconds; never raises on a non-zero exit."""
+    proc = _popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **_user_kwargs(user),
+    )
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise ProcError(
+            "timed out",
+            thing=" ".join(argv),
+            cause=f"no answer in {timeout:g} s",
+            argv=list(argv),
+            stdout=out,
+            stderr=err,
+            timeout=timeout,
+        ) from None
+    return Result(tuple(argv), proc.returncode, out, err)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    user: UserIds | None = None,
+    cpus: Iterable[int] | None = None,
+    new_session: bool = True,
+    ignore_signals: Sequence[int] = (),
+    stdout: int | None = None,
+    stderr: int | None = None,
+    stdin: int | None = subprocess.DEVNULL,
+    cwd: str | None = "/",
+) -> subprocess.Popen[str]:
+    """Start ``argv`` without waiting: own session, optional user, CPU set and ignored signals.
+
+    Ignored signal dispositions survive exec: that is how a supervised client is shielded
+    from the SIGTERM that Slurm sends to every process of a step at once.
+    """
+    return _popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=new_session,
+        close_fds=True,
+        preexec_fn=_preexec(cpus, ignore_signals),
+        **_user_kwargs(user),
+    )
+
+
+# --- identity and teardown ---------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcId:
+    """A process identified by PID and start time (seconds since the epoch)."""
+
+    pid: int
+    start_time: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"pid": self.pid, "start_time": self.start_time}
+
+
+@functools.cache
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"btime"):
+                return float(line.split()[1])
+    raise OSError("no btime line in /proc/stat")
+
+
+def _stat(pid: int) -> tuple[bytes, float] | None:
+    """State letter and start time of ``pid``: psutil's ``create_time`` (clock ticks since
+    boot over the tick rate, plus the boot time), so the two compare. None when gone or
+    hidden from us."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def identify(pid: int) -> ProcId | None:
+    found = _stat(pid)
+    return ProcId(pid, found[1]) if found else None
+
+
+def is_alive(pid_id: ProcId) -> bool:
+    """The process is there, is no zombie, and is the one identified (not a reused PID)."""
+    found = _stat(pid_id.pid)
+    if found is None:
+        return False
+    state, start = found
+    return state != b"Z" and abs(start - pid_id.start_time) <= 0.05
+
+
+def _process(pid_id: ProcId) -> psutil.Process | None:
+    """The live process behind ``pid_id``, or None if gone, a zombie or a reused PID."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid_id.pid)
+        if abs(proc.create_time() - pid_id.start_time) > 0.05:
+            return None  # the PID was reused by an unrelated process
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def uid_of(pid_id: ProcId) -> int | None:
+    """Real uid of the identified process; None when it is gone."""
+    import psutil
+
+    proc = _process(pid_id)
+    try:
+        return int(proc.uids().real) if proc else None
+    except psutil.Error:
+        return None
+
+
+def describe(pid_id: ProcId) -> str:
+    """``<pid> (<command line>)`` for reports of leftovers."""
+    import psutil
+
+    proc = _process(pid_id)
+    if proc is None:
+        return f"{pid_id.pid} (gone)"
+    try:
+        cmd = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.Error, OSError):
+        cmd = "?"
+    return f"{pid_id.pid} ({cmd})"
+
+
+def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
+    """A process for ``status``: command line, user, start time; its environment only when it
+    runs as ``environ_of`` (never another user's) and we may read it. Each field on its own."""
+    import psutil
+
+    out: dict[str, Any] = {"cmdline": "", "user": None, "start_time": None, "environ": {}}
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
+        return out
+    for key, read in (("cmdline", lambda: " ".join(proc.cmdline())),
+                      ("start_time", proc.create_time), ("user", proc.username)):  # fmt: skip
+        try:
+            out[key] = read()
+        except (psutil.Error, OSError):
+            pass
+    with contextlib.suppress(psutil.Error, OSError):
+        if environ_of is not None and proc.uids().real == environ_of:
+            out["environ"] = proc.environ()
+    return out
+
+
+def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
+    """Signal each process that is still the one we identified; never a reused PID."""
+    import psutil
+
+    for pid_id in procs:
+        proc = _process(pid_id)
+        if proc is None:
+            continue
+        try:
+            proc.send_signal(sig)
+            log.debug("sent signal %d to %d", sig, pid_id.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
+            log.debug("cannot signal %d: %s", pid_id.pid, exc)
+
+
+def children_of(pid: int) -> list[ProcId]:
+    """Descendants of ``pid`` (recursive), identified."""
+    import psutil
+
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    out = []
+    for kid in kids:
+        try:
+            out.append(ProcId(kid.pid, kid.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def _self_and_ancestors() -> set[int]:
+    import psutil
+
+    pids = {os.getpid()}
+    try:
+        pids.update(p.pid for p in psutil.Process().parents())
+    except psutil.Error:
+        pass
+    return pids
+
+
+def procs_mentioning(marker: str) -> list[ProcId]:
+    """Processes whose command line or environment mentions ``marker`` (leftover scans).
+
+    A job's pipe directory is unique to it, so this finds what is left of it without trusting
+    names. The caller and its ancestors are skipped (they may carry the variable themselves).
+    """
+    import psutil
+
+    found = []
+    skip = _self_and_ancestors()
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        if proc.info["pid"] in skip:
+            continue
+        try:
+            hit = marker in " ".join(proc.info["cmdline"] or ())
+            if not hit:
+                hit = any(marker in v for v in proc.environ().values())
+            if hit and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(ProcId(proc.info["pid"], proc.info["create_time"]))
+        except (psutil.Error, OSError):
+            continue
+    return found

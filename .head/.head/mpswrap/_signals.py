@@ -1,0 +1,149 @@
+"""Signals: the trap the wait loops read, and the guard that outlives a killed supervisor.
+
+Slurm (scancel, time limit) and mpirun signal every process of a step at once, so handlers
+only record a signal and wake the loop (a wakeup fd); the loop acts. A forked guard acts for
+its parent if that parent is SIGKILLed (the death closes the guard's pipe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from ._wait import wait_exit
+
+__all__ = ["FORWARDED", "TERMINATING", "Guard", "SignalTrap", "fork_guard"]
+
+log = logging.getLogger(__name__)
+
+#: Signals that end a step (the ladder runs first) and signals passed to the ranks untouched.
+TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class SignalTrap:
+    """Record TERM/INT/HUP/USR1/USR2 instead of acting inside the handler.
+
+    Acting happens in the wait loop, which a wakeup fd rouses at once. Entering installs the
+    handlers; leaving restores the previous ones and the previous wakeup fd.
+    """
+
+    def __init__(self, signals: Sequence[int] = (*TERMINATING, *FORWARDED)) -> None:
+        self.signals = tuple(signals)
+        self.pending: list[int] = []
+        self._saved: dict[int, Any] = {}
+        self._fds: tuple[int, int] | None = None
+        self._old_wakeup = -1
+
+    def __enter__(self) -> SignalTrap:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self._fds = (read_fd, write_fd)
+        self._old_wakeup = signal.set_wakeup_fd(write_fd)
+        for sig in self.signals:
+            self._saved[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(self._old_wakeup)
+        if self._fds:
+            for fd in self._fds:
+                os.close(fd)
+        self._fds = None
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)
+
+    @property
+    def wake_fd(self) -> int:
+        assert self._fds is not None
+        return self._fds[0]
+
+    def pop(self) -> list[int]:
+        """Signals received since the last call, oldest first; drains the wakeup fd."""
+        try:
+            while os.read(self.wake_fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+        taken, self.pending[:] = list(self.pending), []
+        return taken
+
+
+@dataclass
+class Guard:
+    """A forked process that acts if its parent dies before ``release`` (see ``fork_guard``)."""
+
+    pid: int
+    fd: int
+    reaped: bool = False
+
+    def release(self, timeout: float = 5.0) -> None:
+        """Tell the guard all is well, and reap it (bounded; killed if it lingers)."""
+        try:
+            os.write(self.fd, b"x")
+        except OSError:
+            pass  # the guard is gone already (killed with the step): nothing to tell
+        os.close(self.fd)
+        if not wait_exit(self.pid, self._reaped, timeout):
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+    def _reaped(self) -> bool:
+        if not self.reaped:  # waitpid succeeds once: remember it
+            try:
+                self.reaped = os.waitpid(self.pid, os.WNOHANG) != (0, 0)
+            except ChildProcessError:
+                self.reaped = True
+        return self.reaped
+
+
+def fork_guard(on_orphaned: Callable[[], None], ignore: Sequence[int]) -> Guard:
+    """Fork a guard that runs ``on_orphaned`` if this process dies without ``Guard.release``
+    (SIGKILL, the OOM killer): the death closes the only write end of the guard's pipe.
+
+    Fork only while no thread runs. The guard ignores ``ignore`` (the signals Slurm and mpirun
+    send to every process at once), keeps no descriptor of ours but stdio and its pipe, and
+    exits after ``on_orphaned`` or the release.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _guard_main(read_fd, on_orphaned, ignore)
+    os.close(read_fd)
+    return Guard(pid, write_fd)
+
+
+def _guard_main(read_fd: int, on_orphaned: Callable[[], None], ignore: Sequence[int]) -> None:
+    code = 0
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            if fd > 2 and fd != read_fd:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the descriptor of the listing itself, closed already
+        while True:
+            try:
+                told = os.read(read_fd, 1)
+                break
+            except InterruptedError:
+                continue
+        if not told:
+            on_orphaned()
+    except BaseException:
+        log.exception("guard failed")
+        code = 1
+    finally:
+        os._exit(code)

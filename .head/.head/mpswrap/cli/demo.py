@@ -1,0 +1,135 @@
+"""``mpswrap demo``: the whole life cycle in one command, on the real GPU or simulated.
+
+Starts one MPS daemon per GPU, attaches clients, shows ``status``, stops everything through
+the teardown ladder (terminate_client first) and checks that nothing is left. Without a GPU
+(or with ``--simulate yes``) it uses mpswrap's built-in MPS simulator and a fake inventory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import _proc, _wait
+from ..config import Settings, load_settings
+from ..errors import MpswrapError
+from ..job import state
+from ..job.job import JobDaemons
+from ..job.placement import plan_positions
+from ..mps.control import client_env, find_binary
+from ..mps.daemon import Defaults
+from ..mps.gpu import load_inventory
+from .manage import print_status
+
+__all__ = ["cli"]
+
+TORCH_CLIENT = (
+    "import torch, time\n"
+    "x = torch.randn(512, 512, device='cuda')\n"
+    "end = time.time() + {seconds}\n"
+    "while time.time() < end:\n"
+    "    x = torch.tanh(x @ x); torch.cuda.synchronize()\n"
+)
+
+
+def _real_available() -> bool:
+    try:
+        find_binary("nvidia-cuda-mps-control")
+        return bool(load_inventory("nvml").gpus)
+    except MpswrapError:
+        return False
+
+
+def _settings(tmp: Path, simulate: bool) -> Settings:
+    overrides: dict[str, Any] = {"user_run_dir": str(tmp / "run")}
+    if simulate:
+        from ..sim import install_bin
+        from ..sim.inventory import write_inventory
+
+        install_bin(tmp / "bin")
+        write_inventory(tmp / "gpus.json", n_gpus=2)
+        overrides.update(
+            control_binary=str(tmp / "bin" / "nvidia-cuda-mps-control"),
+            gpu_inventory=str(tmp / "gpus.json"),
+        )
+    return load_settings(
+        overrides, env={k: v for k, v in os.environ.items() if not k.startswith("MPSWRAP_")}
+    )
+
+
+def _client_argv(tmp: Path, simulate: bool, seconds: float) -> list[str] | None:
+    if simulate:
+        return [str(tmp / "bin" / "mps-sim-client"), "--seconds", str(seconds)]
+    if importlib.util.find_spec("torch") is None:
+        return None
+    return [sys.executable, "-c", TORCH_CLIENT.format(seconds=seconds)]
+
+
+def _wait_for_clients(daemons: JobDaemons, count: int, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = daemons.status()
+        found = sum(len(s["clients"]) for g in status["gpus"] for s in g.get("servers", []))
+        if found >= count or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
+def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[Any]:
+    if argv is None:
+        print("2. PyTorch is not installed: no clients to attach")
+        return []
+    print(f"2. attaching {n} clients, block placement over the GPUs")
+    slots = daemons.slots(None)
+    procs = []
+    for position in plan_positions(n, len(slots)):
+        env = dict(os.environ, **client_env(slots[position].dirs, slots[position].uuid))
+        procs.append(_proc.spawn(argv, env=env, new_session=False, stdout=_proc.DEVNULL,
+                                 stderr=_proc.DEVNULL))  # fmt: skip
+    return procs
+
+
+def run_demo(n_clients: int, simulate: bool) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir="/tmp"))
+    procs = []
+    try:
+        settings = _settings(tmp, simulate)
+        kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
+        gpus = load_inventory(settings.gpu_inventory).gpus
+        daemons = JobDaemons(state.user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
+        print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
+        daemons.start(gpus, _proc.lookup_user(), started_by="cli", shared_parents=False,
+                      defaults=Defaults.from_settings(settings))  # fmt: skip
+        procs += _start_clients(daemons, _client_argv(tmp, simulate, seconds=120), n_clients)
+        print("3. mpswrap status")
+        print_status(_wait_for_clients(daemons, len(procs), timeout=90))
+        print("4. stopping: terminate_client for every client, then quit, then checks")
+        done = daemons.stop()
+        for line in done.lines():
+            print(f"   {line}")
+        for proc in procs:
+            _wait.wait_child(proc, 30)  # one still running is named by the check below
+        left = _proc.procs_mentioning(str(tmp))
+        clean = done.clean and not left and not daemons.layout.job_dir.exists()
+        print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
+        return 0 if clean else 1
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cli(args: argparse.Namespace) -> int:
+    simulate = args.simulate == "yes" or (args.simulate == "auto" and not _real_available())
+    if args.clients < 1:
+        raise MpswrapError("--clients must be at least 1", thing=str(args.clients))
+    return run_demo(args.clients, simulate)

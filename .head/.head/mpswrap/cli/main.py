@@ -1,0 +1,387 @@
+"""Command line: one parser for every mode.
+
+``mpswrap [options] WORD ...``: the first word after the wrapper options picks the mode,
+the same way every time, before anything touches NVML or a daemon:
+
+- a command (``start``, ``stop``, ``status``, ``config``, ``demo``, ``run``, ``help``,
+  ``version``, ``install-hooks``, ``uninstall-hooks``, the Slurm hooks);
+- a launcher (``srun``, ``mpirun``, ``mpiexec``, ``orterun``): prefix mode;
+- a program: a word with a ``/``, or one found on PATH; anything after ``--`` always is one
+  (per-rank mode, ``srun mpswrap ./app``);
+- anything else is a mistyped command: exit 2 with the nearest command named.
+
+``-v``/``-q``/``--debug`` are accepted before and after a command word. ``main()`` parses and
+dispatches; the work lives in ``entry`` and ``cli.manage``. Nothing imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .. import __version__
+from ..config import load_settings
+from ..entry import launchargs
+from ..errors import MpswrapError, UsageError, internal_error
+from ..job.placement import provision_threads
+from .farmcmd import add_parsers
+from .logs import debug_env, setup_logging
+from .options import (
+    CALIBRATE_OPTIONS,
+    HOOK_COMMANDS,
+    LAUNCHERS,
+    MODES,
+    RUN_OPTIONS,
+    VERBOSITY,
+    WRAPPER_OPTIONS,
+    Options,
+)
+
+if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
+    from ..entry.launch import LaunchOptions
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger("mpswrap")
+
+_SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``mpswrap: ...`` line and a hint, exit 2 (subcommands too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, hint=f"{self.prog} --help")
+
+
+def _add(parser: Any, options: Options, inherited: bool = False) -> None:
+    """Add ``options``; ``inherited``: the top level set them already (no default here, or
+    argparse would overwrite the top level's value with this one's)."""
+    for flags, kwargs in options:
+        parser.add_argument(*flags, **({**kwargs, "default": argparse.SUPPRESS}
+                                       if inherited else kwargs))  # fmt: skip
+
+
+def _common(parser: argparse.ArgumentParser, config: bool = True) -> None:
+    _add(parser, VERBOSITY, inherited=True)
+    if config:
+        parser.add_argument("--config", metavar="FILE", help="admin config file to read")
+
+
+def _job_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--job",
+        metavar="ID",
+        default=argparse.SUPPRESS,
+        help="job id (default: Slurm's; else every job of yours here)",
+    )
+    parser.add_argument("--node", metavar="NAME", help="node name (default: this node)")
+    parser.add_argument("--run-dir", metavar="DIR", help="state directory to use")
+
+
+def _commands(sub: Any) -> None:
+    p = sub.add_parser("start", help="start one MPS daemon per GPU (user mode or as root)")
+    _common(p)
+    _job_args(p)
+    p.add_argument("--gpus", default="all", help="'all', NVML indices (0,2-3) or UUIDs")
+    p.add_argument("--user", help="run the daemons as this user (root only)")
+    p.add_argument("--cpus", help="CPUs the daemons may use (intersected with GPU-local CPUs)")
+    p.add_argument("--threads", help="default active thread percentage")
+    p.add_argument("--mem-limit", help="default pinned device memory limit (e.g. 8G)")
+    p.add_argument("--priority", choices=("0", "1"), help="default client priority")
+    p.add_argument("--prestart", action="store_true", help="start the MPS server now")
+    p.add_argument("--json", action="store_true", help="print the manifests as JSON")
+    for name, text in (
+        ("stop", "end clients (terminate_client), quit and remove daemons"),
+        ("status", "daemons, servers, clients and faults of your jobs"),
+    ):
+        p = sub.add_parser(name, help=text)
+        _common(p)
+        _job_args(p)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("config", help="show resolved settings and where each came from")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("demo", help="start MPS, run clients, show status, tear down")
+    _common(p)
+    p.add_argument("--clients", type=int, default=4, help="number of clients (default 4)")
+    p.add_argument(
+        "--simulate",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="use the built-in MPS simulator (auto: when no GPU/MPS is found)",
+    )
+    p = sub.add_parser("run", help="run N ranks of a command on this node: run -n N -- CMD",
+                       usage="mpswrap run -n N [options] -- PROGRAM ...")  # fmt: skip
+    _add(p, WRAPPER_OPTIONS, inherited=True)
+    _add(p, VERBOSITY, inherited=True)
+    _add(p, RUN_OPTIONS)
+    add_parsers(sub, _add, (WRAPPER_OPTIONS, VERBOSITY))
+    _admin_commands(sub)
+
+
+def _admin_commands(sub: Any) -> None:
+    p = sub.add_parser("report", help="a finished job's record (log_archive): clients, faults")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB", help="the job id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.choices["status"].add_argument(
+        "--watch", nargs="?", type=float, const=2.0, metavar="S",
+        help="print it again every S seconds (default 2) until interrupted")  # fmt: skip
+    p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
+    _common(p)
+    _job_args(p)
+    for parser in (sub.choices["status"], p):
+        parser.add_argument("--all", action="store_true", help="every job here (root: "
+                            "every user's), even inside a job")  # fmt: skip
+    p.add_argument("--textfile", metavar="DIR", help="write DIR/mpswrap.prom instead (for "
+                   "node_exporter's textfile collector)")  # fmt: skip
+    for name in HOOK_COMMANDS:
+        _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
+    _common(sub.add_parser("version", help="print the version"), config=False)
+    from ..slurm import install
+
+    p = sub.add_parser("install-hooks", help="install the Slurm hook shims (root; slurm/README.md)")
+    install.add_install_arguments(p)
+    _common(p, config=False)
+    p = sub.add_parser("uninstall-hooks", help="remove the Slurm hook shims (root)")
+    install.add_uninstall_arguments(p)
+    _common(p, config=False)
+    p = sub.add_parser("help", help="this help, or a command's: help COMMAND")
+    p.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
+
+
+def build_parser(commands: bool = True) -> argparse.ArgumentParser:
+    """The one parser: wrapper options at the top, then a command or a launcher/program.
+    ``commands=False``: without the commands' sub-parsers, for the launcher and program modes,
+    which parse only the wrapper options (every rank of a job starts that way)."""
+    parser = _Parser(
+        prog="mpswrap",
+        usage="mpswrap [options] COMMAND ... | mpswrap [options] (srun|mpirun|mpiexec|orterun)"
+        " ... | mpswrap [options] [--] PROGRAM ...",
+        description=MODES,
+        epilog="'mpswrap help COMMAND' or 'mpswrap COMMAND --help' for a command's options. "
+        "Settings (mpswrap config) come from MPSWRAP_<NAME> variables and the admin file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mpswrap {__version__}")
+    _add(parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
+         WRAPPER_OPTIONS)  # fmt: skip
+    _add(parser.add_argument_group("output"), VERBOSITY)
+    if commands:
+        _commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="mpswrap"))
+    return parser
+
+
+def _valued(options: Options) -> set[str]:
+    flag_actions = ("store_true", "count")
+    return {f for flags, kw in options if kw.get("action") not in flag_actions for f in flags}
+
+
+def split_options(argv: Sequence[str], valued: set[str]) -> tuple[list[str], list[str], bool]:
+    """(wrapper options, the rest, whether ``--`` ended them): options end at the first
+    positional word or ``--``."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            return list(argv[:index]), list(argv[index + 1 :]), True
+        if not word.startswith("-") or word == "-":
+            break
+        index += 2 if word in valued else 1
+    return list(argv[:index]), list(argv[index:]), False
+
+
+def _options(args: argparse.Namespace) -> LaunchOptions:
+    from ..entry.launch import LaunchOptions
+
+    _check_args(args)
+    return LaunchOptions(**{f.name: getattr(args, f.name) for f in fields(LaunchOptions)})
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        provision_threads(args.threads, 1, 0)  # raises UsageError naming the valid forms
+    if args.mem_limit not in (None, "auto") and not _SIZE.match(args.mem_limit):
+        raise UsageError("bad --mem-limit", thing=args.mem_limit, hint="use auto, 8G or 512M")
+    if args.verify_timeout <= 0 or (args.grace is not None and args.grace < 0):
+        raise UsageError("--verify-timeout and --grace must be positive")
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    rows = load_settings(config_file=args.config).describe()
+    if args.json:
+        print(json.dumps({n: {"value": v, "source": s} for n, v, s in rows}, indent=1))
+    else:
+        width = max(len(n) for n, _, _ in rows)
+        for name, value, source in rows:
+            print(f"{name:<{width}}  {value:<40}  ({source})")
+    return 0
+
+
+def _cmd_manage(args: argparse.Namespace) -> int:
+    from . import manage
+
+    return manage.COMMANDS[args.command](args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import cli
+
+    return cli(args)
+
+
+def _cmd_hook(args: argparse.Namespace) -> int:
+    from ..entry.hooks import run_hook
+
+    return run_hook(args.command, args.config)
+
+
+def _cmd_hooks_install(args: argparse.Namespace) -> int:
+    from ..slurm import install
+
+    return install.install(args) if args.command == "install-hooks" else install.uninstall(args)
+
+
+def _cmd_farm(args: argparse.Namespace) -> int:
+    from .farmcmd import cmd_farm
+
+    return cmd_farm(args, _options(args))
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"mpswrap {__version__}")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "config": _cmd_config,
+    "start": _cmd_manage,
+    "stop": _cmd_manage,
+    "status": _cmd_manage,
+    "metrics": _cmd_manage,
+    "report": _cmd_manage,
+    "demo": _cmd_demo,
+    "farm": _cmd_farm,
+    "version": _cmd_version,
+    "install-hooks": _cmd_hooks_install,
+    "uninstall-hooks": _cmd_hooks_install,
+    **dict.fromkeys(HOOK_COMMANDS, _cmd_hook),
+}
+
+
+def dispatch(argv: list[str]) -> int:
+    """Parse ``argv`` with the one parser and run the mode its first word picks."""
+    head, rest, dashdash = split_options(argv, _valued(WRAPPER_OPTIONS))
+    mode = _mode(rest, dashdash)
+    asks_help = any(word in ("-h", "--help") for word in head)
+    parser = build_parser(commands=asks_help or mode not in ("launcher", "program"))
+    if mode in ("run", "calibrate"):
+        return _command_after_dashes(parser, mode, head, rest[1:])
+    if mode == "command":
+        args = parser.parse_args(argv)
+        setup_logging(args, "info")
+        return HANDLERS[args.command](args)
+    args = parser.parse_args(head)
+    if mode == "none":
+        if dashdash:
+            raise UsageError("no program given after --", hint="mpswrap --help")
+        parser.print_help()
+        raise UsageError("no command, launcher or program given", hint="mpswrap --help")
+    if mode == "launcher":
+        setup_logging(args, "info")
+        from ..entry.launch import prefix
+
+        return prefix(_options(args), rest)
+    # One rank of many: "daemon already running" from every rank is noise at 48 ranks a GPU.
+    setup_logging(args, "warning")
+    from ..entry.launch import per_rank
+    from ..job.supervise import check_program
+
+    opts = _options(args)  # usage errors (2) first, then 127/126, before NVML or a daemon
+    check_program(rest, os.environ)
+    return per_rank(opts, rest)
+
+
+def _command_after_dashes(parser: argparse.ArgumentParser, mode: str, head: list[str],
+                          rest: list[str]) -> int:  # fmt: skip
+    """``run`` and ``calibrate``: their options, then ``--`` and the program."""
+    own = RUN_OPTIONS if mode == "run" else CALIBRATE_OPTIONS
+    mode_head, command, _ = split_options(rest, _valued((*WRAPPER_OPTIONS, *own)))
+    args = parser.parse_args([*head, mode, *mode_head])
+    setup_logging(args, "info")
+    if mode == "calibrate":
+        from .farmcmd import cmd_calibrate
+
+        return cmd_calibrate(args, _options(args), command)
+    from ..entry.local import run_local
+
+    return run_local(_options(args), args.nprocs, command)
+
+
+def _mode(rest: Sequence[str], dashdash: bool) -> str:
+    """What the first word after the wrapper options is: ``command``, ``run``,
+    ``launcher``, ``program`` or ``none``; a word that is none of these is a UsageError."""
+    if not rest:
+        return "none"
+    word = rest[0]
+    if dashdash:
+        return "program"
+    if word in ("run", "calibrate"):
+        return word
+    if word in HANDLERS:
+        return "command"
+    if launchargs.family_of(word):
+        return "launcher"
+    if "/" in word or shutil.which(word):
+        return "program"
+    words = [*HANDLERS, "run", "calibrate", *LAUNCHERS]
+    near = difflib.get_close_matches(word, words, n=1, cutoff=0.6)
+    raise UsageError(
+        f"unknown command '{word}'" + (f" (did you mean '{near[0]}'?)" if near else ""),
+        hint="mpswrap --help lists the commands; to run a program, give its path "
+        f"or use 'mpswrap -- {word}'",
+    )
+
+
+def _cmd_help(args: argparse.Namespace) -> int:
+    parser = build_parser()
+    if args.topic is None:
+        parser.print_help()
+        return 0
+    if args.topic not in (*HANDLERS, "run", "calibrate"):
+        raise UsageError(f"no command '{args.topic}'", hint="mpswrap help")
+    parser.parse_args([args.topic, "--help"])
+    return 0
+
+
+HANDLERS["help"] = _cmd_help
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging(None, "info")
+    try:
+        return dispatch(argv)
+    except SystemExit as exc:  # --help, --version
+        return int(exc.code or 0)
+    except MpswrapError as exc:
+        if "--debug" in argv or debug_env():
+            log.exception("failed")
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug or an error no module translated: one line all the same
+        log.debug("traceback", exc_info=exc)
+        print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)
+        return 1

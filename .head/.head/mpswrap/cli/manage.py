@@ -1,0 +1,286 @@
+"""``mpswrap start|stop|status``: manage a job's daemons by hand (user mode or as root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import _proc
+from ..config import Settings, load_settings
+from ..errors import UsageError
+from ..job import state
+from ..job.job import JobDaemons
+from ..jobenv import JobEnv, parse_int_list
+from ..mps.daemon import Defaults
+from ..mps.gpu import load_inventory, resolve_gpus, usage
+from ..mps.record import read_records
+from ..paths import JobLayout, validate_name
+from . import metrics
+
+__all__ = ["COMMANDS", "print_status", "unhealthy"]
+
+log = logging.getLogger(__name__)
+
+
+def _node(args: argparse.Namespace) -> str:
+    return args.node if args.node is not None else JobEnv.current().node
+
+
+def _layouts(args: argparse.Namespace, settings: Settings) -> list[JobLayout]:
+    """The jobs a command acts on: ``--job`` (or the job this runs in) where its state is;
+    else, or with ``--all``, every job of the caller's on this node (root: every job)."""
+    env, node = JobEnv.current(), _node(args)
+    job = None if getattr(args, "all", False) else env.job_key(given=args.job)
+    if job is not None:
+        return state.job_layouts(settings, node, job, os.getuid(), args.run_dir)
+    if args.run_dir:
+        raise UsageError("--run-dir needs --job", hint="mpswrap status --job ID --run-dir DIR")
+    return state.jobs_on_node(settings, node, None if os.geteuid() == 0 else os.getuid())
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    return load_settings(
+        {k: v for k, v in overrides.items() if v is not None}, config_file=args.config
+    )
+
+
+def _allowed_cpus(text: str | None) -> frozenset[int] | None:
+    """``--cpus`` within the CPUs this process may use (all of those without it)."""
+    mine = frozenset(os.sched_getaffinity(0))
+    if not text:
+        return mine
+    asked = frozenset(parse_int_list(text, "--cpus"))
+    if not asked <= mine:
+        raise UsageError(
+            "bad --cpus", thing=text, cause=f"CPU(s) {_cpus(sorted(asked - mine))} not available "
+            f"to this process", hint=f"choose among CPUs {_cpus(sorted(mine))}",
+        )  # fmt: skip
+    return asked
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    settings = _settings(
+        args,
+        active_thread_percentage=args.threads,
+        pinned_mem_limit=args.mem_limit,
+        client_priority=args.priority,
+        prestart_server=True if args.prestart else None,
+    )
+    user = _proc.lookup_user(args.user) if args.user else _proc.lookup_user()
+    if user.uid != os.geteuid() and os.geteuid() != 0:
+        raise UsageError("--user needs root", thing=args.user)
+    node = _node(args)
+    job = JobEnv.current().job_key(given=args.job, fresh="local")
+    assert job is not None
+    gpus = resolve_gpus(args.gpus, load_inventory(settings.gpu_inventory))
+    admin = os.geteuid() == 0 and not args.run_dir
+    if args.run_dir:
+        layout = JobLayout(Path(os.path.abspath(args.run_dir)), node, job)
+    else:
+        layout = (state.admin_layout if admin else state.user_layout)(settings, node, job)
+    manifests = JobDaemons(layout, settings).start(
+        gpus, user, started_by="cli", defaults=Defaults.from_settings(settings),
+        shared_parents=admin, allowed_cpus=_allowed_cpus(args.cpus),
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps([json.loads(m.to_json()) for m in manifests], indent=1))
+        return 0
+    for m in manifests:
+        print(f"{m.key} {m.gpu_uuid} daemon {m.daemon_pid} user {m.user} "
+              f"cpus {_cpus(m.cpus)} pipe {layout.gpu(m.key).pipe}")  # fmt: skip
+    print(
+        f"export CUDA_MPS_PIPE_DIRECTORY={layout.gpu(manifests[0].key).pipe}"
+        if len(manifests) == 1
+        else f"# job directory: {layout.job_dir}"
+    )
+    return 0
+
+
+def _cpus(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if cpus else "all"
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    clean = True
+    layouts = _layouts(args, settings)
+    for layout in layouts:
+        done = JobDaemons(layout, settings).stop()
+        print(f"job {layout.job_id} on {layout.node} ({layout.job_dir}):")
+        for line in done.lines():
+            print(line)
+        clean = clean and done.clean
+    if not layouts:
+        print(f"nothing to stop on {_node(args)}")
+    return 0 if clean else 1
+
+
+#: ``status`` exit codes (mpswrap.errors.EXIT_CODES describes them).
+HEALTHY, UNHEALTHY, NOTHING_FOUND = 0, 3, 4
+
+
+def node_status(args: argparse.Namespace) -> dict[str, Any]:
+    """The jobs' daemons, servers and clients on this node, with NVML's figures where it
+    answers: each GPU's memory and utilisation, each client's GPU memory."""
+    settings = _settings(args)
+    jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
+    asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
+    for gpu in (g for job in jobs for g in job["gpus"]):
+        uuid = gpu.get("uuid")
+        if uuid and uuid not in asked:
+            asked[uuid] = usage(uuid, settings.gpu_inventory)
+        found = dict(asked.get(uuid) or {}) if uuid else {}
+        processes = found.pop("processes", {})
+        gpu["usage"] = found or None
+        for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
+            client["gpu_memory_bytes"] = processes.get(client["pid"])
+    return {"node": _node(args), "jobs": jobs}
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """The node's state in Prometheus's text format: printed, or kept for node_exporter."""
+    text = metrics.render(node_status(args))
+    if args.textfile:
+        metrics.write_textfile(Path(args.textfile), text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none; with
+    ``--watch S``, again every S seconds until interrupted (the last one's code)."""
+    if args.watch is None:
+        return _status_once(args)
+    if args.watch <= 0:
+        raise UsageError("--watch needs seconds above 0", thing=str(args.watch))
+    code = NOTHING_FOUND
+    try:
+        while True:
+            print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+            code = _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return code
+
+
+def _status_once(args: argparse.Namespace) -> int:
+    status = node_status(args)
+    jobs = status["jobs"]
+    if args.json:
+        print(json.dumps(status, indent=1))
+    elif not jobs:
+        print(f"no MPS daemons of mpswrap on {status['node']}")
+    for job in [] if args.json else jobs:
+        print_status(job)
+    problems = [item for job in jobs for item in unhealthy(job)]
+    for item in problems:
+        log.warning("not healthy: %s", item)
+    if problems:
+        return UNHEALTHY
+    return HEALTHY if jobs else NOTHING_FOUND
+
+
+def unhealthy(job: dict[str, Any]) -> list[str]:
+    """What in one job's status is not healthy, each naming the job and GPU."""
+    where = f"job {job['job']} on {job['node']}"
+    found = [] if job["gpus"] else [f"{where}: no GPU daemon in {job['job_dir']}"]
+    for gpu in job["gpus"]:
+        at = f"{where}, {gpu['key']}"
+        daemon = gpu.get("daemon")
+        if not daemon:
+            found.append(f"{at}: no manifest (its daemon is starting, or failed to start)")
+        elif not daemon.get("alive"):
+            found.append(f"{at}: daemon {daemon.get('pid')} not running")
+        elif gpu.get("error"):
+            found.append(f"{at}: daemon does not answer: {gpu['error']}")
+        found += [f"{at}: server {s['pid']} is {s['status']}"
+                  for s in gpu.get("servers", []) if s["status"] != "ACTIVE"]  # fmt: skip
+        found += [f"{at}: fault at {f['time']} not recovered"
+                  for f in gpu.get("faults", []) if not f["recovered"]]  # fmt: skip
+    return found
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
+    for gpu in status["gpus"]:
+        daemon = gpu.get("daemon") or {}
+        state = "running" if daemon.get("alive") else "NOT RUNNING"
+        print(
+            f"  {gpu['key']} {gpu.get('uuid')} daemon {daemon.get('pid')} {state} "
+            f"(by {daemon.get('started_by')}, user {daemon.get('user')}, "
+            f"cpus {_cpus(daemon.get('cpus') or [])})"
+        )
+        for server in gpu.get("servers", []):
+            print(
+                f"    server {server['pid']} {server['status']} "
+                f"threads {server['active_thread_percentage']:g}% "
+                f"clients {len(server['clients'])}"
+            )
+            for client in server["clients"]:
+                print(f"      client {client['pid']}{_client_words(client)} {client['cmdline']}")
+        for fault in gpu.get("faults", []):
+            print(
+                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
+                f"{'recovered' if fault['recovered'] else 'not recovered'}"
+            )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """The records a job's teardowns kept under log_archive (mps/record): 0, or 4 for none."""
+    settings = _settings(args)
+    if not settings.log_archive:
+        raise UsageError("no log_archive is set: teardowns keep no records",
+                         hint="set log_archive in the admin file (slurm/README.md)")  # fmt: skip
+    found = read_records(Path(settings.log_archive), validate_name("job id", args.job_id))
+    if args.json:
+        print(json.dumps(found, indent=1))
+    for rec in [] if args.json else found:
+        print(_record_line(rec))
+    if not found:
+        log.warning("no record of job %s in %s", args.job_id, settings.log_archive)
+    return HEALTHY if found else NOTHING_FOUND
+
+
+def _record_line(rec: dict[str, Any]) -> str:
+    took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
+    faults = "; ".join(f"fault at {f['time']}: server {f['server_pid']}, client(s) "
+                       f"{f['reported_by']}" for f in rec["faults"]) or "no fault"  # fmt: skip
+    left = ", ".join(rec["leftovers"])
+    return (
+        f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"
+        f"{f', {took:.0f} s' if took is not None else ''}): {rec['clients_seen_count']} "
+        f"client(s) seen, {len(rec['ended_by_terminate_client'])} ended by terminate_client, "
+        f"{len(rec['ended_with_server'])} with their server, {len(rec['killed'])} killed; "
+        f"{faults}; {'left behind: ' + left if left else 'nothing left behind'}"
+    )
+
+
+def _client_words(client: dict[str, Any]) -> str:
+    """`` rank R, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
+    words = [f"rank {client['rank']}" if client.get("rank") is not None else ""]
+    if client.get("gpu_memory_bytes") is not None:
+        words.append(f"{client['gpu_memory_bytes'] / 2**30:.2f} GiB")
+    if client.get("active_thread_percentage") is not None:
+        words.append(f"{client['active_thread_percentage']:g}% threads")
+    if client.get("uptime_s") is not None:
+        words.append(f"up {client['uptime_s']:.0f} s")
+    shown = ", ".join(w for w in words if w)
+    return f" ({shown})" if shown else ""
+
+
+COMMANDS = {
+    "start": cmd_start,
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "metrics": cmd_metrics,
+    "report": cmd_report,
+}

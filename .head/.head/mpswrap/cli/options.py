@@ -1,0 +1,109 @@
+"""What the command line accepts, as tables: the launch options, the output options, the
+modes. ``cli.main`` builds its one parser from them; docs/reference.md is generated from that
+parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CALIBRATE_OPTIONS",
+    "FARM_OPTIONS",
+    "HOOK_COMMANDS",
+    "LAUNCHERS",
+    "MODES",
+    "RUN_OPTIONS",
+    "VERBOSITY",
+    "WRAPPER_OPTIONS",
+    "Options",
+]
+
+#: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
+HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
+
+Options = tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
+#: The wrapper options: before a launcher or program, and in ``run`` (written once).
+# fmt: off
+WRAPPER_OPTIONS: Options = (
+    (("--gpus",), {"metavar": "LIST", "help": "GPUs to use: 'all', NVML indices or UUIDs"}),
+    (("--policy",), {"choices": ("block", "cyclic", "affinity"), "help": "rank to GPU mapping"}),
+    (("--threads",), {"metavar": "SPEC", "help": "active thread %%: none, uniform, "
+                      "oversubscribe, a percent, or weights w1:w2:..."}),
+    (("--mem-limit",), {"metavar": "SIZE", "help": "pinned device memory per client: "
+                        "auto (GPU memory / ranks on it) or e.g. 8G, 512M"}),
+    (("--priority",), {"type": int, "choices": (0, 1), "help": "client priority (1 = below)"}),
+    (("--verify-attach",), {"choices": ("warn", "fail", "off"),
+                            "help": "a rank that is not an MPS client: warn, fail (exit 69) or "
+                            "off (default: the verify_attach setting, warn)"}),
+    (("--verify-timeout",), {"type": float, "default": 30.0, "metavar": "S",
+                             "help": "seconds to wait for attachment (default 30)"}),
+    (("--no-shield",), {"action": "store_true",
+                        "help": "let TERM/INT/HUP reach the program directly"}),
+    (("--grace",), {"type": float, "metavar": "S",
+                    "help": "seconds from signal to SIGKILL (default: kill_grace)"}),
+    (("--dry-run",), {"action": "store_true", "help": "print what would run; start nothing"}),
+    (("--job",), {"metavar": "ID", "help": "job id for the per-job state (default: Slurm's)"}),
+)
+#: Output options, accepted before and after a command word.
+VERBOSITY: Options = (
+    (("-v", "--verbose"), {"action": "count", "default": 0,
+                           "help": "more log lines (debug); overrides log_level"}),
+    (("-q", "--quiet"), {"action": "count", "default": 0,
+                         "help": "warnings and errors only (-qq: errors only)"}),
+    (("--debug",), {"action": "store_true", "default": False,
+                    "help": "debug logs, and tracebacks for internal errors"}),
+)
+# fmt: on
+RUN_OPTIONS: Options = (
+    (("-n", "--np"), {"type": int, "required": True, "dest": "nprocs", "help": "ranks to start"}),
+)
+# fmt: off
+#: ``mpswrap farm``'s own options (docs/howto-farm.md).
+FARM_OPTIONS: Options = (
+    (("--per-gpu",), {"type": int, "metavar": "K", "help": "tasks at once on each GPU "
+                      "(default: the client limit, a CPU per task, at most 16)"}),
+    (("--retries",), {"type": int, "default": 1, "metavar": "N",
+                      "help": "runs more of a task a fatal GPU fault ended (default 1)"}),
+    (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "help": "logs and state "
+                  "(default: <TASKS>.farm here); running again skips tasks done there"}),
+    (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
+                    "srun task's share, SLURM_PROCID of the step's tasks; else all)"}),
+    (("--progress",), {"choices": ("auto", "bar", "lines", "off"), "default": "auto",
+                       "help": "a redrawn line (bar), a line per task (lines) or none; "
+                       "auto: bar on a terminal"}),
+)
+#: ``mpswrap calibrate``'s own options.
+CALIBRATE_OPTIONS: Options = (
+    (("--max",), {"type": int, "dest": "top", "metavar": "N", "help": "most copies at once "
+                  "(default: the client limit, a CPU per copy, at most 16)"}),
+    (("--counts",), {"metavar": "LIST", "help": "copies to try, e.g. 1,4,8,12 "
+                     "(default: 1, 2, 4, ... up to --max)"}),
+    (("--repeats",), {"type": int, "default": 2, "metavar": "R",
+                      "help": "runs of each configuration, interleaved (default 2)"}),
+    (("--plot",), {"metavar": "FILE", "help": "save throughput against copies (matplotlib)"}),
+    (("--json",), {"action": "store_true", "help": "print the table as JSON"}),
+    (("--dir",), {"dest": "farm_dir", "default": "calibrate.farm", "metavar": "DIR",
+                  "help": "where the copies' logs go (kept when one fails)"}),
+)
+# fmt: on
+
+
+MODES = """\
+Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.
+
+modes:
+  mpswrap [options] srun|mpirun|mpiexec|orterun ...
+                        prefix a launcher: every rank it starts is wrapped
+                        (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app)
+  mpswrap [options] [--] PROGRAM ...
+                        per-rank: this process's rank of a launch becomes an MPS
+                        client (srun mpswrap ./app); after -- always a program
+  mpswrap run -n N [options] -- PROGRAM ...
+                        N ranks on this node, no scheduler
+  mpswrap farm [options] TASKS
+                        many independent commands, K at a time per GPU
+  mpswrap calibrate [options] -- PROGRAM ...
+                        how many copies per GPU, with which thread policy
+  mpswrap COMMAND ...   manage daemons, show settings, the Slurm hooks (below)"""
+
+LAUNCHERS = ("srun", "mpirun", "mpiexec", "orterun")

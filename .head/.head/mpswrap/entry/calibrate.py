@@ -1,0 +1,244 @@
+"""``mpswrap calibrate -- CMD``: how many copies of CMD one GPU should run at once, and how.
+
+It runs 1, 2, 4, ... copies of CMD at once on one GPU of the job (up to ``--max``: the
+client limit, a CPU per copy and 16 at most, by default), each count three ways: time-sliced
+(no MPS: the copies get a pipe directory no daemon listens on), under MPS with no thread
+limit, and under MPS with ``oversubscribe`` (each copy min(100, 200/N) % of the threads).
+Throughput is copies per second of makespan; the median of ``--repeats`` runs. The copies run
+through the task farm's engine (``job.farmer``), so they are started, checked and ended as the
+farm's tasks are, and their logs are kept under ``--dir`` when one fails.
+
+It recommends the count and policy with the best throughput, i.e. ``mpswrap farm --per-gpu K
+--threads POLICY``, and saves a plot with ``--plot FILE`` (matplotlib, optional).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .._signals import SignalTrap
+from ..config import Settings
+from ..errors import UsageError
+from ..job.farmer import Farmer, FarmPlan, Lane
+from ..job.job import Attachment, attach
+from ..job.placement import Slot
+from ..job.tasks import DONE, FarmDir, parse_tasks
+from ..jobenv import JobEnv
+from ..mps.gpu import GpuInfo, load_inventory
+from .farm import default_per_gpu
+from .farmview import Progress
+from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
+
+__all__ = ["MODES", "Calibration", "counts_up_to", "recommend", "run_calibrate"]
+
+log = logging.getLogger(__name__)
+
+#: The ways each count runs: (name, MPS?, --threads policy).
+MODES = (("time-sliced", False, None), ("mps", True, None), ("mps-200/n", True, "oversubscribe"))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One configuration's runs."""
+
+    copies: int
+    mode: str
+    seconds: list[float]  # makespan of each repeat
+    failed: int  # copies that did not exit 0, over all repeats
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def throughput(self) -> float:
+        return self.copies / self.median if self.median > 0 else 0.0
+
+
+def counts_up_to(top: int) -> list[int]:
+    """1, 2, 4, ... and ``top`` itself."""
+    out, n = [], 1
+    while n < top:
+        out.append(n)
+        n *= 2
+    return [*out, top]
+
+
+def recommend(rows: Sequence[Calibration]) -> Calibration | None:
+    """The MPS configuration with the best throughput among those where every copy exited 0."""
+    good = [r for r in rows if r.mode != "time-sliced" and not r.failed]
+    return max(good, key=lambda r: r.throughput, default=None)
+
+
+def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | None,
+                  counts: Sequence[int] | None, repeats: int, plot: str | None, as_json: bool,
+                  directory: str) -> int:  # fmt: skip
+    if not command:
+        raise UsageError("no command to calibrate", hint="mpswrap calibrate -- python train.py")
+    if repeats < 1 or (top is not None and top < 1) or any(c < 1 for c in counts or ()):
+        raise UsageError("--max, --counts and --repeats must be at least 1")
+    if plot:
+        _matplotlib()  # refuse before hours of runs, not after
+    settings = opts.settings()
+    opts = replace(opts, verify_attach=opts.verify_mode(settings))
+    env = JobEnv(dict(os.environ))
+    job = env.job_key(given=opts.job, fresh=f"calibrate-{os.getpid()}")
+    assert job is not None
+    with SignalTrap() as trap:
+        att = attach(
+            settings, env, job, gpus=None if opts.gpus is None else _chosen(opts, settings)
+        )
+        rows: list[Calibration] = []
+        no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
+        try:
+            att.announce()
+            slot, limit = _gpu(att, settings)
+            cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
+            top = min(limit, top or default_per_gpu(limit, 1, cpus))
+            plan = FarmPlan(0, opts.grace_s(settings), env.node)
+            bench = _Bench(opts, att, slot, shlex.join(command), plan, directory, no_mps)
+            code = _measure(bench, list(counts or counts_up_to(top)), repeats, trap, rows)
+        finally:
+            os.rmdir(no_mps)
+            finish(att, [], f"calibrate {job}")
+    _report(rows, as_json, plot)
+    return code or (1 if any(r.failed for r in rows) else 0)
+
+
+def _chosen(opts: LaunchOptions, settings: Settings) -> list[GpuInfo] | None:
+    return opts.chosen_gpus(load_inventory(settings.gpu_inventory))
+
+
+def _gpu(att: Attachment, settings: Settings) -> tuple[Slot, int]:
+    """The first GPU of the job (or of ``--gpus``) and its client limit less what runs."""
+    inventory = attached_inventory(att, settings)
+    slot = attached_slots(att, inventory, None)[0]
+    limit = capacity_limits([slot.uuid], inventory, settings)[slot.uuid]
+    return slot, max(1, limit - att.daemons.clients().get(slot.uuid, 0))
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every run of one calibration shares."""
+
+    opts: LaunchOptions
+    att: Attachment
+    slot: Slot
+    command: str
+    plan: FarmPlan
+    directory: str
+    no_mps: str  # a pipe directory no daemon listens on
+
+    def env(self, lane: Lane, seat: int, copies: int, threads: str | None) -> dict[str, str]:
+        if lane.daemon is None:
+            return {"CUDA_VISIBLE_DEVICES": self.slot.uuid, "CUDA_MPS_PIPE_DIRECTORY": self.no_mps,
+                    "CUDA_MPS_LOG_DIRECTORY": self.no_mps}  # fmt: skip
+        opts = replace(self.opts, threads=threads)
+        return opts.place([self.slot], seat, copies, policy="block").env
+
+    def run(self, copies: int, mode: tuple[str, bool, str | None],
+            trap: SignalTrap) -> tuple[int, float, int]:  # fmt: skip
+        """(exit code: 0 or 128+signal, makespan, copies that failed) of one run."""
+        name, mps, threads = mode
+        daemon = self.att.daemons.daemon(self.slot.key) if mps else None
+        lane = Lane(0, self.slot, daemon, list(range(copies)))
+        farm_dir = FarmDir(os.path.join(self.directory, f"{name.replace('/', '')}-{copies}"))
+        tasks = parse_tasks([self.command] * copies)
+        farmer = Farmer(
+            [lane], tasks, self.plan, farm_dir=farm_dir.create(), report=Progress("off").report,
+            client_env=lambda ln, seat: self.env(ln, seat, copies, threads),
+        )  # fmt: skip
+        start = time.monotonic()
+        code = farmer.run(trap)
+        took = time.monotonic() - start
+        return code, took, sum(r.status != DONE for r in farmer.records)
+
+
+def _measure(bench: _Bench, counts: list[int], repeats: int, trap: SignalTrap,
+             rows: list[Calibration]) -> int:  # fmt: skip
+    """Every configuration, the repeats interleaved; 128+signal when told to stop."""
+    runs: dict[tuple[int, str], list[float]] = {}
+    failed: dict[tuple[int, str], int] = {}
+    for _ in range(repeats):
+        for copies in counts:
+            for mode in MODES:
+                code, took, bad = bench.run(copies, mode, trap)
+                if code:
+                    return code
+                runs.setdefault((copies, mode[0]), []).append(took)
+                failed[(copies, mode[0])] = failed.get((copies, mode[0]), 0) + bad
+    rows += [Calibration(c, m, runs[(c, m)], failed[(c, m)]) for c in counts for m, _, _ in MODES]
+    if any(r.failed for r in rows):
+        log.warning("calibrate: some copies failed: their logs are in %s", bench.directory)
+    else:
+        shutil.rmtree(bench.directory, ignore_errors=True)
+    return 0
+
+
+def _report(rows: Sequence[Calibration], as_json: bool, plot: str | None) -> None:
+    best = recommend(rows)
+    sliced = {r.copies: r.throughput for r in rows if r.mode == "time-sliced"}
+    if as_json:
+        data = [{**asdict(r), "median": r.median, "throughput": r.throughput} for r in rows]
+        print(json.dumps({"rows": data, "recommended": best and asdict(best)}, indent=1))
+    else:
+        print(f"{'copies':>6}  {'mode':<12} {'median s':>9} {'spread s':>9} {'copies/s':>9}"
+              f" {'vs sliced':>9} {'failed':>6}")  # fmt: skip
+        for r in rows:
+            spread = max(r.seconds) - min(r.seconds)
+            gain = r.throughput / sliced[r.copies] if sliced.get(r.copies) else 0.0
+            print(f"{r.copies:>6}  {r.mode:<12} {r.median:>9.2f} {spread:>9.2f} "
+                  f"{r.throughput:>9.3f} {gain:>8.2f}x {r.failed:>6}")  # fmt: skip
+        print(_advice(best, sliced))
+    if plot:
+        _plot(rows, plot)
+
+
+def _advice(best: Calibration | None, sliced: dict[int, float]) -> str:
+    if best is None:
+        return "calibrate: no MPS configuration ran cleanly: no recommendation"
+    threads = "oversubscribe" if best.mode == "mps-200/n" else "none"
+    top_sliced = max(sliced.values(), default=0.0)
+    gain = f", {best.throughput / top_sliced:.2f}x the best time-sliced" if top_sliced else ""
+    return (
+        f"recommended: mpswrap farm --per-gpu {best.copies} --threads {threads} "
+        f"({best.throughput:.3f} copies/s{gain})"
+    )
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib", hint="pip install 'mpswrap[plot]'") from None
+    return plt
+
+
+def _plot(rows: Sequence[Calibration], path: str) -> None:
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, _, _ in MODES:
+        mine = [r for r in rows if r.mode == mode]
+        ax.plot([r.copies for r in mine], [r.throughput for r in mine], marker="o", label=mode)
+    ax.set_xlabel("copies at once on one GPU")
+    ax.set_ylabel("copies finished per second")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"calibrate: plot saved to {path}")

@@ -1,0 +1,204 @@
+"""``mpswrap farm TASKS``: many independent runs packed onto this job's GPUs through MPS.
+
+K tasks at a time per GPU (``--per-gpu``), each one MPS client of its GPU's daemon, started,
+checked and ended as the launcher's ranks are (``job.farmer``). The daemons are the
+prolog's, or started here in user mode and stopped at the end, as ``mpswrap run`` does.
+Tasks, logs and the resume record: ``job.tasks``. Across nodes, inside an allocation,
+``srun --ntasks-per-node=1 mpswrap farm TASKS`` gives each task of the step a disjoint share
+(task numbers modulo the step's task count), which it packs onto its node's GPUs.
+
+Exit code: 0 when every task of the share is done (now or before), 1 when any failed or did
+not run, 128+signal after TERM/INT/HUP (every running task ended through terminate_client).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .._signals import TERMINATING, SignalTrap
+from ..config import Settings
+from ..errors import UsageError
+from ..job.farmer import Counts, Farmer, FarmPlan, Lane
+from ..job.faultwatch import FaultWatch
+from ..job.job import attach
+from ..job.placement import Slot, check_capacity
+from ..job.tasks import FarmDir, Share, Task, TaskRecord, parse_share, parse_tasks, read_tasks
+from ..jobenv import JobEnv
+from ..mps.gpu import Inventory, load_inventory
+from .farmview import Progress, summary_lines
+from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
+
+__all__ = ["FarmOptions", "FarmResult", "default_per_gpu", "farm", "run_farm"]
+
+log = logging.getLogger(__name__)
+
+#: The default K never exceeds this: beyond it small tasks gain little and each needs a CPU.
+PER_GPU_BOUND = 16
+
+
+@dataclass(frozen=True)
+class FarmOptions:
+    """What ``mpswrap farm`` adds to the launch options."""
+
+    per_gpu: int | None = None
+    retries: int = 1
+    directory: str | None = None
+    share: str | None = None
+    progress: str = "auto"
+
+
+@dataclass
+class FarmResult:
+    """What a farm did: its exit code, every attempt's record, what did not run."""
+
+    code: int
+    records: list[TaskRecord] = field(default_factory=list)
+    not_run: list[Task] = field(default_factory=list)
+    skipped: int = 0
+    directory: str = ""
+
+
+def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
+    """K when not given: at most the client limit, a CPU per task, and ``PER_GPU_BOUND``."""
+    return max(1, min(limit, cpus // max(1, n_gpus), PER_GPU_BOUND))
+
+
+def _share(given: str | None, env: JobEnv) -> Share:
+    if given is not None:
+        return parse_share(given)
+    task = env.step_task
+    return Share() if task is None else Share(*task)
+
+
+def _directory(given: str | None, source: str) -> str:
+    if given:
+        return given
+    return "stdin.farm" if source == "-" else f"{Path(source).name}.farm"
+
+
+def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
+    """``mpswrap farm``: the exit code; the summary on stdout."""
+    _check(farm_opts)  # bad options before a missing task list
+    result = farm_tasks(
+        opts, farm_opts, read_tasks(source), _directory(farm_opts.directory, source)
+    )
+    return result.code
+
+
+def farm(tasks: Sequence[str], *, directory: str = "mpswrap.farm", per_gpu: int | None = None,
+         retries: int = 1, gpus: str | None = None, threads: str | None = None,
+         share: str | None = None, progress: str = "off") -> FarmResult:  # fmt: skip
+    """Run ``tasks`` (command lines) as ``mpswrap farm`` does; the result, summary printed."""
+    opts = LaunchOptions(gpus=gpus, threads=threads)
+    farm_opts = FarmOptions(per_gpu, retries, directory, share, progress)
+    return farm_tasks(opts, farm_opts, parse_tasks(tasks), directory)
+
+
+def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
+               directory: str) -> FarmResult:  # fmt: skip
+    _check(farm_opts)
+    settings = opts.settings()
+    opts = replace(opts, verify_attach=opts.verify_mode(settings))
+    env = JobEnv(dict(os.environ))
+    share = _share(farm_opts.share, env)
+    farm_dir = FarmDir(directory, share)
+    mine = [t for t in tasks if share.picks(t)]
+    done = farm_dir.finished() if farm_dir.path.is_dir() else set()
+    todo = [t for t in mine if t.key not in done]
+    result = FarmResult(0, skipped=len(mine) - len(todo), directory=directory)
+    if share.count > 1:
+        log.info("farm: share %s: %d of %d task(s)", share, len(mine), len(tasks))
+    if not todo:
+        print(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
+        return result
+    if opts.dry_run:
+        _print_plan(todo, directory)
+        return result
+    farm_dir.create()
+    job = env.job_key(given=opts.job, fresh=f"farm-{os.getpid()}")
+    assert job is not None
+    return _run(opts, farm_opts, settings=settings, env=env, job=job, todo=todo,
+                farm_dir=farm_dir, result=result)  # fmt: skip
+
+
+def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env: JobEnv,
+         job: str, todo: list[Task], farm_dir: FarmDir,
+         result: FarmResult) -> FarmResult:  # fmt: skip
+    inventory = load_inventory(settings.gpu_inventory) if opts.gpus is not None else None
+    chosen = opts.chosen_gpus(inventory) if inventory is not None else None
+    view = Progress(farm_opts.progress)
+    plan = FarmPlan(retries=farm_opts.retries, grace=opts.grace_s(settings), node=env.node,
+                    shield=not opts.no_shield, verify=opts.verify_attach,
+                    verify_timeout=opts.verify_timeout)  # fmt: skip
+    with SignalTrap() as trap:
+        att = attach(settings, env, job, gpus=chosen)
+        farmer: Farmer | None = None
+        try:
+            att.announce()
+            inventory = inventory or attached_inventory(att, settings)
+            slots = attached_slots(att, inventory, chosen)
+            per_gpu = _per_gpu(farm_opts, slots, settings=settings, inventory=inventory,
+                               running=att.daemons.clients(), env=env)  # fmt: skip
+            daemons = [att.daemons.daemon(s.key) for s in slots]
+            lanes = [Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
+                     for i, (s, d) in enumerate(zip(slots, daemons, strict=True))]  # fmt: skip
+            log.info("farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
+                     len(todo), per_gpu, len(lanes), farm_dir.logs)  # fmt: skip
+
+            def client_env(lane: Lane, seat: int) -> dict[str, str]:
+                return opts.place([lane.slot], seat, per_gpu, policy="block").env
+
+            farmer = Farmer(lanes, todo, plan, farm_dir=farm_dir, client_env=client_env,
+                            report=view.report)  # fmt: skip
+            early = [sig for sig in trap.pop() if sig in TERMINATING]
+            code = 128 + early[0] if early else farmer.run(trap)
+        finally:
+            view.close()
+            finish(att, farmer.outcomes if farmer else [], f"farm {job}")
+    return _result(result, farmer, code, farm_dir)
+
+
+def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:
+    result.records, result.not_run = farmer.records, farmer.not_run
+    counts: Counts = farmer.counts
+    for line in summary_lines(result.records, result.not_run, result.skipped, counts,
+                              str(farm_dir.path)):  # fmt: skip
+        print(line, flush=True)
+    failed = counts.failed or result.not_run
+    result.code = code if code else (1 if failed else 0)
+    return result
+
+
+def _per_gpu(farm_opts: FarmOptions, slots: list[Slot], *, settings: Settings,
+             inventory: Inventory, running: dict[str, int], env: JobEnv) -> int:  # fmt: skip
+    """K: as given, or ``default_per_gpu``; refused when K more clients would not fit."""
+    uuids = [s.uuid for s in slots]
+    limits = capacity_limits(uuids, inventory, settings)
+    free = min(limits[u] - running.get(u, 0) for u in uuids)
+    cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
+    per_gpu = farm_opts.per_gpu or default_per_gpu(max(1, free), len(uuids), cpus)
+    check_capacity(uuids, per_gpu * len(uuids), "block", limits, running)
+    return per_gpu
+
+
+def _check(farm_opts: FarmOptions) -> None:
+    if farm_opts.per_gpu is not None and farm_opts.per_gpu < 1:
+        raise UsageError("bad --per-gpu", thing=str(farm_opts.per_gpu), cause="need at least 1")
+    if farm_opts.retries < 0:
+        raise UsageError("bad --retries", thing=str(farm_opts.retries), cause="must be >= 0")
+    if farm_opts.progress not in ("auto", "bar", "lines", "off"):
+        raise UsageError("bad --progress", thing=farm_opts.progress,
+                         hint="use auto, bar, lines or off")  # fmt: skip
+    if farm_opts.share is not None:
+        parse_share(farm_opts.share)
+
+
+def _print_plan(todo: list[Task], directory: str) -> None:
+    """``--dry-run``: what would run, and how; nothing is started or written."""
+    for task in todo:
+        print(f"[task {task.number}] {' '.join(task.argv)}")
+    print(f"farm: {len(todo)} task(s) would run; logs and state in {directory}")

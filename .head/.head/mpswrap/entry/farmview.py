@@ -1,0 +1,125 @@
+"""What ``mpswrap farm`` shows: a progress line while it runs, a summary table at the end.
+
+On a terminal (``--progress auto``, stderr a tty) one line is redrawn at most twice a second:
+``farm: 12/40 done, 1 failed, 6 running, 2 retried, ETA 1m20s``; a failure is printed above
+it. Elsewhere (a batch job's output file) one plain line per finished attempt. The summary
+goes to stdout: the totals, a row per GPU, and each failed task with its log.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from ..job.farmer import Counts
+from ..job.tasks import DONE, FAILED, FAULT, Task, TaskRecord
+
+__all__ = ["Progress", "duration", "summary_lines"]
+
+#: Seconds between two redraws of the progress line.
+REDRAW = 0.5
+#: Failed tasks named one by one in the summary; the rest are counted.
+SHOWN_FAILURES = 20
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h01m``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _state(counts: Counts) -> str:
+    text = f"{counts.finished}/{counts.total} finished ({counts.done} done, {counts.failed} failed)"
+    text += f", {counts.running} running"
+    if counts.retried:
+        text += f", {counts.retried} retried"
+    elapsed = time.time() - counts.started
+    left = counts.total - counts.finished
+    if counts.finished and left:
+        text += f", ETA {duration(elapsed / counts.finished * left)}"
+    return text
+
+
+class Progress:
+    """The farm's report callback (``Farmer``'s ``report``)."""
+
+    def __init__(self, mode: str = "auto", stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        self.mode = ("bar" if tty else "lines") if mode == "auto" else mode
+        self.drawn = 0.0
+        self.width = 0
+
+    def report(self, record: TaskRecord | None, counts: Counts) -> None:
+        if self.mode == "off":
+            return
+        if record is not None and (self.mode == "lines" or record.status != DONE):
+            self._line(f"{_attempt_line(record)} [{_state(counts)}]")
+        if self.mode == "bar" and time.monotonic() - self.drawn >= REDRAW:
+            self._bar(f"mpswrap: farm: {_state(counts)}")
+
+    def close(self) -> None:
+        if self.mode == "bar" and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+    def _bar(self, text: str) -> None:
+        self.stream.write("\r" + text.ljust(self.width))
+        self.stream.flush()
+        self.width, self.drawn = len(text), time.monotonic()
+
+    def _line(self, text: str) -> None:
+        if self.mode == "bar" and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.width = 0
+        self.stream.write(f"mpswrap: farm: {text}\n")
+        self.stream.flush()
+
+
+def _attempt_line(record: TaskRecord) -> str:
+    how = {DONE: "done", FAILED: f"failed (exit {record.code})",
+           FAULT: f"ended by a GPU fault (exit {record.code})"}[record.status]  # fmt: skip
+    attempt = f" attempt {record.attempt}" if record.attempt > 1 else ""
+    where = f"gpu {record.gpu_index}, {record.seconds:.1f} s"
+    log = f", log {record.stderr}" if record.status != DONE else ""
+    return f"task {record.task}{attempt} {how} ({where}{log})"
+
+
+def summary_lines(records: Sequence[TaskRecord], not_run: Sequence[Task], skipped: int,
+                  counts: Counts, directory: str) -> list[str]:  # fmt: skip
+    """The totals, a row per GPU, the failed tasks."""
+    final = {r.task: r for r in records}  # the last attempt of each task
+    waiting = {t.number for t in not_run}
+    failed = [r for r in final.values() if r.status != DONE and r.task not in waiting]
+    faults = sum(1 for r in records if r.status == FAULT)
+    head = (
+        f"farm: {counts.total + skipped} task(s): {counts.done} done, {len(failed)} failed,"
+        f" {len(not_run)} not run, {skipped} done before; {faults} attempt(s) ended by a"
+        f" GPU fault; {time.time() - counts.started:.1f} s; logs in {directory}/logs"
+    )
+    lines = [head, f"  {'gpu':<4} {'uuid':<40} {'attempts':>8} {'done':>5} {'failed':>6} "
+             f"{'fault':>5} {'median s':>8}"]  # fmt: skip
+    for index in sorted({r.gpu_index for r in records}):
+        mine = [r for r in records if r.gpu_index == index]
+        took = [r.seconds for r in mine if r.status == DONE]
+        median = f"{statistics.median(took):.2f}" if took else "-"
+        lines.append(f"  {index:<4} {mine[0].gpu:<40} {len(mine):>8} "
+                     f"{sum(r.status == DONE for r in mine):>5} "
+                     f"{sum(r.status == FAILED for r in mine):>6} "
+                     f"{sum(r.status == FAULT for r in mine):>5} {median:>8}")  # fmt: skip
+    for record in failed[:SHOWN_FAILURES]:
+        lines.append(f"  failed: task {record.task} (exit {record.code}, {record.status}): "
+                     f"{record.command}  log: {record.stderr}")  # fmt: skip
+    if len(failed) > SHOWN_FAILURES:
+        lines.append(f"  ... and {len(failed) - SHOWN_FAILURES} more failed (see the state file)")
+    for task in not_run[:SHOWN_FAILURES]:
+        lines.append(f"  not run: task {task.number}: {task.command}")
+    return lines

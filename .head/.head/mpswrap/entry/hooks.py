@@ -1,0 +1,316 @@
+"""Slurm hooks: prolog (root), task prolog (job user, per task) and epilog (root).
+
+The prolog starts one daemon per allocated GPU of an opted-in job, as the job's user; the task
+prolog prints the ``export`` lines that attach each task of a real step to its GPU's daemon;
+the epilog runs the teardown ladder for this job only and proves nothing is left.
+
+Each hook keeps the exit-code contract of slurm/README.md ("Exit codes"): the prolog fails
+only under ``prolog_failure = drain`` when this job's MPS could not be set up; the task prolog
+never fails a task; the epilog fails only under ``epilog_failure = drain`` when something of
+this job survives. Every failure is one line; a traceback goes only to the debug log.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+from collections.abc import Sequence
+
+from .. import _proc
+from ..config import Settings, load_settings
+from ..errors import ConfigError, LayoutError, MpswrapError, internal_error, one_line
+from ..job import state
+from ..job.job import JobDaemons
+from ..job.placement import Slot, place
+from ..jobenv import GpuRef, JobEnv
+from ..mps.daemon import Defaults
+from ..mps.gpu import health_problem
+from ..mps.slurmgpus import default_gres_conf, resolve_slurm_gpus
+from .slurmjob import is_launcher_daemon_step, job_opted_in
+
+__all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
+
+log = logging.getLogger(__name__)
+
+#: Where an unexpected error's traceback goes: the hooks' log, at this level only.
+TRACEBACK_AT = "at log_level = debug"
+Problems = Sequence[ConfigError]
+
+
+class _JobFormatter(logging.Formatter):
+    """``mpswrap: <hook>: job J node N: <one line>``; a traceback only on a debug record."""
+
+    def __init__(self, hook: str, env: JobEnv) -> None:
+        super().__init__()
+        try:
+            job = f" job {env.slurm_job()}"
+        except MpswrapError:  # a message says what is wrong with it
+            job = ""
+        self.prefix = f"mpswrap: {hook}:{job} node {_shown(env.node)}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{self.prefix}: {one_line(record.getMessage())}"
+        if record.exc_info and record.levelno <= logging.DEBUG:
+            trace = self.formatException(record.exc_info).splitlines()
+            text += "".join(f"\n{self.prefix}:   {line}" for line in trace)
+        return text
+
+
+def _shown(text: str) -> str:
+    """Slurm's text as a log prefix may show it: printable, short, else quoted."""
+    if text.isprintable() and len(text) <= 64 and " " not in text:
+        return text
+    return repr(text[:64])
+
+
+def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
+    """Every line names the hook, job and node; GPUs are named by the messages themselves.
+    The task prolog logs to stderr alone: syslog would get a line per task."""
+    root = logging.getLogger("mpswrap")
+    root.handlers.clear()
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(_JobFormatter(hook, env))
+    root.addHandler(stderr)
+    wants_syslog = settings is not None and settings.syslog and hook != "task-prolog"
+    if wants_syslog and os.path.exists("/dev/log"):
+        try:
+            sys_handler = logging.handlers.SysLogHandler(address="/dev/log")
+            sys_handler.setFormatter(_JobFormatter(hook, env))
+            root.addHandler(sys_handler)
+        except OSError:
+            pass
+    level = settings.log_level if settings else "info"
+    root.setLevel(getattr(logging, level.upper()))
+    root.propagate = False
+
+
+# --- prolog --------------------------------------------------------------------------
+def prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
+    """Start the job's daemons; 1 only under prolog_failure = drain, when that failed."""
+    try:
+        if not _wants_mps(env, settings):
+            return 0
+        if problems:  # a broken admin file matters from here on: this job wants MPS
+            raise problems[0]
+        _start_job(env, settings, env.job_gpus or ())
+    except MpswrapError as exc:
+        return _prolog_failed(env, settings, exc.line())
+    return 0
+
+
+def _wants_mps(env: JobEnv, settings: Settings) -> bool:
+    if settings.prolog_mode == "never" or not env.job_gpus_text:
+        return False
+    if settings.prolog_mode == "opt-in" and not job_opted_in(env, settings.opt_in):
+        log.debug("job did not opt in to MPS")
+        return False
+    return True
+
+
+def _prolog_failed(env: JobEnv, settings: Settings | None, line: str) -> int:
+    """Log why this job's MPS could not be set up; drain with that line, if so configured."""
+    log.error("%s", line)  # the log prefix already says "prolog: job J node N"
+    if settings is not None and settings.prolog_failure == "drain":
+        _drain(env, f"mpswrap prolog: {line}"[:400])
+        return 1
+    log.warning("continuing without MPS (prolog_failure = continue)")
+    return 0
+
+
+def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
+    job, user = env.slurm_job(), _job_user(env)
+    inventory = state.node_inventory(settings, env.node)
+    found = resolve_slurm_gpus(refs, inventory, default_gres_conf(env.env), env.node)
+    defaults = Defaults.from_settings(settings, active_thread_percentage=env.mps_percentage)
+    manifests = JobDaemons(state.admin_layout(settings, env.node, job), settings).start(
+        [gpu for _, gpu in found],
+        user,
+        started_by="prolog",
+        defaults=defaults,
+        shared_parents=True,
+        keys=[f"g{position}" for position, _ in found],
+    )
+    for m in manifests:
+        log.info(
+            "GPU %s (%s): MPS daemon %d as %s, cpus %s, settings %s",
+            m.gpu_uuid,
+            m.key,
+            m.daemon_pid,
+            m.user,
+            ",".join(map(str, m.cpus)) or "all",
+            m.settings or "-",
+        )
+
+
+def _job_user(env: JobEnv) -> _proc.UserIds:
+    """The job's user by uid; a user name beside it must name the same user."""
+    uid = env.job_uid
+    if uid is None:
+        raise MpswrapError("SLURM_JOB_UID is not set")
+    user = _proc.lookup_user(uid, gid=env.job_gid)
+    if env.job_user is not None and env.job_user != user.name:
+        raise MpswrapError(
+            "SLURM_JOB_USER and SLURM_JOB_UID disagree",
+            thing=f"{env.job_user!r}, uid {uid} is {user.name!r}",
+        )
+    return user
+
+
+def _drain(env: JobEnv, reason: str) -> None:
+    """Name the cause in the node's drain reason; Slurm drains it anyway when we exit 1."""
+    argv = ["scontrol", "update", f"NodeName={env.node}", "State=DRAIN", f"Reason={reason}"]
+    try:
+        res = _proc.run(argv, env={"PATH": _proc.SAFE_PATH, **_slurm_conf(env)}, timeout=10)
+    except MpswrapError as exc:
+        problem = exc.line()
+    else:
+        if res.returncode == 0:
+            return
+        problem = f"scontrol exited {res.returncode}: {one_line(res.stderr)[-200:]}"
+    log.warning("could not set the drain reason %r: %s", reason, problem)
+
+
+def _slurm_conf(env: JobEnv) -> dict[str, str]:
+    conf = env.env.get("SLURM_CONF")
+    return {"SLURM_CONF": conf} if conf else {}
+
+
+# --- task prolog ----------------------------------------------------------------------
+def task_prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
+    """Print ``export`` lines for a task of a real step of a job that has daemons; on any
+    error none, and one line on stderr: the task then runs as Slurm set it up."""
+    try:
+        exports = _task_exports(env, settings, problems)
+    except MpswrapError as exc:
+        log.error("%s", exc.line())
+        return 0
+    for name, value in exports.items():
+        print(f"export {name}={value}")
+    return 0
+
+
+def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[str, str]:
+    if not env.is_real_step or env.job_id is None:
+        return {}  # the batch/extern step: its children (e.g. mpirun ranks) must not share a GPU
+    if problems:
+        raise problems[0]
+    daemons = JobDaemons(state.admin_layout(settings, env.node, env.slurm_job()), settings)
+    slots = daemons.slots(None)  # no NVML here: once per task
+    refs = env.step_gpus
+    if not slots or not refs or is_launcher_daemon_step(env):
+        return {}
+    mine = [_slot_of(ref, slots) for ref in refs]
+    if None in mine:
+        return {}  # a step GPU without a daemon: leave the task as Slurm set it
+    size = env.local_size or 1
+    policy = "cyclic" if settings.gpu_policy == "cyclic" else "block"
+    found = place([s for s in mine if s], min(env.local_rank or 0, size - 1), size, policy=policy)
+    return dict(found.env)
+
+
+def _slot_of(ref: GpuRef, slots: Sequence[Slot]) -> Slot | None:
+    """The daemon of a step GPU: by its gres position's key, or by its UUID."""
+    for slot in slots:
+        if slot.key == f"g{ref}" or (isinstance(ref, str) and slot.uuid.lower() == ref.lower()):
+            return slot
+    return None
+
+
+# --- epilog ---------------------------------------------------------------------------
+def epilog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
+    """The ladder for the prolog's daemons and every user-mode one of the job's user; 1 only
+    under epilog_failure = drain, when something of this job survives."""
+    for problem in problems:  # tear down with what could be read: the defaults for the rest
+        log.warning("%s (its default is used)", problem.line())
+    try:
+        job = env.slurm_job()
+    except MpswrapError as exc:  # then the prolog started nothing under it either
+        log.warning("%s: nothing of a job to tear down", exc.line())
+        return 0
+    left, uuids = _teardown(env, settings, job)
+    if settings.health_check:
+        left += _health_check(uuids, settings)
+    if left and settings.epilog_failure == "drain":
+        return 1
+    return 0
+
+
+def _teardown(env: JobEnv, settings: Settings, job: str) -> tuple[int, list[str]]:
+    """Stop every layout of the job; (how many things survive, the GPUs it had)."""
+    left, uuids = 0, []
+    for layout in state.job_layouts(settings, env.node, job, _epilog_uid(env)):
+        daemons = JobDaemons(layout, settings)
+        try:
+            uuids += [m.gpu_uuid for m in daemons.manifests()]
+        except LayoutError:
+            pass  # an unsafe tree: stop() below refuses it and names it, once
+        except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
+            log.warning("%s", exc.line())
+        try:
+            done = daemons.stop()
+        except MpswrapError as exc:  # e.g. a lock held elsewhere: the job's state stays
+            log.error("left behind after teardown: %s (%s)", layout.job_dir, exc.line())
+            left += 1
+            continue
+        for line in done.summary():
+            log.info("%s", line)
+        for item in done.problems():
+            log.error("left behind after teardown: %s", item)
+        left += len(done.problems())
+    return left, uuids
+
+
+def _epilog_uid(env: JobEnv) -> int:
+    """The job's uid, for its user-mode daemons; -1 (the admin layout alone) if unknown."""
+    try:
+        uid = env.job_uid
+    except ConfigError as exc:
+        log.warning("%s: only the prolog's daemons are looked for", exc.line())
+        return -1
+    return -1 if uid is None else uid
+
+
+def _health_check(uuids: list[str], settings: Settings) -> int:
+    problems = 0
+    for uuid in sorted(set(uuids)):
+        problem = health_problem(uuid, settings.gpu_inventory)
+        if problem:
+            log.error("GPU %s failed the health check: %s", uuid, problem)
+            problems += 1
+        else:
+            log.info("GPU %s passed the health check", uuid)
+    return problems
+
+
+HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
+
+
+def run_hook(hook: str, config_file: str | None = None) -> int:
+    """Run one hook as slurmd calls it; the exit code keeps the hook's contract."""
+    env, settings = JobEnv.current(), None
+    problems: list[ConfigError] = []
+    try:
+        settings = load_settings(config_file=config_file, problems=problems)
+        _setup_logging(hook, env, settings)
+        return HOOKS[hook](env, settings, problems)
+    except Exception as exc:  # the contract holds for the unexpected too
+        return _failed(hook, env, settings, exc)
+
+
+def _failed(hook: str, env: JobEnv, settings: Settings | None, exc: Exception) -> int:
+    """A failure no hook handled: one line (an unexpected one's traceback at debug only),
+    and the exit code the hook's contract gives a failure of unknown extent."""
+    if settings is None:
+        _setup_logging(hook, env, None)
+    if isinstance(exc, MpswrapError):
+        line = exc.line()
+    else:
+        line = internal_error(exc, TRACEBACK_AT)
+        log.debug("%s", line, exc_info=exc)
+    if hook == "prolog":
+        return _prolog_failed(env, settings, line)
+    log.error("%s", line)
+    # The epilog may have stopped halfway: something of the job may survive.
+    return int(hook == "epilog" and (settings is None or settings.epilog_failure == "drain"))

@@ -1,0 +1,176 @@
+"""One error tree for mpswrap.
+
+Every error carries structured fields (what failed, on which thing, why) and renders as
+``mpswrap: <context>: <what failed> (<thing>): <cause>`` plus an optional ``hint:`` line.
+Errors are picklable so they cross process and MPI boundaries intact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "EXIT_CODES",
+    "CapacityError",
+    "ConfigError",
+    "ControlError",
+    "DaemonError",
+    "GpuError",
+    "LayoutError",
+    "LockTimeout",
+    "MpswrapError",
+    "ProcError",
+    "UsageError",
+    "internal_error",
+    "one_line",
+]
+
+#: Every exit code mpswrap itself chooses, and what it means (docs/reference.md shows this
+#: table; tests/functional/test_cli_grammar.py produces each code). A program's own exit code
+#: passes through unchanged in the launch modes.
+EXIT_CODES: tuple[tuple[str, str], ...] = (
+    ("0", "success; `status`: every daemon, server and client found is healthy"),
+    (
+        "1",
+        "an operation failed (the message names what, which thing, and why); `stop` and the "
+        "epilog: something survived the ladder",
+    ),
+    ("2", "usage or configuration error: unknown command or option, bad value"),
+    ("3", "`status`: something found is not healthy (a daemon not running, a server in FAULT)"),
+    ("4", "`status`: no mpswrap daemons found for the jobs asked about"),
+    ("69", "`--verify-attach fail`: a rank did not become an MPS client"),
+    ("126", "the program cannot be executed (not an executable file)"),
+    ("127", "the program was not found"),
+    ("128+N", "the program was ended because of signal N (e.g. 143 for SIGTERM)"),
+)
+
+_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks as `` | ``: a message is one line in every log it reaches
+    (slurmd's log, syslog, a drain reason), and no input can forge a second one."""
+    return _BREAKS.sub(" | ", text.strip())
+
+
+def internal_error(exc: BaseException, traceback_at: str) -> str:
+    """The one line for an exception mpswrap did not expect; its traceback goes only to the
+    debug log, which ``traceback_at`` names (``--debug``, ``log_level = debug``)."""
+    message = one_line(str(exc)) or "(no message)"
+    return f"internal error: {type(exc).__name__}: {message} (traceback {traceback_at})"
+
+
+class MpswrapError(Exception):
+    """Base class of every error mpswrap raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        thing: str | None = None,
+        cause: str | None = None,
+        hint: str | None = None,
+        context: str | None = None,
+        **fields: Any,
+    ) -> None:
+        self.what = what
+        self.thing = thing
+        self.cause = cause
+        self.hint = hint
+        self.context = context
+        self.fields = fields
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        """The one-line message, without the program name or hint."""
+        text = self.what
+        if self.thing:
+            text += f" ({self.thing})"
+        if self.cause:
+            text += f": {self.cause}"
+        if self.context:
+            text = f"{self.context}: {text}"
+        return one_line(text)
+
+    def render(self) -> str:
+        """Full message as the CLI prints it: program, context, thing, cause, hint."""
+        text = f"mpswrap: {self.line()}"
+        if self.hint:
+            text += f"\nhint: {self.hint}"
+        return text
+
+    def with_context(self, context: str) -> MpswrapError:
+        """Set the context (e.g. ``prolog``) if none was set; return self for raising."""
+        if not self.context:
+            self.context = context
+            self.args = (self.line(),)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = dict(
+            thing=self.thing, cause=self.cause, hint=self.hint, context=self.context, **self.fields
+        )
+        return (_rebuild, (type(self), self.what, kwargs))
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+def _rebuild(cls: type[MpswrapError], what: str, kwargs: dict[str, Any]) -> MpswrapError:
+    return cls(what, **kwargs)
+
+
+class UsageError(MpswrapError, ValueError):
+    """Bad command-line usage (exit code 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(MpswrapError, ValueError):
+    """A setting is unknown or has a bad value."""
+
+    exit_code = 2
+
+
+class LayoutError(MpswrapError, OSError):
+    """A per-job path is unsafe, too long, or cannot be created."""
+
+
+class LockTimeout(MpswrapError, TimeoutError):
+    """A file lock another process holds was not released in time."""
+
+
+class GpuError(MpswrapError, LookupError):
+    """A GPU cannot be found or resolved."""
+
+
+class ProcError(MpswrapError, OSError):
+    """An external command failed, timed out, or could not be started."""
+
+    @property
+    def argv(self) -> Sequence[str]:
+        return tuple(self.fields.get("argv", ()))
+
+    @property
+    def returncode(self) -> int | None:
+        return self.fields.get("returncode")
+
+    @property
+    def stderr(self) -> str:
+        return str(self.fields.get("stderr", ""))
+
+
+class ControlError(MpswrapError, RuntimeError):
+    """The MPS control daemon refused or failed a command."""
+
+
+class DaemonError(MpswrapError, RuntimeError):
+    """A per-GPU MPS daemon could not be started, found, or stopped."""
+
+
+class CapacityError(MpswrapError, RuntimeError):
+    """More clients were asked for than a GPU's MPS server accepts."""

@@ -1,0 +1,296 @@
+"""The task farm's engine: K tasks at a time on each GPU, each an MPS client of its GPU's
+daemon, started, watched and ended like the launcher's ranks (``supervise``).
+
+A task's failure does not touch the others. A failed attempt waits ``FAULT_SETTLE`` seconds
+for its server.log to name a fatal fault (``faultwatch``): if one ended it, the attempt is
+recorded as ``fault`` and the task goes back to the front of the queue while it has retries
+left; else it is recorded as ``failed``. A GPU whose server faulted takes no new task until
+every task running there when the fault was seen has exited (the server refuses clients until
+then), and ``RECOVER_WAIT`` more. On TERM/INT/HUP every running task is ended through the
+ladder (terminate_client first) and no new one starts; those ended are not recorded, so
+running the farm again runs them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .. import _proc
+from .._signals import Guard, SignalTrap
+from ..errors import MpswrapError
+from ..mps.daemon import Daemon
+from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
+from .placement import Slot
+from .summary import Outcome
+from .supervise import (
+    VERIFY_FAILED,
+    Rank,
+    end_ranks,
+    exit_code,
+    guard_ranks,
+    killed_on_error,
+    spawn_rank,
+    watch,
+)
+from .tasks import DONE, FAILED, FAULT, FarmDir, Task, TaskRecord
+from .verify import Listings, Verifier
+
+__all__ = ["Counts", "FarmPlan", "Farmer", "Lane"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a failed attempt waits for its server to log the fault that may have ended it.
+FAULT_SETTLE = 1.0
+#: Seconds a GPU waits, once the clients of a fault have exited, before it takes tasks again.
+RECOVER_WAIT = 0.5
+#: The engine's wake: faults are looked for, the progress shown.
+TICK = 0.25
+
+
+@dataclass
+class Lane:
+    """One GPU of the farm: its free seats and whether its server may take clients."""
+
+    position: int
+    slot: Slot
+    daemon: Daemon | None  # None: no MPS (calibrate's time-sliced runs)
+    seats: list[int]
+    watch: FaultWatch | None = None
+    #: Attempts (by id) that must exit before this GPU takes tasks again (a fault).
+    holding: set[int] = field(default_factory=set)
+    resume_at: float = 0.0
+
+    def takes(self, now: float) -> bool:
+        return bool(self.seats) and not self.holding and now >= self.resume_at
+
+
+@dataclass
+class Attempt:
+    """One run of a task."""
+
+    task: Task
+    number: int
+    lane: Lane
+    seat: int
+    rank: Rank
+    guard: Guard
+    start: float
+    pids: set[int]
+    check: Verifier | None = None
+    end: float = 0.0
+    code: int = 0
+
+
+@dataclass(frozen=True)
+class FarmPlan:
+    """How the farm runs its tasks."""
+
+    retries: int
+    grace: float
+    node: str
+    shield: bool = True
+    verify: str | None = None
+    verify_timeout: float = 30.0
+
+
+@dataclass
+class Counts:
+    """Where the farm stands, for the progress line and the summary."""
+
+    total: int
+    started: float
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+    running: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.done + self.failed
+
+
+#: The client environment of a seat of a lane (``placement.place`` for that GPU).
+ClientEnv = Callable[[Lane, int], Mapping[str, str]]
+#: Told of each finished attempt (None: only the counts moved, at each wake).
+Report = Callable[[TaskRecord | None, Counts], None]
+
+
+class Farmer:
+    """Runs ``tasks`` on ``lanes`` until each is done, failed, or the farm is told to stop."""
+
+    def __init__(self, lanes: Sequence[Lane], tasks: Sequence[Task], plan: FarmPlan, *,
+                 farm_dir: FarmDir, client_env: ClientEnv, report: Report) -> None:  # fmt: skip
+        self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
+        self.client_env, self.report = client_env, report
+        self.tasks = list(tasks)
+        self.queue: collections.deque[tuple[Task, int]] = collections.deque((t, 1) for t in tasks)
+        self.settled: set[int] = set()  # task numbers done, or failed for good
+        self.live: list[Attempt] = []
+        self.ranks: list[Rank] = []  # the live attempts' ranks: watch()'s list
+        self.checks: list[Verifier] = []
+        self.undecided: list[Attempt] = []
+        self.listings = Listings()
+        self.records: list[TaskRecord] = []
+        self.outcomes: list[Outcome] = []
+        self.counts = Counts(len(tasks), time.time())
+        self.stopping = False
+
+    def run(self, trap: SignalTrap) -> int:
+        """0 once every task ran (each record says how), or 128+signal."""
+        try:
+            with killed_on_error(self.ranks):
+                code = watch(self.ranks, trap, grace=self.plan.grace, checks=self.checks,
+                             on_terminate=self._stop, tick=self._tick, isolated=True,
+                             more=self._more)  # fmt: skip
+            self._tick()
+            self._decide(time.time(), final=True)
+            return code
+        finally:
+            for attempt in self.live:
+                attempt.guard.release()
+
+    @property
+    def not_run(self) -> list[Task]:
+        """Tasks that neither succeeded nor failed for good: queued, or ended by a signal."""
+        return [t for t in self.tasks if t.number not in self.settled]
+
+    # --- the wake ------------------------------------------------------------------------
+    def _tick(self) -> float:
+        now = time.time()
+        self._reap(now)
+        self._watch_lanes(now)
+        self._decide(now)
+        if not self.stopping:
+            self._fill(now)
+        self.counts.running = len(self.live)
+        self.report(None, self.counts)
+        return TICK
+
+    def _more(self) -> bool:
+        return not self.stopping and bool(self.queue or self.undecided or self.live)
+
+    def _stop(self, sig: int) -> None:
+        self.stopping = True
+        log.warning("farm: signal %d: ending %d running task(s), starting no more",
+                    sig, len(self.live))  # fmt: skip
+        end_ranks(self.ranks, sig, self.plan.grace)
+
+    def _reap(self, now: float) -> None:
+        for attempt in [a for a in self.live if not a.rank.running()]:
+            self.live.remove(attempt)
+            self.ranks.remove(attempt.rank)
+            attempt.guard.release()
+            attempt.end = now
+            attempt.code = exit_code(attempt.rank.proc.poll() or 0)
+            if attempt.check is not None:
+                self.checks.remove(attempt.check)
+                attempt.code = VERIFY_FAILED if attempt.check.refused else attempt.code
+            attempt.lane.seats.append(attempt.seat)
+            attempt.lane.holding.discard(id(attempt))
+            self.outcomes.append(_outcome(attempt))
+            if attempt.code == 0:
+                self._record(attempt, DONE)
+            elif not self.stopping:
+                self.undecided.append(attempt)
+
+    def _watch_lanes(self, now: float) -> None:
+        for lane in (lane for lane in self.lanes if lane.watch is not None):
+            assert lane.watch is not None
+            if lane.watch.refresh():
+                lane.holding = {id(a) for a in self.live if a.lane is lane}
+                log.warning("farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
+                            "there until its server recovers", lane.position)  # fmt: skip
+            if not lane.holding and lane.watch.unrecovered():
+                for fault in lane.watch.unrecovered():
+                    fault.recovered_at = now
+                lane.resume_at = now + RECOVER_WAIT
+
+    def _decide(self, now: float, final: bool = False) -> None:
+        """Failed attempts: a fault's victims are retried (while retries are left), the rest
+        recorded as failed once their server had time to log a fault."""
+        for attempt in list(self.undecided):
+            watch_ = attempt.lane.watch
+            faults = watch_.seen if watch_ is not None else []
+            if is_victim(attempt.pids, attempt.start, attempt.end, faults):
+                self.undecided.remove(attempt)
+                retry = attempt.number <= self.plan.retries and not final and not self.stopping
+                self._record(attempt, FAULT, retried=retry)
+                if retry:
+                    self.queue.appendleft((attempt.task, attempt.number + 1))
+            elif final or watch_ is None or now - attempt.end >= FAULT_SETTLE:
+                self.undecided.remove(attempt)
+                self._record(attempt, FAILED)
+
+    def _fill(self, now: float) -> None:
+        while self.queue:
+            open_lanes = [lane for lane in self.lanes if lane.takes(now)]
+            if not open_lanes:
+                return
+            lane = max(open_lanes, key=lambda lane: (len(lane.seats), -lane.position))
+            task, number = self.queue.popleft()
+            lane.seats.sort()
+            self._start(task, number, lane, lane.seats.pop(0))
+
+    # --- one attempt ---------------------------------------------------------------------
+    def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
+        out, err = self.dir.open_logs(task, number)
+        env = {**os.environ, **self.client_env(lane, seat),
+               TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)}  # fmt: skip
+        start = time.time()
+        try:
+            rank = spawn_rank(task.argv, env, lane.daemon, shield=self.plan.shield,
+                              name=f"task {task.number}", stdout=out, stderr=err,
+                              stdin=_proc.DEVNULL)  # fmt: skip
+        except OSError as exc:  # not found, not executable: a failure of this task alone
+            text = exc.render() if isinstance(exc, MpswrapError) else str(exc)
+            os.write(err, f"{text}\n".encode())
+            lane.seats.append(seat)
+            self._record_parts(task, number, lane, status=FAILED, span=(start, time.time()),
+                               code=getattr(exc, "exit_code", 126))  # fmt: skip
+            return
+        finally:
+            os.close(out)
+            os.close(err)
+        attempt = Attempt(task, number, lane, seat, rank, guard_ranks([rank], self.plan.grace),
+                          start, {rank.ident.pid})  # fmt: skip
+        if self.plan.verify not in (None, "off") and lane.daemon is not None:
+            attempt.check = Verifier(rank, lane.daemon, self.plan.verify_timeout,
+                                     str(self.plan.verify), self.listings)  # fmt: skip
+            self.checks.append(attempt.check)
+        self.live.append(attempt)
+        self.ranks.append(rank)
+
+    def _record(self, attempt: Attempt, status: str, retried: bool = False) -> None:
+        self._record_parts(attempt.task, attempt.number, attempt.lane, status=status,
+                           code=attempt.code, span=(attempt.start, attempt.end),
+                           retried=retried)  # fmt: skip
+
+    def _record_parts(self, task: Task, number: int, lane: Lane, *, status: str, code: int,
+                      span: tuple[float, float], retried: bool = False) -> None:  # fmt: skip
+        out, err = self.dir.log_paths(task, number)
+        record = TaskRecord(task.number, task.key, task.command, number, status, code,
+                            self.plan.node, lane.slot.uuid, lane.position, span[0], span[1],
+                            str(out), str(err))  # fmt: skip
+        self.dir.append(record)
+        self.records.append(record)
+        if not retried:
+            self.settled.add(task.number)
+        if status == DONE:
+            self.counts.done += 1
+        elif retried:
+            self.counts.retried += 1
+        else:
+            self.counts.failed += 1
+        self.report(record, self.counts)
+
+
+def _outcome(attempt: Attempt) -> Outcome:
+    """For the node's summary line."""
+    check = attempt.check
+    listed = None if check is None else check.listed or attempt.rank.ended > 0
+    return Outcome(attempt.code, listed, attempt.rank.ended, attempt.start)

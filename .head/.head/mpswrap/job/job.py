@@ -1,0 +1,396 @@
+"""This job's daemons on this node: start, find, attach to, release and stop them.
+
+Every entry point (the Slurm hooks, ``mpswrap start|stop|status``, the launcher, ``mpswrap
+run``, ``session()``) starts and tears down through ``JobDaemons``, so all do it the same way.
+
+User-mode ownership: the first local rank starts the daemons under the job's owner lock;
+every owner (a per-rank supervisor, ``mpswrap run``, a ``session()`` process) holds a
+reference file ``refs/<pid>-<start time>``; the last owner to release stops the daemons. A
+watchdog (``job.watchdog``) stops them when every owner died without releasing; the Slurm
+epilog sweeps whatever is still left. Per-rank supervisors hold a reference to the prolog's
+daemons too (never stopped by them), so that the last rank of a node is known there as well:
+it prints the node's summary (``job.summary``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import _lock, _proc
+from ..config import Settings
+from ..errors import LayoutError, MpswrapError
+from ..jobenv import JobEnv
+from ..mps.daemon import Daemon, Defaults, StopReport, finish
+from ..mps.gpu import GpuInfo, Inventory, load_inventory
+from ..mps.ladder import end_by_signal
+from ..mps.manifest import Manifest
+from ..mps.slurmgpus import visible_gpus
+from ..paths import JobLayout, read_job_file
+from ..removal import remove_tree
+from . import state, summary
+from .placement import Slot
+from .summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
+
+__all__ = [
+    "Attachment",
+    "JobDaemons",
+    "Released",
+    "Teardown",
+    "attach",
+    "leave",
+    "live_refs",
+    "log_teardown",
+    "release",
+]
+
+log = logging.getLogger(__name__)
+
+OWNER_LOCK = ".owner.lock"
+WATCHDOG_PID = "watchdog.pid"
+_WATCHDOGS: list[Any] = []  # their Popen objects: they outlive the call that started them
+
+
+@dataclass
+class Teardown:
+    """What stopping a job's daemons did, and what it could not remove."""
+
+    job_dir: Path
+    gpus: list[StopReport] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return all(r.clean for r in self.gpus) and not self.left
+
+    def problems(self) -> list[str]:
+        """What survived, each naming what and where."""
+        gpus = [f"{r.key}: {item}" for r in self.gpus for item in r.leftovers + r.paths]
+        return gpus + self.left
+
+    def summary(self) -> list[str]:
+        """One line per GPU: what its ladder did."""
+        return [report.lines()[0] for report in self.gpus]
+
+    def lines(self) -> list[str]:
+        out = [line for report in self.gpus for line in report.lines()]
+        return out + [f"LEFT BEHIND: {item}" for item in self.left]
+
+
+@dataclass
+class JobDaemons:
+    """All per-GPU daemons of ``layout`` (one job on one node)."""
+
+    layout: JobLayout
+    settings: Settings
+
+    def daemon(self, key: str) -> Daemon:
+        lay = self.layout
+        return Daemon(lay.gpu(key), lay.lock_path(key), self.settings, lay.ranks_lock_path(key))
+
+    def keys(self) -> list[str]:
+        return [d.key for d in state.gpu_dirs(self.layout)]
+
+    def manifests(self) -> list[Manifest]:
+        found = (self.daemon(key).manifest() for key in self.keys())
+        return [m for m in found if m]
+
+    def live_manifests(self) -> list[Manifest]:
+        """The manifests, if the job has daemons and every one of them runs; else none."""
+        if not self.layout.job_dir.is_dir():
+            return []
+        manifests = self.manifests()
+        return manifests if all(_proc.is_alive(m.daemon) for m in manifests) else []
+
+    def check(self, keys: Sequence[str]) -> None:
+        """Every check that can refuse a start, before anything is created."""
+        state.check_writable(self.layout)
+        for key in keys:
+            self.layout.gpu(key).check_socket_length()
+
+    def start(
+        self,
+        gpus: Sequence[GpuInfo],
+        user: _proc.UserIds,
+        *,
+        started_by: str,
+        defaults: Defaults,
+        shared_parents: bool,
+        keys: Sequence[str] | None = None,
+        allowed_cpus: frozenset[int] | None = None,
+    ) -> list[Manifest]:
+        """Start one daemon per GPU (``keys[i]`` or ``g<i>``); on any failure stop them all.
+
+        All are launched before the first is waited for, so they come up together.
+        """
+        keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
+        self.check(keys)
+        state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
+        pending = []
+        try:
+            for key, gpu in zip(keys, gpus, strict=False):
+                steps = self.daemon(key).starting(
+                    gpu, user, node=self.layout.node, job_id=self.layout.job_id,
+                    started_by=started_by, defaults=defaults, allowed_cpus=allowed_cpus,
+                )  # fmt: skip
+                next(steps)  # launched, its lock held
+                pending.append(steps)
+            return [finish(steps) for steps in pending]
+        except BaseException:
+            for steps in pending:  # stop what is half started and release its lock first
+                steps.close()
+            self.stop()
+            raise
+
+    def clients(self) -> dict[str, int]:
+        """Running clients per GPU UUID (what a capacity check must count)."""
+        return {m.gpu_uuid: len(self.daemon(m.key).clients()) for m in self.manifests()}
+
+    def slots(self, inventory: Inventory | None) -> list[Slot]:
+        """The job's GPUs as placement sees them (CPUs and memory where known)."""
+        return [Slot.of(self.layout.gpu(m.key), m.gpu_uuid, inventory) for m in self.manifests()]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.layout.node,
+            "job": self.layout.job_id,
+            "job_dir": str(self.layout.job_dir),
+            "gpus": [self.daemon(key).status() for key in self.keys()],
+        }
+
+    def stop(self, only_started_by: str | None = None) -> Teardown:
+        """The ladder for every GPU, then the job directory goes if nothing survived. A tree
+        that is not safe to enter (``state.check_safe``) is refused, named in ``left``, and
+        what runs there is ended without entering it."""
+        done = Teardown(self.layout.job_dir)
+        try:
+            state.check_safe(self.layout)
+        except LayoutError as exc:
+            done.left += [exc.line(), *self._end_unreachable()]
+            return done
+        for key in self.keys():
+            daemon = self.daemon(key)
+            manifest = _manifest_or_none(daemon) if only_started_by else None
+            if manifest and manifest.started_by != only_started_by:
+                continue
+            try:
+                done.gpus.append(daemon.stop())
+            except MpswrapError as exc:  # e.g. its lock held past the bound: the rest still go
+                done.left.append(f"{key}: {exc.line()}")
+        if done.clean and not self.keys():
+            problem = remove_tree(self.layout.job_dir)
+            done.left += [problem] if problem else []
+            # The node directory goes once empty: a prolog that loses it to us between making
+            # it and its job directory makes it again (state.create).
+            with contextlib.suppress(OSError):
+                os.rmdir(self.layout.node_dir)
+        return done
+
+    def _end_unreachable(self) -> list[str]:
+        """The daemons, servers and clients of a tree we must not enter, found by the job
+        directory their environment names (the pipe directory of each) and ended by signal;
+        never root's processes. What survives, for the report."""
+        found = _proc.procs_mentioning(f"{self.layout.job_dir}/")
+        found = [p for p in found if _proc.uid_of(p) not in (0, None)]
+        if found:
+            log.warning("%s not entered: ending %s, found by their environment",
+                        self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip
+        left = end_by_signal(found)
+        return [f"process {_proc.describe(p)} still running" for p in left]
+
+
+def _manifest_or_none(daemon: Daemon) -> Manifest | None:
+    try:
+        return daemon.manifest()
+    except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
+        log.warning("%s", exc.line())
+        return None
+
+
+# --- attach and release ----------------------------------------------------------------------
+@dataclass
+class Attachment:
+    """The daemons a process may use, and how it holds them."""
+
+    daemons: JobDaemons
+    manifests: list[Manifest]
+    mode: str  # "prolog" (admin daemons, never stopped by us) or "user"
+    ref: Path | None = None
+
+    @property
+    def layout(self) -> JobLayout:
+        return self.daemons.layout
+
+    def announce(self) -> None:
+        """Say which job this is and where its state lives (status and stop find it so)."""
+        log.info("job %s on %s: %d GPU daemon(s) (%s mode), state in %s",
+                 self.layout.job_id, self.layout.node, len(self.manifests),
+                 "user" if self.mode == "user" else "prolog", self.layout.job_dir)  # fmt: skip
+
+
+def attach(
+    settings: Settings,
+    env: JobEnv,
+    job: str,
+    *,
+    gpus: list[GpuInfo] | None = None,
+    defaults: Defaults | None = None,
+    counted: bool = False,
+) -> Attachment:
+    """Find the prolog's daemons of ``job``, or start (or join) user-mode ones. A user-mode
+    owner always holds a reference; ``counted``: a prolog-mode one too, so that ``leave``
+    can tell the node's last rank (the summary)."""
+    admin = JobDaemons(state.admin_layout(settings, env.node, job), settings)
+    manifests = admin.live_manifests()
+    if manifests:
+        return Attachment(
+            admin, manifests, "prolog", _counted_ref(admin.layout) if counted else None
+        )
+    daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
+    if gpus is None:
+        gpus = visible_gpus(env, load_inventory(settings.gpu_inventory))
+    daemons.check([f"g{i}" for i in range(len(gpus))])  # before anything is created
+    user = _proc.lookup_user()
+    state.create(daemons.layout, user.uid, user.gid, shared_parents=False)
+    with _lock.file_lock(daemons.layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
+        manifests = daemons.start(
+            gpus, user, started_by="user", shared_parents=False,
+            defaults=defaults or Defaults.from_settings(settings),
+        )  # fmt: skip
+        ref = _add_ref(daemons.layout)
+        _ensure_watchdog(daemons.layout)
+    return Attachment(daemons, manifests, "user", ref)
+
+
+@dataclass
+class Released:
+    """What leaving the job's daemons did."""
+
+    att: Attachment
+    #: The user-mode teardown, when this owner was the last (else None).
+    teardown: Teardown | None = None
+    #: Every outcome of the node's ranks, when this owner was the last to leave; else None.
+    outcomes: list[Outcome] | None = None
+
+    def summary(self) -> NodeSummary | None:
+        """The node's summary, from the last owner to leave; else None."""
+        if self.outcomes is None:
+            return None
+        done = self.teardown
+        if self.att.mode != "user":
+            words = BY_EPILOG
+        elif done is None:  # its directory went first (a tmp cleaner): the watchdog ends them
+            words = "not run (job directory gone)"
+        else:
+            words = teardown_words(len(done.problems()))
+        ended = sum(len(r.terminated) for r in done.gpus) if done else 0
+        return NodeSummary(self.att.layout.node, self.outcomes, words, ended)
+
+
+def release(att: Attachment) -> Teardown | None:
+    """Drop this owner's reference; the last owner stops the user-mode daemons (returns
+    what that did; None when the daemons stay)."""
+    return leave(att).teardown
+
+
+def leave(att: Attachment, outcomes: Sequence[Outcome] = ()) -> Released:
+    """``release``, with the outcomes of this owner's ranks: an owner that is not the last
+    leaves them in the job directory (``summary.save``); the last, decided under the owner
+    lock, collects every one left there. An owner without a reference (``mpswrap run`` on
+    the prolog's daemons) is alone."""
+    done = Released(att)
+    if att.ref is None or not att.layout.job_dir.exists():
+        done.outcomes = list(outcomes)
+        return done
+    with _lock.file_lock(att.layout.job_dir / OWNER_LOCK, timeout=30):
+        att.ref.unlink(missing_ok=True)
+        att.ref = None
+        if live_refs(att.layout):
+            summary.save(att.layout, outcomes)
+            return done
+        done.outcomes = [*summary.collect(att.layout), *outcomes]
+        if att.mode == "user":
+            done.teardown = att.daemons.stop()
+    return done
+
+
+def log_teardown(done: Teardown | None, context: str) -> None:
+    """Leftovers of a teardown as errors, naming what and where."""
+    for item in done.problems() if done else []:
+        log.error("%s: left behind: %s", context, item)
+
+
+def _add_ref(layout: JobLayout) -> Path:
+    me = _proc.identify(os.getpid())
+    assert me is not None
+    layout.refs_dir.mkdir(mode=0o700, exist_ok=True)
+    ref = layout.refs_dir / f"{me.pid}-{me.start_time:.3f}"
+    ref.touch()
+    return ref
+
+
+def _counted_ref(layout: JobLayout) -> Path | None:
+    """A reference to the prolog's daemons; None (and a warning) where the job directory
+    takes none: the rank then runs as if alone on its node. Without the owner lock: a ref
+    made while the last rank sums up belongs to the next summary, and the rank, which may run
+    for days, does not load filelock (4 MiB) before its program ends. Only in a job directory
+    of this process's own user: root (``srun --jobid`` into a user's job) never writes there."""
+    try:
+        if os.lstat(layout.job_dir).st_uid != os.geteuid():
+            log.debug("summary: %s is another user's: this rank is not counted", layout.job_dir)
+            return None
+        return _add_ref(layout)
+    except OSError as exc:
+        log.warning("summary: this rank is not counted with the node's others (%s)", exc)
+        return None
+
+
+def live_refs(layout: JobLayout) -> list[_proc.ProcId]:
+    """Owners whose reference is live (same PID and start time); stale ones are removed."""
+    try:
+        refs = list(layout.refs_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    live = []
+    for ref in refs:
+        owner = _owner_of(ref)
+        if owner is not None and _proc.is_alive(owner):
+            live.append(owner)
+        elif owner is not None:
+            ref.unlink(missing_ok=True)
+    return live
+
+
+def _owner_of(ref: Path) -> _proc.ProcId | None:
+    pid_text, _, start_text = ref.name.partition("-")
+    try:
+        return _proc.ProcId(int(pid_text), float(start_text))
+    except ValueError:
+        return None
+
+
+def _ensure_watchdog(layout: JobLayout) -> None:
+    pid_file = layout.job_dir / WATCHDOG_PID
+    pid_text, _, start_text = (read_job_file(pid_file, 64) or "").partition(" ")
+    with contextlib.suppress(ValueError):
+        if _proc.is_alive(_proc.ProcId(int(pid_text), float(start_text))):
+            return
+    argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(layout.job_dir)]
+    env: Mapping[str, str] = {
+        **{k: v for k, v in os.environ.items() if k.startswith(("MPSWRAP_", "PATH", "HOME"))},
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    # stdio away from the caller's: srun and test runners wait for EOF on their pipes.
+    child = _proc.spawn(
+        argv, env=env, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL, ignore_signals=_proc.SHIELDED
+    )
+    _WATCHDOGS.append(child)
+    ident = _proc.identify(child.pid)
+    if ident:
+        pid_file.write_text(f"{ident.pid} {ident.start_time}")

@@ -1,0 +1,212 @@
+"""Placement: which GPU each local rank gets, its client environment, and whether it fits.
+
+One ``place()`` for every entry point (``mpswrap run``, the per-rank wrapper, ``session()``,
+the task prolog) and one capacity check that counts the clients already running. Pure: the
+GPUs (``Slot``) and the limits are passed in; nothing here loads NVML or talks to a daemon.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import CapacityError, UsageError
+from ..mps.control import client_env
+from ..mps.gpu import Inventory
+from ..paths import GpuDirs
+
+__all__ = [
+    "Placement",
+    "Slot",
+    "check_capacity",
+    "choose_gpu",
+    "place",
+    "plan_positions",
+    "provision_threads",
+]
+
+POLICIES = ("block", "cyclic", "affinity")
+
+
+def choose_gpu(
+    local_rank: int,
+    local_size: int,
+    n_gpus: int,
+    *,
+    policy: str = "block",
+    rank_cpus: frozenset[int] | None = None,
+    gpu_cpus: Sequence[frozenset[int]] | None = None,
+) -> int:
+    """Position (0..n_gpus-1) of the GPU for ``local_rank`` of ``local_size`` ranks.
+
+    block: consecutive ranks share a GPU (0,0,1,1); cyclic: round robin (0,1,0,1);
+    affinity: among the GPUs whose local CPUs overlap the rank's CPUs, by block order within
+    them (falls back to block when nothing overlaps or CPU sets are unknown).
+    """
+    if n_gpus < 1:
+        raise UsageError("no GPUs to place ranks on")
+    if not 0 <= local_rank < max(local_size, 1):
+        raise UsageError("local rank out of range", thing=f"{local_rank} of {local_size}")
+    if policy not in POLICIES:
+        raise UsageError("unknown GPU policy", thing=policy, hint=f"use one of {POLICIES}")
+    if policy == "cyclic":
+        return local_rank % n_gpus
+    if policy == "affinity" and rank_cpus and gpu_cpus:
+        near = [i for i, cpus in enumerate(gpu_cpus) if cpus & rank_cpus]
+        if near:
+            return near[local_rank % len(near)]
+    # Balanced blocks: GPU loads differ by at most one rank, none idle while another has two.
+    return local_rank * n_gpus // max(local_size, 1)
+
+
+def plan_positions(local_size: int, n_gpus: int, policy: str = "block") -> list[int]:
+    """GPU position of every local rank (affinity needs per-rank CPUs: block is used)."""
+    policy = "block" if policy == "affinity" else policy
+    return [choose_gpu(r, local_size, n_gpus, policy=policy) for r in range(local_size)]
+
+
+def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> float | None:
+    """Active thread percentage for one client from ``--threads``.
+
+    none → no limit; uniform → 100/n; oversubscribe → min(100, 200/n); a number → that
+    percentage; ``w1:w2:…`` → weights proportional, the heaviest client gets 100·w/Σw scaled so
+    the shares add up to 100.
+    """
+    if spec in (None, "none"):
+        return None
+    n = max(1, n_on_gpu)
+    if spec == "uniform":
+        value = 100.0 / n
+    elif spec == "oversubscribe":
+        value = min(100.0, 200.0 / n)
+    elif ":" in spec:
+        weights = _weights(spec)
+        weight = weights[index_on_gpu % len(weights)]
+        total = sum(weights[i % len(weights)] for i in range(n))
+        value = 100.0 * weight / total
+    else:
+        try:
+            value = float(spec)
+        except ValueError:
+            raise UsageError(
+                "bad --threads",
+                thing=spec,
+                hint="use none, uniform, oversubscribe, a percent or w1:w2:...",
+            ) from None
+        if not 0 < value <= 100:
+            raise UsageError("bad --threads", thing=spec, cause="percent must be in (0, 100]")
+    # Round down: shares of one GPU must not add up to more than 100 (6 x 16.7 = 100.2).
+    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))
+
+
+def _weights(spec: str) -> list[float]:
+    try:
+        weights = [float(w) for w in spec.split(":")]
+    except ValueError:
+        raise UsageError("bad --threads weights", thing=spec) from None
+    if not weights or any(w <= 0 for w in weights):
+        raise UsageError("bad --threads weights", thing=spec, cause="weights must be > 0")
+    return weights
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A GPU ranks may be placed on: its daemon's directories and what placement needs."""
+
+    dirs: GpuDirs
+    uuid: str
+    cpus: frozenset[int] = frozenset()
+    memory_total: int = 0
+
+    @classmethod
+    def of(cls, dirs: GpuDirs, uuid: str, inventory: Inventory | None) -> Slot:
+        if inventory is None:
+            return cls(dirs, uuid)
+        gpu = inventory.by_uuid(uuid)
+        return cls(dirs, uuid, gpu.cpus, gpu.memory_total)
+
+    @property
+    def key(self) -> str:
+        return self.dirs.key
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One local rank's GPU and client environment."""
+
+    position: int
+    slot: Slot
+    env: dict[str, str]
+    threads: float | None
+
+    @property
+    def uuid(self) -> str:
+        return self.slot.uuid
+
+
+def place(
+    slots: Sequence[Slot],
+    local_rank: int,
+    local_size: int,
+    *,
+    policy: str = "block",
+    rank_cpus: frozenset[int] | None = None,
+    threads: str | None = None,
+    mem_limit: str | None = None,
+    priority: int | None = None,
+) -> Placement:
+    """GPU and client environment of ``local_rank`` of ``local_size`` ranks."""
+    gpu_cpus = [s.cpus for s in slots]
+    position = choose_gpu(local_rank, local_size, len(slots), policy=policy,
+                          rank_cpus=rank_cpus, gpu_cpus=gpu_cpus)  # fmt: skip
+    plan = plan_positions(local_size, len(slots), policy)
+    sharing = max(plan.count(position), 1)
+    index = plan[: min(local_rank, len(plan))].count(position)
+    share = provision_threads(threads, sharing, index)
+    slot = slots[position]
+    env = client_env(slot.dirs, slot.uuid, threads=share, priority=priority,
+                     mem_limit=_mem_limit(mem_limit, slot, sharing))  # fmt: skip
+    return Placement(position, slot, env, share)
+
+
+def _mem_limit(spec: str | None, slot: Slot, sharing: int) -> str | None:
+    """``auto``: the GPU's memory shared equally by the ranks on it; else a size as given."""
+    if spec != "auto":
+        return spec
+    if slot.memory_total <= 0:
+        raise UsageError(
+            "--mem-limit auto needs the GPU's memory size",
+            thing=slot.uuid,
+            cause="the inventory does not say",
+            hint="give a size, e.g. 8G",
+        )
+    return f"{max(1, slot.memory_total // sharing // 2**20)}M"
+
+
+def check_capacity(
+    uuids: Sequence[str],
+    local_size: int,
+    policy: str,
+    limits: Mapping[str, int],
+    running: Mapping[str, int] | None = None,
+) -> None:
+    """Refuse, before anything starts, when ``local_size`` new ranks placed on the GPUs
+    ``uuids`` by ``policy``, plus the clients already ``running`` (per UUID), would give a GPU
+    more clients than its limit."""
+    running = running or {}
+    wanted = Counter(uuids[p] for p in plan_positions(local_size, len(uuids), policy))
+    for uuid, count in wanted.items():
+        total = count + running.get(uuid, 0)
+        if total > limits[uuid]:
+            raise CapacityError(
+                "too many MPS clients for one GPU",
+                thing=uuid,
+                cause=f"{count} new + {running.get(uuid, 0)} running > limit {limits[uuid]}",
+                hint="use fewer ranks per GPU, more GPUs, or set client_limit if your "
+                "driver allows more",
+                uuid=uuid,
+                wanted=total,
+                limit=limits[uuid],
+            )

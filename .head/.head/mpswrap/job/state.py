@@ -1,0 +1,282 @@
+"""Where a job's state lives: THE lookup of a job's directories, admin and user mode.
+
+Admin mode (the Slurm prolog, ``mpswrap start`` as root): ``<run_dir>/<node>/<job>``.
+User mode (``mpswrap run``, the launcher, ``session()``, ``mpswrap start``): the same below a
+root of the user's own: ``user_run_dir`` if set, else ``$XDG_RUNTIME_DIR/mpswrap``, else
+``/tmp/mpswrap-<uid>``. Whoever looks for a job (status, stop, the epilog, attach) asks this
+module, so every caller finds the same directories.
+
+Root enters a job's tree only where every level down to the node directory passes
+StrictModes (``check_safe``): real directories of root's (or of a user-mode tree's user),
+writable by no one else, so no other user can swap a level for a link to somewhere else.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import re
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import LayoutError
+from ..mps.gpu import Inventory, load_inventory
+from ..paths import (
+    GpuDirs,
+    JobLayout,
+    check_dirs,
+    ensure_private_dir,
+    ensure_shared_dir,
+    list_dir,
+    validate_name,
+)
+
+__all__ = [
+    "admin_layout",
+    "check_safe",
+    "check_writable",
+    "create",
+    "gpu_dirs",
+    "job_layouts",
+    "jobs_on_node",
+    "node_inventory",
+    "outcomes_dir",
+    "user_layout",
+    "user_roots",
+]
+
+
+#: The folder of rank outcome records in a job directory.
+OUTCOMES = "outcomes"
+
+
+def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
+    return JobLayout(Path(settings.run_dir), node, job)
+
+
+def node_inventory(settings: Settings, node: str) -> Inventory:
+    """The node's GPUs for root's prolog: NVML's answer, or the boot's copy of it,
+    ``<run_dir>/inventory.<node>.json`` (``inventory_cache``; mps/inventory_cache). Only for
+    hooks slurmd runs as root, outside the job's cgroup: a rank asks NVML for its own view."""
+    kept = None
+    if settings.inventory_cache:
+        kept = Path(settings.run_dir) / f"inventory.{validate_name('node name', node)}.json"
+    return load_inventory(settings.gpu_inventory, kept)
+
+
+def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
+    """The root a user-mode start of ``uid`` uses now."""
+    if settings.user_run_dir:
+        return Path(settings.user_run_dir)
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and uid == os.getuid() and _own_dir(xdg, uid):
+        return Path(xdg) / "mpswrap"
+    return Path(f"/tmp/mpswrap-{uid}")
+
+
+def _own_dir(path: str, uid: int) -> bool:
+    """Whether ``path`` is a real directory of ``uid`` (an inherited ``XDG_RUNTIME_DIR`` of
+    another user, after su or sudo, is not: the /tmp root is used instead)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+
+
+def user_layout(
+    settings: Settings, node: str, job: str, env: Mapping[str, str] | None = None
+) -> JobLayout:
+    """Where a user-mode start by this process puts ``job``."""
+    return JobLayout(user_root(settings, os.getuid(), env or os.environ), node, job, os.getuid())
+
+
+def user_roots(settings: Settings, uid: int, env: Mapping[str, str] | None = None) -> list[Path]:
+    """Every root a user-mode start of ``uid`` may have used (its environment may differ
+    from ours: a root epilog sees none of the job's variables)."""
+    roots = [user_root(settings, uid, env or os.environ), Path(f"/run/user/{uid}/mpswrap")]
+    roots += [Path(f"/tmp/mpswrap-{uid}")]
+    roots += [Path(settings.user_run_dir)] if settings.user_run_dir else []
+    return list(dict.fromkeys(roots))
+
+
+def owned_by(layout: JobLayout, uid: int) -> bool:
+    """A user-mode layout counts only as real directories (no symlink) owned by ``uid``:
+    root must never act on a directory another user planted."""
+    for path in (layout.run_dir, layout.node_dir, layout.job_dir):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return False
+    return True
+
+
+def job_layouts(
+    settings: Settings, node: str, job: str, uid: int, run_dir: str | None = None
+) -> list[JobLayout]:
+    """The existing directories of ``job`` on ``node``: an explicit ``run_dir``; else the
+    admin layout and the user-mode layouts that belong to ``uid``."""
+    if run_dir:
+        layouts = [JobLayout(Path(os.path.abspath(run_dir)), node, job)]
+    else:
+        admin = admin_layout(settings, node, job)
+        users = [JobLayout(root, node, job, uid) for root in user_roots(settings, uid)]
+        layouts = [admin, *(lay for lay in users if lay.run_dir != admin.run_dir)]
+        layouts = [admin, *(lay for lay in layouts[1:] if owned_by(lay, uid))]
+    return [lay for lay in layouts if _present(lay)]
+
+
+def _present(layout: JobLayout) -> bool:
+    """The job has a directory there, or its tree is unsafe to look into (whoever acts on
+    the layout then refuses, naming the level, and ends what runs there); a tree we may not
+    even search is none of ours."""
+    try:
+        check_safe(layout)
+    except LayoutError as exc:
+        return exc.fields.get("errno") != errno.EACCES
+    return os.path.lexists(layout.job_dir)
+
+
+#: Where user-mode roots of every user are (root's listing): the uid is in the path.
+USER_ROOT_GLOBS = (
+    (re.compile(r"^/tmp/mpswrap-([0-9]+)$"), "/tmp/mpswrap-*"),
+    (re.compile(r"^/run/user/([0-9]+)/mpswrap$"), "/run/user/*/mpswrap"),
+)
+
+
+def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayout]:
+    """Every job with state on ``node`` that belongs to ``uid`` (None: every user's).
+
+    Admin jobs live below root's run_dir; a user-mode job counts only where ``owned_by`` its
+    root's user (the epilog's rule): root never acts on a directory another user planted.
+    """
+    admin = [
+        lay
+        for lay in _jobs_under(Path(settings.run_dir), node, None)
+        if uid is None or _owner(lay.job_dir) == uid
+    ]
+    users = [
+        lay for root, owner in _user_roots_of(settings, uid)
+        for lay in _jobs_under(root, node, owner) if owned_by(lay, owner)
+    ]  # fmt: skip
+    found = {lay.job_dir: lay for lay in reversed([*admin, *users])}
+    return sorted(found.values(), key=lambda lay: (str(lay.run_dir), lay.job_id))
+
+
+def _user_roots_of(settings: Settings, uid: int | None) -> list[tuple[Path, int]]:
+    """(user-mode root, the uid it belongs to): ``uid``'s, or every user's (uid None)."""
+    if uid is not None:
+        return [(root, uid) for root in user_roots(settings, uid)]
+    found = []
+    for pattern, wildcard in USER_ROOT_GLOBS:
+        for path in sorted(glob.glob(wildcard)):
+            match = pattern.match(path)
+            if match:
+                found.append((Path(path), int(match.group(1))))
+    shared = settings.user_run_dir
+    owner = _owner(Path(shared)) if shared else None
+    return found + ([(Path(shared), owner)] if shared and owner is not None else [])
+
+
+def _jobs_under(root: Path, node: str, owner: int | None) -> Iterator[JobLayout]:
+    try:
+        names = sorted(os.listdir(root / node))
+    except OSError:
+        return
+    for name in names:
+        try:
+            layout = JobLayout(root, node, validate_name("job id", name), owner)
+        except LayoutError:
+            continue  # a lock file or something that is no job of mpswrap's
+        if stat.S_ISDIR(_lstat_mode(layout.job_dir)):
+            yield layout
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
+def check_writable(layout: JobLayout) -> None:
+    """Fail early, creating nothing, when run_dir cannot be created or written."""
+    probe = layout.run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise LayoutError(
+            "run directory not writable",
+            thing=str(layout.run_dir),
+            cause=f"{probe} is not writable by uid {os.geteuid()}",
+            hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
+        )
+
+
+def check_safe(layout: JobLayout) -> None:
+    """Refuse to enter the job's tree, with a LayoutError naming the level, unless every level
+    down to the node directory passes StrictModes (``paths.check_dirs``) and the job
+    directory, where there, is a real one."""
+    check_dirs(layout.node_dir, layout.trusted)
+    check_dirs(layout.job_dir, None)
+
+
+def gpu_dirs(layout: JobLayout) -> list[GpuDirs]:
+    """The job's GPU entries in key order, symlinks planted in place of one included: whoever
+    stops one refuses to follow it (``mps.ladder``), and reads go through ``read_job_file``."""
+    check_safe(layout)
+    names = list_dir(layout.job_dir, "cannot read job directory") or []
+    return [layout.gpu(key) for key in layout.gpu_keys(names)]
+
+
+def outcomes_dir(layout: JobLayout) -> Path:
+    """Records of how the node's ranks ended, until the last rank sums them up
+    (``job.summary``): the job user's, in prolog and user mode alike (the job directory is
+    theirs in both), and removed with the job directory."""
+    return layout.job_dir / OUTCOMES
+
+
+#: Rounds of making a job directory whose node directory another job's epilog removes.
+CREATE_TRIES = 5
+
+
+def create(layout: JobLayout, uid: int, gid: int, *, shared_parents: bool) -> Path:
+    """Create the job directory (owner uid/gid, 0700) and its parents.
+
+    Admin mode (``shared_parents``): run_dir (and missing levels above it) and the node dir
+    are root's, 0755, so job users can traverse them. User mode: run_dir and node dir are the
+    user's own, 0700. Another job's epilog removes the node directory once it is empty, and
+    without PrologFlags=Alloc it may do so between our making it and the job directory in
+    it: that ENOENT starts a new round (bounded); with our job directory in it, it stays.
+    """
+    for _ in range(CREATE_TRIES - 1):
+        try:
+            return _create(layout, uid, gid, shared_parents)
+        except LayoutError as exc:
+            if exc.fields.get("errno") != errno.ENOENT:
+                raise
+    return _create(layout, uid, gid, shared_parents)
+
+
+def _create(layout: JobLayout, uid: int, gid: int, shared_parents: bool) -> Path:
+    check_dirs(layout.run_dir.parent, layout.trusted)
+    if shared_parents:
+        above = list(reversed(layout.run_dir.parents))[1:]  # "/" is there
+        for level in [*above, layout.run_dir, layout.node_dir]:
+            ensure_shared_dir(level, layout.trusted)
+    else:
+        for level in (layout.run_dir, layout.node_dir):
+            ensure_private_dir(level, uid, gid)
+    return ensure_private_dir(layout.job_dir, uid, gid)

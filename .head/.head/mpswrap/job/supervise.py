@@ -1,0 +1,394 @@
+"""Supervising ranks: start them as MPS clients, watch them, and end them safely.
+
+Slurm (scancel, time limit) and mpirun signal every process of a step or rank at once, and a
+signal to a busy MPS client can wedge the server. So a rank starts with SIGTERM, SIGINT and
+SIGHUP ignored (dispositions survive exec) but stays in our process group; the supervisor
+catches those signals and runs the ladder: ``terminate_client`` through the rank's daemon for
+the rank and its descendants, then the signal itself (a program that installed its own
+handler still sees it), then SIGKILL after the grace period. SIGUSR1/SIGUSR2 are forwarded
+untouched. Exit code: the rank's, or 128+signal when it died of one or was ended because of
+one; never 0 because a signal arrived.
+
+``watch`` is the one wait loop, for one rank (``srun mpswrap ./app``), N ranks
+(``mpswrap run -n N``) and a launcher (``mpswrap srun ...``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from .. import _proc
+from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
+from .._wait import pidfd, wait_child, wait_gone
+from ..errors import ProcError
+from ..mps.daemon import Daemon
+from .summary import Outcome
+from .verify import Verifier
+
+__all__ = [
+    "VERIFY_FAILED",
+    "Rank",
+    "check_program",
+    "end_ranks",
+    "exit_code",
+    "guard_ranks",
+    "guarded",
+    "outcomes_of",
+    "spawn_rank",
+    "watch",
+]
+
+log = logging.getLogger(__name__)
+
+#: Exit code when ``--verify-attach fail`` finds the program is not an MPS client:
+#: sysexits' EX_UNAVAILABLE ("a service is unavailable"), apart from the program's own small
+#: codes, usage errors (2) and signals (128+n).
+VERIFY_FAILED = 69
+#: Seconds from SIGTERM to SIGKILL for ranks ended because one is no MPS client.
+VERIFY_GRACE = 2.0
+#: Exit codes of a program that cannot be started, as shells and srun report them.
+NOT_FOUND, NOT_EXECUTABLE = 127, 126
+#: How often the wait loop looks at the ranks when nothing wakes it.
+IDLE_WAKE = 1.0
+
+
+@dataclass
+class Rank:
+    """A supervised child, its identity, and the daemon it should be a client of."""
+
+    proc: _proc.Child
+    ident: _proc.ProcId
+    daemon: Daemon | None
+    name: str = "rank"
+    #: Its clients ended by terminate_client (the summary counts them).
+    ended: int = 0
+    #: Its clients ended with their server (``shutdown_server -f``): clients all the same.
+    dropped: int = 0
+
+    def tree(self) -> list[_proc.ProcId]:
+        """The child and its descendants (a wrapper script's client counts)."""
+        return [self.ident, *_proc.children_of(self.ident.pid)]
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit code: negative returncodes (killed by signal N) become 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --- starting and ending ranks -----------------------------------------------------------
+def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Fail like a shell (127/126) before forking when the program cannot run."""
+    program = argv[0] if argv else ""
+    path = program if "/" in program else shutil.which(program, path=env.get("PATH", ""))
+    if not path or not os.path.exists(path):
+        err = ProcError(
+            "program not found", thing=program or "(none)", argv=list(argv),
+            hint="check the name and PATH",
+        )  # fmt: skip
+        err.exit_code = NOT_FOUND
+        raise err
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        err = ProcError(
+            "cannot execute program", thing=path, argv=list(argv), cause="not an executable file"
+        )
+        err.exit_code = NOT_EXECUTABLE
+        raise err
+
+
+def spawn_rank(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    daemon: Daemon | None,
+    *,
+    shield: bool = True,
+    name: str = "rank",
+    stdout: int | None = None,
+    stderr: int | None = None,
+    stdin: int | None = None,
+) -> Rank:
+    """Start one client: shielded, in our process group, in the caller's directory."""
+    check_program(argv, env)
+    proc = _proc.spawn(
+        argv, env=env,
+        new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
+        ignore_signals=_proc.SHIELDED if shield else (), stdin=stdin, stdout=stdout,
+        stderr=stderr, cwd=None,
+    )  # fmt: skip
+    # A child that already exited has no start time; 0 never matches, so it is never signalled.
+    ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
+    return Rank(proc, ident, daemon, name)
+
+
+def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
+    """The ladder for ranks still running: terminate_client, ``sig``, SIGKILL after ``grace``."""
+    live = [r for r in ranks if r.running()]
+    if not live:
+        return
+    log.debug("ladder: ending %d rank(s), then signal %d", len(live), sig)
+    ended = _terminate_clients(live)
+    # Under load the real daemon has answered a listing with nothing (seen with 12 ranks on
+    # an H100): look once more for ranks none of whose processes was ended.
+    again = [r for r in live if r.running() and not ended & {p.pid for p in r.tree()}]
+    if again:
+        time.sleep(0.2)
+        _terminate_clients(again)
+    live = [r for r in live if r.running()]
+    _proc.kill_procs([r.ident for r in live], sig)
+    deadline = time.monotonic() + grace
+    for rank in live:
+        wait_child(rank.proc, max(0.0, deadline - time.monotonic()))
+    log.debug("ladder: %d of %d rank(s) still running", sum(r.running() for r in live), len(live))
+    for rank in (r for r in live if r.running()):
+        log.warning("%s (pid %d) still running %g s after signal %d: killing it",
+                    rank.name, rank.ident.pid, grace, sig)  # fmt: skip
+        _proc.kill_procs(rank.tree(), signal.SIGKILL)
+        wait_child(rank.proc, 5.0)
+
+
+def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
+    """End every MPS client among the ranks' process trees through their daemons' ladder
+    (``Daemon.end_clients``); returns the PIDs it ended (terminated, or with their server)."""
+    groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
+    for rank in (r for r in ranks if r.daemon is not None):
+        assert rank.daemon is not None
+        group = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, {}))
+        group[1].update((p.pid, rank) for p in rank.tree())
+    ended: set[int] = set()
+    for daemon, owners in groups.values():
+        report = daemon.end_clients(set(owners))
+        ended.update(report.terminated, report.dropped)
+        for pid in report.terminated:
+            if pid in owners:
+                owners[pid].ended += 1
+        for pid in report.dropped:
+            if pid in owners:
+                owners[pid].dropped += 1
+        for note in report.notes:
+            log.warning("%s: %s", daemon.dirs.key, note)
+    return ended
+
+
+@contextmanager
+def guarded(ranks: Sequence[Rank], grace: float) -> Iterator[None]:
+    """While inside, a forked guard ends the ranks through the ladder should this supervisor
+    die first (SIGKILL, OOM killer): they ignore the SIGTERM that would otherwise end them."""
+    guard = guard_ranks(ranks, grace)
+    try:
+        yield
+    finally:
+        guard.release()
+
+
+def guard_ranks(ranks: Sequence[Rank], grace: float) -> Guard:
+    """The guard of ``guarded``, for a caller that releases it itself (a farm's task)."""
+    return fork_guard(lambda: _end_orphans(ranks, grace), ignore=(*TERMINATING, *FORWARDED))
+
+
+def _end_orphans(ranks: Sequence[Rank], grace: float) -> None:
+    """The guard's ladder: like ``end_ranks``, but the ranks are no longer our children."""
+    live = [r for r in ranks if _proc.is_alive(r.ident)]
+    if not live:
+        return
+    names = ", ".join(f"{r.name} (pid {r.ident.pid})" for r in live)
+    log.warning("supervisor gone: ending %s through MPS terminate_client", names)
+    _terminate_clients(live)
+    idents = [r.ident for r in live]
+    _proc.kill_procs(idents, signal.SIGTERM)
+    for ident in wait_gone(idents, grace):
+        _proc.kill_procs([ident, *_proc.children_of(ident.pid)], signal.SIGKILL)
+
+
+@contextmanager
+def killed_on_error(ranks: Sequence[Rank]) -> Iterator[None]:
+    """The ranks ignore the SIGTERM that would otherwise end them: if supervising them fails,
+    never leave one behind, even when the ladder itself failed."""
+    try:
+        yield
+    except BaseException:
+        for rank in (r for r in ranks if r.running()):
+            log.error("%s: supervisor failed: killing pid %d", rank.name, rank.ident.pid)
+            _proc.kill_procs(rank.tree(), signal.SIGKILL)
+            wait_child(rank.proc, 5.0)
+        raise
+
+
+# --- the one wait loop --------------------------------------------------------------------------
+def watch(
+    ranks: Sequence[Rank],
+    trap: SignalTrap,
+    *,
+    grace: float,
+    checks: Sequence[Verifier] = (),
+    on_terminate: Callable[[int], None] | None = None,
+    tick: Callable[[], float] | None = None,
+    isolated: bool = False,
+    more: Callable[[], bool] | None = None,
+) -> int:
+    """Wait until every rank has exited; return the exit code.
+
+    USR1/USR2 go to the live ranks. The first TERM/INT/HUP runs ``on_terminate`` (default:
+    the ladder for every rank). A rank that fails, or that a ``fail`` check finds without MPS,
+    ends the others (``isolated``: itself). ``tick`` runs at each wake, may add ranks and checks
+    (a farm), and says when to wake; ``more``: work remains though no rank runs. Exit code:
+    128+signal after a terminating signal, else (not isolated) the first failure's, else 0."""
+    terminate = on_terminate or (lambda sig: end_ranks(ranks, sig, grace))
+    ended_by: int | None = None
+    failed: int | None = None
+    with _ExitFds() as fds:
+        while True:
+            ended_by = _take_signals(ranks, trap, ended_by, terminate)
+            pending = [c for c in checks if not c.done]
+            if isolated:
+                _refuse_unattached(pending, grace)
+            elif ended_by is None and failed is None:
+                failed = _first_failure(ranks, grace) or _failed_check(ranks, pending, grace)
+            wake = min([IDLE_WAKE, *(c.due_in() for c in pending if not c.done),
+                        *([tick()] if tick else [])])  # fmt: skip
+            live = [r for r in ranks if r.running()]
+            if not live and not (more is not None and ended_by is None and more()):
+                break
+            watched = [fds.of(r) for r in live]
+            fds.prune()
+            _nap(trap.wake_fd, watched, wake)
+    if ended_by is not None:
+        return 128 + ended_by
+    return 0 if isolated else failed if failed is not None else _first_failure(ranks, grace) or 0
+
+
+def _take_signals(ranks: Sequence[Rank], trap: SignalTrap, ended_by: int | None,
+                  terminate: Callable[[int], None]) -> int | None:  # fmt: skip
+    """USR1/USR2 to the live ranks; the first terminating signal runs ``terminate``. Returns
+    the terminating signal that came, if any."""
+    for sig in trap.pop():
+        if sig in FORWARDED:
+            _proc.kill_procs([r.ident for r in ranks if r.running()], sig)
+        elif ended_by is None:
+            ended_by = sig
+            terminate(sig)
+    return ended_by
+
+
+def _first_failure(ranks: Sequence[Rank], grace: float) -> int | None:
+    for rank in ranks:
+        code = rank.proc.poll()
+        if code:
+            if any(r.running() for r in ranks):
+                log.error("%s exited with code %d: ending the other ranks",
+                          rank.name, exit_code(code))  # fmt: skip
+                end_ranks(ranks, signal.SIGTERM, grace)
+            return exit_code(code)
+    return None
+
+
+def _failed_check(ranks: Sequence[Rank], checks: Sequence[Verifier], grace: float) -> int | None:
+    """A ``fail`` check that found its rank without MPS ends every rank. The grace is short:
+    that rank is no client (nothing of MPS to wedge), and the others are ended through
+    terminate_client first, after which killing them is safe."""
+    if any(check.failed() for check in checks):
+        end_ranks(ranks, signal.SIGTERM, min(grace, VERIFY_GRACE))
+        return VERIFY_FAILED
+    return None
+
+
+def _refuse_unattached(checks: Sequence[Verifier], grace: float) -> None:
+    """Isolated ranks: a ``fail`` check ends its own rank (``Verifier.refused`` says why)."""
+    for check in checks:
+        if check.failed() and isinstance(check.rank, Rank):
+            end_ranks([check.rank], signal.SIGTERM, min(grace, VERIFY_GRACE))
+
+
+class _ExitFds:
+    """Per rank, a pidfd that turns readable when it exits (Linux >= 5.3), opened when first
+    asked for and closed once the rank is no longer asked for; ranks without one are polled."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, tuple[Rank, int | None]] = {}  # id(rank) -> (rank, fd)
+        self._asked: set[int] = set()
+
+    def of(self, rank: Rank) -> int | None:
+        entry = self._fds.get(id(rank))
+        if entry is None:
+            entry = self._fds[id(rank)] = (rank, pidfd(rank.proc.pid))
+        self._asked.add(id(rank))
+        return entry[1]
+
+    def __enter__(self) -> _ExitFds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close(set(self._fds))
+
+    def prune(self) -> None:
+        """Close the descriptors of ranks not asked for since the last prune."""
+        self._close(set(self._fds) - self._asked)
+        self._asked.clear()
+
+    def _close(self, keys: set[int]) -> None:
+        for key in keys:
+            fd = self._fds.pop(key)[1]
+            if fd is not None:
+                os.close(fd)
+
+
+def _nap(wake_fd: int, live: list[int | None], wake: float) -> None:
+    """Sleep until a rank with a pidfd exits, a signal comes, or ``wake``; ranks without a
+    pidfd are polled (0.05 s)."""
+    watched = [fd for fd in live if fd is not None]
+    _sleep([wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
+
+
+def _sleep(fds: list[int], timeout: float) -> None:
+    try:
+        select.select(fds, [], [], max(0.0, timeout))
+    except InterruptedError:
+        pass
+
+
+def supervise(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    daemon: Daemon | None,
+    grace: float,
+    shield: bool = True,
+    verify_attach: str | None = None,
+    verify_timeout: float = 30.0,
+    name: str = "rank",
+    start: float | None = None,
+) -> Outcome:
+    """Run ``argv`` as this rank's MPS client until it exits; return how it ended (its exit
+    code: the program's, 128+signal, or 69 when ``fail`` found it without MPS)."""
+    start = time.time() if start is None else start
+    with SignalTrap() as trap:
+        rank = spawn_rank(argv, env, daemon, shield=shield, name=name)
+        checks = Verifier.for_ranks([rank], verify_attach, verify_timeout)
+        with guarded([rank], grace), killed_on_error([rank]):
+            code = watch([rank], trap, grace=grace, checks=checks)
+    return replace(outcomes_of([rank], checks, start)[0], code=code)
+
+
+def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float) -> list[Outcome]:
+    """How each rank ended, once ``watch`` returned: for the summary. A rank that
+    terminate_client ended was a client, whether or not its check had seen it yet."""
+    checked = {id(c.rank): c.listed for c in checks}
+    refused = {id(c.rank) for c in checks if c.refused}
+
+    def code(rank: Rank) -> int:
+        return VERIFY_FAILED if id(rank) in refused else exit_code(rank.proc.poll() or 0)
+
+    def attached(rank: Rank) -> bool | None:
+        seen = checked.get(id(rank))
+        return None if seen is None else seen or rank.ended + rank.dropped > 0
+
+    return [Outcome(code(r), attached(r), r.ended, start) for r in ranks]

@@ -1,0 +1,127 @@
+"""Is a rank an MPS client? CUDA runs a program that misses its daemon without MPS, silently:
+this is the check, polled from the wait loop with bounded backoff.
+
+Modes (``--verify-attach``, the ``verify_attach`` setting): ``warn`` (the default) logs one
+line naming the rank, its GPU's pipe directory and what to check; ``fail`` ends the ranks
+(exit 69); ``off`` checks nothing. A rank still running but not listed when the timeout runs
+out is warned about or failed; one that exits before it was ever listed (a short program that
+never starts CUDA) is not, and counts as "not seen" in the summary.
+
+Cost: the real daemon serves control commands one at a time, and a GPU may have 48 ranks,
+each polling. So each check backs off to one listing a second, stops once its rank is listed
+(or gone), and the checks of one supervisor (``mpswrap run``) share one listing per daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from .. import _proc
+from ..errors import ControlError, MpswrapError
+from ..mps.daemon import Daemon
+
+__all__ = ["Verifier"]
+
+log = logging.getLogger(__name__)
+
+#: First poll after this long, doubling up to MAX_DELAY between polls.
+FIRST_DELAY, MAX_DELAY = 0.02, 1.0
+#: A listing this fresh answers every check of this process (one wake of the wait loop).
+LISTING_FRESH = 0.05
+
+
+class Watched(Protocol):
+    """What the check needs of a rank (``supervise.Rank``)."""
+
+    name: str
+    ident: _proc.ProcId
+    daemon: Daemon | None
+
+    def running(self) -> bool: ...
+
+    def tree(self) -> list[_proc.ProcId]: ...
+
+
+class Listings:
+    """The clients of each daemon, listed at most once per wake for every check that asks."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, set[int]]] = {}
+
+    def clients(self, daemon: Daemon) -> set[int]:
+        key, now = str(daemon.dirs.pipe), time.monotonic()
+        cached = self._seen.get(key)
+        if cached and now - cached[0] < LISTING_FRESH:
+            return cached[1]
+        try:
+            pids = {pid for pids in daemon.control.clients().values() for pid in pids}
+        except ControlError as exc:
+            log.debug("verify: %s", exc.line())
+            pids = set()
+        self._seen[key] = (time.monotonic(), pids)
+        return pids
+
+
+class Verifier:
+    """Polls the daemon's client list until the rank (or a descendant) is listed; bounded."""
+
+    def __init__(self, rank: Watched, daemon: Daemon, timeout: float, mode: str,
+                 listings: Listings | None = None) -> None:  # fmt: skip
+        self.rank, self.daemon, self.timeout, self.mode = rank, daemon, timeout, mode
+        self.listings = listings or Listings()
+        self.start = time.monotonic()
+        self.next_at = self.start + FIRST_DELAY
+        self.delay = FIRST_DELAY
+        self.done = False
+        #: Whether the rank was seen listed: the summary's "attached" (False until it was).
+        self.listed = False
+        #: The rank was ended because it is no client (``fail``).
+        self.refused = False
+
+    @classmethod
+    def for_ranks(
+        cls, ranks: Sequence[Watched], mode: str | None, timeout: float
+    ) -> list[Verifier]:
+        """A check per rank that has a daemon; none when ``mode`` is ``off`` (or None)."""
+        if mode in (None, "off"):
+            return []
+        listings = Listings()
+        return [cls(r, r.daemon, timeout, str(mode), listings) for r in ranks if r.daemon]
+
+    def due_in(self) -> float:
+        return max(0.0, self.next_at - time.monotonic())
+
+    def failed(self) -> bool:
+        """One poll when due: True when the rank must be ended (``fail`` and time is up)."""
+        if self.done or self.due_in():
+            return False
+        if not self.rank.running():  # gone before it was listed: nothing to warn about
+            self.done = True
+            return False
+        if self.listings.clients(self.daemon) & {p.pid for p in self.rank.tree()}:
+            self.done = self.listed = True
+            return False
+        if time.monotonic() - self.start < self.timeout:
+            self.next_at = time.monotonic() + self.delay
+            self.delay = min(self.delay * 2, MAX_DELAY)
+            return False
+        self.done = True
+        if self.mode == "fail":
+            self.refused = True
+            print(self.error().render(), file=sys.stderr, flush=True)
+            return True
+        log.warning("%s; hint: %s", self.error().line(), self.error().hint)
+        return False
+
+    def error(self) -> MpswrapError:
+        return MpswrapError(
+            f"{self.rank.name} is not an MPS client",
+            thing=f"pid {self.rank.ident.pid}, pipe {self.daemon.dirs.pipe}",
+            cause=f"not among the daemon's clients after {self.timeout:g} s",
+            hint="it runs without MPS: does it (or a wrapper script) set "
+            "CUDA_MPS_PIPE_DIRECTORY? raise --verify-timeout if CUDA starts late",
+        )

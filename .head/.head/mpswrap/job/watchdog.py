@@ -1,0 +1,98 @@
+"""The owner watchdog: stops a job's user-mode daemons once every owner has gone.
+
+Started by the first owner (``job.attach``) as ``python -m mpswrap.job.watchdog JOB_DIR``.
+Owners that die without releasing (``MPI_Abort``, SIGKILL, the OOM killer) leave stale
+references; once none is live for ``WATCH_GRACE`` seconds, the watchdog stops the daemons. If
+the job directory goes away under running daemons (a tmp cleaner, a logout removing
+``$XDG_RUNTIME_DIR``), no socket is left to quit them through: once the owners it saw are
+gone too, it ends the daemons and their servers by identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .. import _lock, _proc
+from ..config import Settings, load_settings
+from ..errors import MpswrapError
+from ..paths import JobLayout
+from .job import OWNER_LOCK, JobDaemons, live_refs
+
+__all__ = ["watchdog"]
+
+log = logging.getLogger(__name__)
+
+#: How often the watchdog looks at the owners, and how long all must be gone before it acts.
+WATCH_INTERVAL = 0.5
+WATCH_GRACE = 2.0
+
+
+def watchdog(job_dir: Path) -> int:
+    """Stop the user-mode daemons of ``job_dir`` once every owner has gone."""
+    layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name)
+    settings = load_settings()
+    gone_since: float | None = None
+    daemons: list[_proc.ProcId] = []
+    owners: list[_proc.ProcId] = []
+    # The directory by identity: a lock taken by a rank's teardown may make its path again
+    # after a cleaner removed it, but the daemons' sockets went with the first one.
+    ident = _identity(layout.job_dir)
+    while ident is not None and _identity(layout.job_dir) == ident:
+        daemons = _daemons_of(layout, settings) or daemons
+        live = live_refs(layout)
+        owners = live or owners
+        if live:
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= WATCH_GRACE and _stop_if_ownerless(layout, settings):
+            return 0
+        time.sleep(WATCH_INTERVAL)
+    daemons = [d for d in daemons if _proc.is_alive(d)]
+    while daemons and any(_proc.is_alive(o) for o in owners):
+        time.sleep(WATCH_INTERVAL)
+    _kill_orphaned(daemons)
+    return 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _stop_if_ownerless(layout: JobLayout, settings: Settings) -> bool:
+    with _lock.file_lock(layout.job_dir / OWNER_LOCK, timeout=30):
+        if live_refs(layout):
+            return False
+        JobDaemons(layout, settings).stop()
+        return True
+
+
+def _daemons_of(layout: JobLayout, settings: Settings) -> list[_proc.ProcId]:
+    """The job's daemons by identity, while their manifests can still be read."""
+    try:
+        manifests = JobDaemons(layout, settings).manifests()
+    except MpswrapError:
+        return []
+    return [m.daemon for m in manifests]
+
+
+def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
+    """No socket is left to quit them through: kill the daemons and their servers."""
+    for daemon in (d for d in daemons if _proc.is_alive(d)):
+        servers = _proc.children_of(daemon.pid)
+        log.warning("job directory gone: killing MPS daemon %d and servers %s",
+                    daemon.pid, [s.pid for s in servers])  # fmt: skip
+        _proc.kill_procs([daemon, *servers], signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(watchdog(Path(sys.argv[1])))

@@ -1,0 +1,302 @@
+"""A typed, read-only view of the Slurm / MPI / launcher environment.
+
+Built from a mapping so tests pass a dict. The local rank follows the innermost-launcher rule:
+an ``mpirun`` inside a batch job inherits ``SLURM_LOCALID=0`` for every rank, so the MPI
+launchers' variables win over Slurm's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import ConfigError, MpswrapError, UsageError
+from .paths import validate_name
+
+__all__ = ["UUID_RE", "GpuRef", "JobEnv", "parse_gpu_list", "parse_int_list"]
+
+#: A GPU in Slurm's lists: a gres position (``2``) or a UUID (``GPU-…``, ``MIG-…``).
+GpuRef = int | str
+_HEX_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+#: A GPU UUID as NVML writes it; a MIG device's in the current form (``MIG-<uuid>``, R470
+#: and later) or the earlier ``MIG-GPU-<uuid>/<gi>/<ci>``.
+UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/[0-9]+/[0-9]+")
+#: One item of a GPU list: a position, a range of them, or a UUID.
+_GPU_ITEM = re.compile(
+    rf"(?P<lo>[0-9]{{1,4}})(?:-(?P<hi>[0-9]{{1,4}}))?|(?P<uuid>{UUID_RE.pattern})"
+)
+_MAX_GPU_POSITION = 999  # a daemon's key is g<position>, three digits at most
+_WHOLE = re.compile(r"-?[0-9]{1,9}")
+_COUNT = re.compile(r"[0-9]{1,9}")
+#: Slurm's display forms of an array task (``123_4``) and a het-job component (``123+0``).
+_DISPLAY_JOB_ID = re.compile(r"[0-9]+[_+][0-9]+")
+
+#: Innermost launcher first: MPI launchers, then Slurm, then torchrun-style LOCAL_RANK.
+LOCAL_RANK_VARS = (
+    "MPSWRAP_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PMI_LOCAL_RANK",
+    "PALS_LOCAL_RANKID",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "FLUX_TASK_LOCAL_ID",
+    "SLURM_LOCALID",
+    "LOCAL_RANK",
+)
+LOCAL_SIZE_VARS = (
+    "MPSWRAP_LOCAL_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "PMI_LOCAL_SIZE",
+    "PALS_LOCAL_SIZE",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+)
+RANK_VARS = (
+    "MPSWRAP_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "PALS_RANKID",
+    "MV2_COMM_WORLD_RANK",
+    "FLUX_TASK_RANK",
+    "SLURM_PROCID",
+    "RANK",
+)
+
+
+def tasks_per_node(spec: str, node_id: int) -> int | None:
+    """This node's count from Slurm's ``2(x3),1`` style lists (None if malformed)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        head, _, rest = part.strip().partition("(x")
+        if not _COUNT.fullmatch(head) or (rest and not _COUNT.fullmatch(rest.rstrip(")"))):
+            return None
+        counts += [int(head)] * int(rest.rstrip(")") or 1)
+    if not counts:
+        return None
+    return counts[node_id] if node_id < len(counts) else counts[-1]
+
+
+def parse_int_list(text: str, what: str = "list") -> tuple[int, ...]:
+    """Parse ``0,2-3`` style lists (Slurm GPU and CPU lists)."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise ConfigError(
+                f"malformed {what}", thing=repr(text), cause="expected numbers like 0,2-3"
+            ) from None
+        if first < 0 or last < first or last - first > 4096:
+            raise ConfigError(f"malformed {what}", thing=repr(text), cause=f"bad range {part!r}")
+        out.extend(range(first, last + 1))
+    return tuple(out)
+
+
+def parse_gpu_list(text: str, what: str) -> tuple[GpuRef, ...]:
+    """Slurm's GPU lists: gres positions (``0,2``), ranges (``0-3``) and UUIDs, each GPU once.
+
+    slurmd writes positions joined by ``,`` (``SLURM_JOB_GPUS``, ``SLURM_STEP_GPUS``), or UUIDs
+    in ``CUDA_VISIBLE_DEVICES`` where gres.conf gives them; ranges are accepted too. A GPU
+    named twice is kept once, in its first place: a repeat must cost nothing, never a wait.
+    """
+    out: dict[GpuRef, None] = {}
+    for item in (part.strip() for part in text.split(",")):
+        match = _GPU_ITEM.fullmatch(item)
+        if match is None:
+            raise ConfigError(
+                f"malformed {what}",
+                thing=repr(text),
+                cause="expected GPU numbers like 0,2-3 or GPU UUIDs",
+            )
+        if match["uuid"]:
+            out.setdefault(item, None)
+            continue
+        first, last = int(match["lo"]), int(match["hi"] or match["lo"])
+        if last < first or last > _MAX_GPU_POSITION:
+            raise ConfigError(f"malformed {what}", thing=repr(text), cause=f"bad range {item!r}")
+        out.update(dict.fromkeys(range(first, last + 1)))
+    return tuple(out)
+
+
+def _id_number(name: str, text: str | None) -> int | None:
+    """A uid or gid as slurmd writes it (a decimal number below 2**32 - 1), None if unset."""
+    if text is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) >= 2**32 - 1:
+        raise ConfigError(f"malformed {name}", thing=repr(text), cause="expected a number")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What the environment says about the job, step, task and launcher."""
+
+    env: Mapping[str, str]
+
+    @classmethod
+    def current(cls) -> JobEnv:
+        return cls(dict(os.environ))
+
+    def _get(self, name: str) -> str | None:
+        value = self.env.get(name)
+        return value if value not in (None, "") else None
+
+    def _first_int(self, names: tuple[str, ...]) -> tuple[int | None, str | None]:
+        for name in names:
+            value = self._get(name)
+            if value is None:
+                continue
+            if not _WHOLE.fullmatch(value):
+                raise ConfigError(
+                    f"malformed {name}", thing=repr(value), cause="expected a whole number"
+                )
+            return int(value), name
+        return None, None
+
+    # --- job -------------------------------------------------------------------------
+    @property
+    def job_id(self) -> str | None:
+        return self._get("SLURM_JOB_ID") or self._get("SLURM_JOBID")
+
+    def slurm_job(self) -> str:
+        """Slurm's job id, checked: what the hooks keep a job's state under.
+
+        slurmd writes a number (an array task and a het-job component each have their own;
+        ``123_4`` and ``123+0`` are only how squeue shows them); any one safe name passes.
+        """
+        job = self.job_id
+        if job is None:
+            raise MpswrapError("SLURM_JOB_ID is not set")
+        validate_name("node name", self.node)
+        return validate_name("job id", job)
+
+    def job_key(self, given: str | None = None, fresh: str | None = None) -> str | None:
+        """THE job id mpswrap keeps a job's state under, the same for every rank of a node.
+
+        In order: ``given`` (``--job``), ``MPSWRAP_JOB`` (set by the launcher for its ranks),
+        Slurm's job id, the PMIx namespace (ranks of one ``mpirun``), then ``fresh`` (what the
+        caller names a job of its own, e.g. ``run-<pid>``; None: no job is known).
+        """
+        pmix = (self._get("PMIX_NAMESPACE") or "").replace("/", "-")[:60]
+        if given is not None and _DISPLAY_JOB_ID.fullmatch(given):
+            raise UsageError(
+                "not a job id mpswrap knows",
+                thing=given,
+                cause="an array task or het-job component keeps its state under its own number",
+                hint=f"the number is JobId= in: scontrol show job {given}",
+            )
+        if given is not None:  # as given, even empty: the layout refuses a bad id by name
+            return given
+        return self._get("MPSWRAP_JOB") or self.job_id or pmix or fresh
+
+    @property
+    def job_uid(self) -> int | None:
+        return _id_number("SLURM_JOB_UID", self._get("SLURM_JOB_UID"))
+
+    @property
+    def job_gid(self) -> int | None:
+        return _id_number("SLURM_JOB_GID", self._get("SLURM_JOB_GID"))
+
+    @property
+    def job_user(self) -> str | None:
+        """The user name slurmd gives beside the uid (the prolog checks that they agree)."""
+        return self._get("SLURM_JOB_USER")
+
+    @property
+    def node(self) -> str:
+        return self._get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+    @property
+    def script_context(self) -> str | None:
+        return self._get("SLURM_SCRIPT_CONTEXT")
+
+    @property
+    def job_gpus_text(self) -> str | None:
+        """Slurm's list of the job's GPUs on this node, unparsed (prolog/epilog)."""
+        text = self._get("SLURM_JOB_GPUS")
+        if text is None and self.script_context:
+            text = self._get("CUDA_VISIBLE_DEVICES")
+        return None if text == "NoDevFiles" else text  # Slurm's word for "no device files"
+
+    @property
+    def job_gpus(self) -> tuple[GpuRef, ...] | None:
+        """The job's GPUs on this node: gres.conf positions, or UUIDs (prolog/epilog)."""
+        text = self.job_gpus_text
+        return parse_gpu_list(text, "SLURM_JOB_GPUS") if text else None
+
+    @property
+    def step_gpus(self) -> tuple[GpuRef, ...] | None:
+        text = self._get("SLURM_STEP_GPUS") or self._get("SLURM_JOB_GPUS")
+        return parse_gpu_list(text, "SLURM_STEP_GPUS") if text else None
+
+    @property
+    def mps_percentage(self) -> float | None:
+        """Slurm's share of the GPU for a gres/mps job, a percentage in (0, 100]."""
+        text = self._get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        if text is None:
+            return None
+        if not re.fullmatch(r"[0-9]{1,3}(\.[0-9]+)?", text) or not 0 < float(text) <= 100:
+            raise ConfigError(
+                "malformed CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                thing=repr(text),
+                cause="expected a percentage in (0, 100]",
+            )
+        return float(text)
+
+    @property
+    def step_id(self) -> str | None:
+        return self._get("SLURM_STEP_ID") or self._get("SLURM_STEPID")
+
+    @property
+    def is_real_step(self) -> bool:
+        """A task of a numbered step (not the batch or extern step)."""
+        step = self.step_id
+        return step is not None and re.fullmatch(r"[0-9]{1,10}", step) is not None
+
+    @property
+    def step_task(self) -> tuple[int, int] | None:
+        """(task, tasks) of a task of a numbered step (``srun``): ``SLURM_PROCID`` of
+        ``SLURM_STEP_NUM_TASKS``; None outside one (the batch script, a login shell)."""
+        if not self.is_real_step:
+            return None
+        rank, _ = self._first_int(("SLURM_PROCID",))
+        size, _ = self._first_int(("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+        if rank is None or size is None or not 0 <= rank < size:
+            return None
+        return rank, size
+
+    @property
+    def cpus_allowed(self) -> frozenset[int] | None:
+        try:
+            return frozenset(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+
+    # --- ranks -----------------------------------------------------------------------
+    @property
+    def local_rank(self) -> int | None:
+        return self._first_int(LOCAL_RANK_VARS)[0]
+
+    @property
+    def local_size(self) -> int | None:
+        value, _ = self._first_int(LOCAL_SIZE_VARS)
+        if value is not None:
+            return value
+        text = self._get("SLURM_STEP_TASKS_PER_NODE") or self._get("SLURM_TASKS_PER_NODE")
+        if text:
+            node_id = self._get("SLURM_NODEID") or "0"
+            return tasks_per_node(text, int(node_id) if _COUNT.fullmatch(node_id) else 0)
+        return None
+
+    @property
+    def rank(self) -> int | None:
+        return self._first_int(RANK_VARS)[0]

@@ -1,0 +1,281 @@
+"""The one module that speaks the ``nvidia-cuda-mps-control`` protocol (v2).
+
+Each command is one bounded run of the control program with the daemon's pipe directory in
+its environment and the command on stdin; replies are parsed into Python values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _proc, _wait
+from ..errors import ControlError, MpswrapError, ProcError
+from ..jobenv import JobEnv
+from ..paths import GpuDirs
+
+__all__ = ["Control", "client_env", "client_status", "daemon_env", "find_binary"]
+
+log = logging.getLogger(__name__)
+_NUMBER = re.compile(r"[0-9]{1,3}(\.[0-9]+)?")
+
+#: Where NVIDIA's packages put the MPS binaries; hooks run with a minimal PATH.
+SEARCH_PATH = (
+    "/usr/local/nvidia/bin",
+    "/usr/local/cuda/bin",
+    "/usr/bin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/bin",
+)
+NOT_RUNNING = ("Cannot find MPS control daemon process",)
+BUSY = "Cannot send command to MPS control daemon process"
+#: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
+#: ``Unknown command "x"``, ``Server 1 not found``.
+REFUSALS = ("Unknown command", "not found")
+#: Seconds to keep retrying a command the daemon is too busy to take.
+BUSY_RETRY = 2.0
+
+
+def find_binary(name: str) -> str:
+    """Absolute path of the control program: a path as given, else PATH and NVIDIA's dirs."""
+    if os.path.isabs(name):
+        if os.access(name, os.X_OK) and os.path.isfile(name):
+            return name
+        raise ProcError(
+            "MPS control program not found",
+            thing=name,
+            hint="set control_binary to the nvidia-cuda-mps-control path",
+        )
+    search = os.pathsep.join([os.environ.get("PATH", ""), *SEARCH_PATH])
+    found = shutil.which(name, path=search)
+    if found is None:
+        raise ProcError(
+            "MPS control program not found",
+            thing=name,
+            cause="not on PATH nor in /usr/local/nvidia/bin, /usr/bin",
+            hint="install the NVIDIA driver utilities or set control_binary",
+        )
+    return found
+
+
+def daemon_env(pipe: Path, log_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every control call and the daemon itself gets (never the caller's)."""
+    env = {
+        "PATH": _proc.SAFE_PATH,
+        "LANG": "C",
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
+    }
+    env.update(extra or {})
+    return env
+
+
+def client_env(
+    dirs: GpuDirs,
+    uuid: str,
+    *,
+    threads: float | None = None,
+    mem_limit: str | None = None,
+    priority: int | None = None,
+) -> dict[str, str]:
+    """The variables that attach one client to its GPU's daemon.
+
+    ``CUDA_VISIBLE_DEVICES=<UUID>``: attached, the client sees that GPU; should it ever run
+    without MPS it still stays on its own GPU instead of landing on device 0 with the rest.
+    """
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
+        "CUDA_VISIBLE_DEVICES": uuid,
+    }
+    if threads is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{threads:g}"
+    if mem_limit:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mem_limit}"
+    if priority is not None:
+        env["CUDA_MPS_CLIENT_PRIORITY"] = str(priority)
+    return env
+
+
+@dataclass(frozen=True)
+class Control:
+    """Commands to one control daemon, identified by its pipe directory."""
+
+    binary: str
+    pipe: Path
+    log_dir: Path
+    timeout: float = 10.0
+    user: _proc.UserIds | None = None
+
+    def command(self, line: str, timeout: float | None = None) -> str:
+        """Send one command; return its stdout stripped, or raise ControlError.
+
+        "Cannot send command" is retried with backoff for a short while: several ranks' ladders
+        may talk to one daemon at once (scancel signals every rank together).
+        """
+        for elapsed in _wait.backoff(BUSY_RETRY, first=0.01, cap=0.2):
+            try:
+                return self._once(line, timeout)
+            except ControlError as exc:
+                if BUSY not in str(exc.fields.get("stderr", "")) or elapsed >= BUSY_RETRY:
+                    raise
+                log.debug("control %s busy, retrying %r", self.pipe, line)
+        raise AssertionError("unreachable")  # pragma: no cover - backoff always ends in raise
+
+    def _once(self, line: str, timeout: float | None) -> str:
+        argv = [self.binary]
+        env = daemon_env(self.pipe, self.log_dir)
+        try:
+            res = _proc.run(
+                argv, env=env, input=line + "\n", timeout=timeout or self.timeout, user=self.user
+            )
+        except ProcError as exc:
+            raise ControlError(
+                f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
+                thing=str(self.pipe),
+                cause=exc.line(),
+                command=line,
+                stderr=exc.stderr,
+            ) from exc
+        err, out = res.stderr.strip(), res.stdout.strip()
+        said = f"{err}\n{out}".strip()
+        refused = any(out.startswith(m) or f" {m}" in out for m in REFUSALS)
+        if res.returncode != 0 or refused or any(m in said for m in (*NOT_RUNNING, BUSY)):
+            raise ControlError(
+                f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
+                thing=str(self.pipe),
+                cause=(said.splitlines() or [f"exit {res.returncode}"])[0],
+                command=line,
+                returncode=res.returncode,
+                stderr=said,
+            )
+        log.debug("control %s: %r -> %r", self.pipe, line, res.stdout.strip())
+        return res.stdout.strip()
+
+    def _pids(self, line: str) -> list[int]:
+        out = self.command(line)
+        try:
+            return [int(tok) for tok in out.split()]
+        except ValueError:
+            raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
+
+    def _float(self, line: str) -> float:
+        out = self.command(line)
+        try:
+            return float(out.split()[-1])
+        except (ValueError, IndexError):
+            raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
+
+    def ping(self) -> bool:
+        """True if a daemon answers in this pipe directory."""
+        try:
+            self.command("get_server_list")
+        except ControlError:
+            return False
+        return True
+
+    def server_list(self) -> list[int]:
+        return self._pids("get_server_list")
+
+    def server_status(self, server: int) -> str:
+        words = self.command(f"get_server_status {server}").split()
+        if not words:
+            raise ControlError("unexpected reply", thing=f"get_server_status {server}")
+        return words[-1]
+
+    def client_list(self, server: int) -> list[int]:
+        return self._pids(f"get_client_list {server}")
+
+    def clients(self) -> dict[int, list[int]]:
+        """Every server and its clients: the one walk over servers and clients."""
+        return {server: self.client_list(server) for server in self.server_list()}
+
+    def has_client(self, pids: set[int]) -> int | None:
+        """The server one of ``pids`` is a client of, or None."""
+        return next((s for s, c in self.clients().items() if pids & set(c)), None)
+
+    def terminate_client(self, server: int, client: int) -> None:
+        out = self.command(f"terminate_client {server} {client}")
+        if out.split()[-1:] != ["0"]:
+            raise ControlError(
+                "terminate_client refused", thing=f"client {client}", cause=repr(out[:200])
+            )
+
+    def shutdown_server(self, server: int, force: bool = False) -> None:
+        """``shutdown_server <pid> [-f]``: with ``-f`` the server ends now and its clients
+        fail at their next CUDA call (SIGPIPE or 806 on an H100)."""
+        self.command(f"shutdown_server {server}" + (" -f" if force else ""))
+
+    def set_default_active_thread_percentage(self, percent: float) -> float:
+        return self._float(f"set_default_active_thread_percentage {percent:g}")
+
+    def default_active_thread_percentage(self) -> float:
+        return self._float("get_default_active_thread_percentage")
+
+    def active_thread_percentage(self, server: int) -> float:
+        return self._float(f"get_active_thread_percentage {server}")
+
+    def set_default_pinned_mem_limit(self, device: str, value: str) -> None:
+        self.command(f"set_default_device_pinned_mem_limit {device} {value}")
+
+    def set_default_client_priority(self, priority: int) -> None:
+        self.command(f"set_default_client_priority {priority}")
+
+    def start_server(self, uid: int) -> None:
+        self.command(f"start_server -uid {uid}", timeout=max(self.timeout, 30.0))
+
+    def quit(self, force_after: float | None = None) -> None:
+        """``quit`` (or ``quit -t N``): only call it once every client is gone.
+
+        With clients alive a plain quit blocks and locks the daemon against every other
+        command; ``-t`` bounds that on drivers that have it.
+        """
+        if force_after is None:
+            self.command("quit")
+            return
+        seconds = max(1, int(force_after))
+        self.command(f"quit -t {seconds}", timeout=seconds + self.timeout)
+
+
+#: The fields of one client in ``status --json`` (``jobs[].gpus[].servers[].clients[]``).
+CLIENT_FIELDS = {
+    "pid": "the client's process ID",
+    "cmdline": "its command line",
+    "user": "the user it runs as",
+    "start_time": "when it started, seconds since the epoch",
+    "uptime_s": "seconds since it started",
+    "rank": "its rank from the launcher's variables (MPSWRAP_RANK, SLURM_PROCID, ...) or null",
+    "active_thread_percentage": "its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, or null (the server's)",
+    "pinned_mem_limit": "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, or null",
+    "gpu_memory_bytes": "GPU memory it uses, from NVML (MPS-aware query where the driver has "
+    "it), or null where NVML cannot say",
+}
+
+
+def client_status(pid: int, uid: int | None) -> dict[str, Any]:
+    """One client as ``status`` shows it; its rank, thread share and memory limit from its
+    environment, read only when it runs as ``uid`` (the daemon's user: the PIDs come from a
+    daemon that user controls) and we may read it. GPU memory comes from NVML later."""
+    facts = _proc.facts(pid, uid)
+    env, start = facts.pop("environ"), facts["start_time"]
+    share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    try:
+        rank = JobEnv(env).rank
+    except MpswrapError:  # a malformed rank variable: this client's rank is unknown, no more
+        rank = None
+    return {
+        "pid": pid,
+        **facts,
+        "uptime_s": round(time.time() - start, 1) if start else None,
+        "rank": rank,
+        "active_thread_percentage": float(share) if share and _NUMBER.fullmatch(share) else None,
+        "pinned_mem_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "gpu_memory_bytes": None,
+    }

@@ -1,0 +1,89 @@
+"""The per-GPU manifest: what was started, by whom, with which settings.
+
+Teardown trusts only the manifest's PID *and* start time, so a daemon is never stopped by
+name or through a PID that an unrelated process has since reused. The manifest lies in a
+directory the job's user owns: it is read through ``read_job_file`` (a regular file of at
+most ``MANIFEST_LIMIT`` bytes) and written through ``write_job_file``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._proc import ProcId
+from ..errors import DaemonError
+from ..paths import read_job_file, write_job_file
+
+__all__ = ["MANIFEST_LIMIT", "MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
+
+MANIFEST_VERSION = 1
+#: A manifest is about 1 KiB; a larger file is not one of ours.
+MANIFEST_LIMIT = 64 << 10
+
+
+@dataclass
+class Manifest:
+    gpu_uuid: str
+    gpu_index: int
+    gpu_minor: int
+    key: str
+    node: str
+    job_id: str
+    user: str
+    uid: int
+    gid: int
+    started_by: str  # "prolog" | "user" | "cli"
+    daemon_pid: int
+    daemon_start_time: float
+    cpus: list[int] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    servers: list[dict[str, float]] = field(default_factory=list)
+    control_binary: str = ""
+    #: The GPU as its starter's NVML saw it (GpuInfo.to_json): a rank that joins the daemons
+    #: takes CPUs and memory from here instead of loading NVML (empty in older manifests).
+    gpu: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+    version: int = MANIFEST_VERSION
+
+    @property
+    def daemon(self) -> ProcId:
+        return ProcId(self.daemon_pid, self.daemon_start_time)
+
+    @property
+    def server_ids(self) -> list[ProcId]:
+        return [ProcId(int(s["pid"]), float(s["start_time"])) for s in self.servers]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+
+def read_manifest(path: Path) -> Manifest | None:
+    """The manifest at ``path``, None if absent (or no regular file: ``read_job_file`` warns);
+    a corrupt or future one is an error."""
+    text = read_job_file(path, MANIFEST_LIMIT)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting no manifest has
+        raise DaemonError("unreadable manifest", thing=str(path), cause=str(exc)) from exc
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+        raise DaemonError(
+            "unsupported manifest version",
+            thing=str(path),
+            cause=f"version {data.get('version') if isinstance(data, dict) else '?'}",
+            hint="stop it with the mpswrap version that started it",
+        )
+    try:
+        return Manifest(**data)
+    except TypeError as exc:
+        raise DaemonError("malformed manifest", thing=str(path), cause=str(exc)) from exc
+
+
+def write_manifest(path: Path, manifest: Manifest, uid: int, gid: int) -> None:
+    """Write atomically (temp file + rename) so readers never see half a manifest."""
+    write_job_file(path, manifest.to_json() + "\n", uid, gid)

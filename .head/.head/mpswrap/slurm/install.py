@@ -1,0 +1,82 @@
+"""``mpswrap install-hooks`` / ``uninstall-hooks``: put the Slurm shims on a node, or remove them.
+
+install.sh and uninstall.sh stay the one owner of that logic (path checks, root-owned atomic
+copies, the refusal to remove shims slurm.conf still names); this module finds them inside
+the installed package and runs them with bash, so a wheel is all an admin needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .._proc import SAFE_PATH, run
+
+__all__ = ["add_install_arguments", "add_uninstall_arguments", "install", "uninstall"]
+
+DEFAULT_CONFIG = "/etc/mpswrap/mpswrap.conf"
+DEFAULT_DEST = "/usr/local/libexec/mpswrap"
+#: install.sh imports mpswrap twice and validates the config: seconds, not minutes.
+TIMEOUT = 120.0
+
+
+def add_install_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help="interpreter the hooks run mpswrap with (default: the one running this command)",
+    )
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        metavar="FILE",
+        help="admin config file the hooks read (default: %(default)s)",
+    )
+    _add_dest(parser)
+
+
+def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_dest(parser)
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="remove the shims even while slurm.conf still names them",
+    )
+
+
+def _add_dest(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dest",
+        default=DEFAULT_DEST,
+        metavar="DIR",
+        help="directory of the prolog, task_prolog and epilog shims (default: %(default)s)",
+    )
+
+
+def install(args: argparse.Namespace) -> int:
+    """Install the shims as root (install.sh): ``--python``, ``--config``, ``--dest``."""
+    argv = ["--python", args.python, "--config", args.config, "--dest", args.dest]
+    return _run_script("install.sh", argv)
+
+
+def uninstall(args: argparse.Namespace) -> int:
+    """Remove the shims (uninstall.sh): ``--dest``, ``--force``."""
+    return _run_script("uninstall.sh", ["--dest", args.dest, *(["--force"] if args.force else [])])
+
+
+def _run_script(name: str, argv: list[str]) -> int:
+    """Run a packaged script with bash; pass its output on; its exit status."""
+    # The admin's PATH (uninstall.sh looks for scontrol on it) and SLURM_CONF (the cluster
+    # scontrol asks); nothing else of the caller's environment.
+    env = {"PATH": os.environ.get("PATH") or SAFE_PATH}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    from importlib import resources  # here, not at import: the CLI's other commands need none
+
+    with resources.as_file(resources.files("mpswrap.slurm") / name) as script:
+        res = run(["bash", str(script), *argv], env=env, timeout=TIMEOUT)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    return res.returncode

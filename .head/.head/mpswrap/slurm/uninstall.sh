@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# mpswrap/slurm/uninstall.sh -- remove the shims that install.sh put in DEST
+# (usually run as `mpswrap uninstall-hooks`).
+#
+#   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--force]
+#
+# Remove the Prolog=, Epilog= and TaskProlog= lines from slurm.conf and reconfigure FIRST:
+# while slurm.conf still names a missing prolog, every job on the node fails its prolog
+# and Slurm drains the node.  If scontrol can reach the cluster and still reports hooks in
+# DEST, this script refuses unless --force.  Only files that carry install.sh's marker are
+# removed; DEST itself is removed if that leaves it empty.  Idempotent.
+set -euo pipefail
+
+die() { echo "uninstall.sh: ERROR: $*" >&2; exit 1; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+DEST=/usr/local/libexec/mpswrap FORCE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dest) [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    -h|--help) usage 0 ;;
+    *) echo "uninstall.sh: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+[[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
+[ -L "$DEST" ] && die "$DEST is a symbolic link; refusing"
+[ -d "$DEST" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
+
+if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
+  if conf=$(timeout 10 scontrol show config 2>/dev/null) &&
+     grep -E '^(Prolog|Epilog|TaskProlog) ' <<<"$conf" | grep -qF "$DEST/"; then
+    grep -E '^(Prolog|Epilog|TaskProlog) ' <<<"$conf" >&2
+    die "slurm.conf still points at $DEST: remove those lines and reconfigure first (or --force)"
+  fi
+fi
+
+for f in prolog task_prolog epilog; do
+  p=$DEST/$f
+  [ -e "$p" ] || continue
+  if grep -Eq '^# mpswrap Slurm shim[:,] ' "$p"; then  # ",": the marker of earlier shims
+    rm -f "$p"; echo "uninstall.sh: removed $p"
+  else
+    echo "uninstall.sh: $p is not an mpswrap shim: left alone" >&2
+  fi
+done
+if rmdir "$DEST" 2>/dev/null; then echo "uninstall.sh: removed $DEST"; fi

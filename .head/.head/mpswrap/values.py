@@ -1,0 +1,137 @@
+"""The text forms of setting values: each parser turns an admin's text (a line of the admin
+file, an ``MPSWRAP_*`` variable, an option) into a typed value, or raises ValueError saying
+which form it expected. ``config.FIELDS`` pairs each setting with one of these."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Literal
+
+__all__ = [
+    "Parser",
+    "abs_path",
+    "boolean",
+    "choice",
+    "clients",
+    "inventory",
+    "mem_size",
+    "optional",
+    "percent",
+    "priority",
+    "program",
+    "seconds",
+    "triggers",
+]
+
+#: Turns admin text into a value of its setting's attribute type (``Settings`` declares it).
+Parser = Callable[[str], object]
+
+
+def choice(*choices: str) -> Parser:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def boolean(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "yes", "true", "on"):
+        return True
+    if low in ("0", "no", "false", "off"):
+        return False
+    raise ValueError("expected yes or no")
+
+
+def _number(text: str, error: str) -> float:
+    """A plain decimal (``15``, ``2.5``): not ``nan``, ``inf``, ``1e3`` nor ``1_0``."""
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
+        raise ValueError(error)
+    return float(text)
+
+
+def _up_to(text: str, most: float, unit: str) -> float:
+    """A plain decimal above 0 and at most ``most``."""
+    error = f"expected {unit} between 0 and {most:g}"
+    value = _number(text, error)
+    if not 0 < value <= most:
+        raise ValueError(error)
+    return value
+
+
+def seconds(text: str) -> float:
+    return _up_to(text, 3600, "seconds")
+
+
+def days(text: str) -> float:
+    return _up_to(text, 36500, "days")
+
+
+def optional(parse: Parser) -> Parser:
+    def wrapped(text: str) -> object:
+        return None if text.lower() in ("", "none", "off") else parse(text)
+
+    return wrapped
+
+
+def percent(text: str) -> float:
+    error = "expected a percentage in (0, 100]"
+    value = _number(text, error)
+    if not 0 < value <= 100:
+        raise ValueError(error)
+    return value
+
+
+def clients(text: str) -> int | Literal["auto"]:
+    if text == "auto":
+        return "auto"
+    error = "expected auto or a number of clients from 1 to 128"
+    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 128:
+        raise ValueError(error)
+    return int(text)
+
+
+def mem_size(text: str) -> str:
+    digits, unit = text[:-1], text[-1:].upper()
+    if unit not in ("M", "G") or not re.fullmatch(r"[0-9]{1,9}", digits) or int(digits) == 0:
+        raise ValueError("expected a size like 512M or 2G")
+    return f"{int(digits)}{unit}"
+
+
+def abs_path(text: str) -> str:
+    if not os.path.isabs(text):
+        raise ValueError("expected an absolute path")
+    return os.path.normpath(text)
+
+
+def inventory(text: str) -> str:
+    return text if text == "nvml" else abs_path(text)
+
+
+def program(text: str) -> str:
+    """A program name looked up in a fixed PATH, or an absolute path (never a relative one:
+    root runs it, from whatever directory)."""
+    if os.path.isabs(text):
+        return os.path.normpath(text)
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", text):
+        raise ValueError("expected a program name or an absolute path")
+    return text
+
+
+def triggers(text: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    for item in items:
+        kind, _, name = item.partition(":")
+        if item != "gres-mps" and (kind not in ("feature", "comment") or not name):
+            raise ValueError("expected a list of gres-mps, feature:<name>, comment:<word>")
+    return items
+
+
+def priority(text: str) -> int:
+    if text not in ("0", "1"):
+        raise ValueError("expected 0 (normal) or 1 (below normal)")
+    return int(text)

@@ -1,0 +1,513 @@
+"""The bad-input table: each case, the exact message and exit code mpswrap must give.
+
+One source for two readers: tests/functional/test_bad_input.py runs every case as a test, and
+``python -m tests.functional.bad_input_table`` (as root, from the repository root) runs them
+and prints the markdown table of docs/reliability.md "Bad input" from what actually happened,
+so the documentation shows real output.
+
+Each case runs ``python -m mpswrap`` against its own simulated node (tests/simenv.py). Paths
+of that node are written ``<root>`` and the test user's ids ``{uid}``/``{gid}``. "Nothing
+left" means no file or directory appeared under the node (the configured run directory
+roots themselves excepted: like /run/mpswrap they may stay) and no process of the node runs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mpswrap.config import FIELDS
+from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+
+ROOT = "<root>"
+#: The tree these tests belong to: every `python -m mpswrap` of a case runs this tree's code.
+REPO = str(Path(__file__).resolve().parents[2])
+JOB = ("--job", "j1", "--node", "n1")
+VALID = "valid settings: " + ", ".join(sorted(f.name for f in FIELDS))
+NAME_RULE = "expected letters, digits, '.', '_' or '-' (no '/' or '..'), at most 64"
+#: Variables that would change behaviour inside an allocation (as tests/conftest.py clears).
+_JOB_VARS = re.compile(
+    r"^(SLURM_|SLURMD_|OMPI_|PMI_|PMIX_|PALS_|MV2_|FLUX_|CUDA_|MPSWRAP_|"
+    r"MPI_LOCAL|LOCAL_RANK|LOCAL_WORLD_SIZE|RANK$|WORLD_SIZE$)"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    area: str
+    argv: tuple[str, ...]
+    stderr: str
+    code: int
+    env: dict[str, str] = field(default_factory=dict)
+    #: Admin-file text; MPSWRAP_CONFIG points at it.
+    config: str | None = None
+    #: Name of a function in SETUPS that prepares the node.
+    setup: str | None = None
+    #: Run as the test user (user mode) instead of root.
+    as_user: bool = False
+    #: A Slurm hook: the fake Slurm job environment is added (job 101 of the test user).
+    hook: bool = False
+
+
+@dataclass
+class Outcome:
+    code: int
+    stderr: str
+    stdout: str
+    created: list[str]
+    processes: list[str]
+
+    @property
+    def clean(self) -> bool:
+        return not self.created and not self.processes
+
+
+def _prolog(gpus: str, **env: str) -> dict[str, str]:
+    return {"SLURM_JOB_GPUS": gpus, **env}
+
+
+#: The prolog's line for SLURM_JOB_GPUS=x; the test node has no Slurm controller, so the drain
+#: call that follows times out.
+_GPUS_X = "malformed SLURM_JOB_GPUS ('x'): expected GPU numbers like 0,2-3 or GPU UUIDs"
+
+
+def _cont(line: str) -> str:
+    """A prolog error under prolog_failure = continue: the error, then that it goes on."""
+    prefix = "mpswrap: prolog: job 101 node n1: "
+    return f"{prefix}{line}\n{prefix}continuing without MPS (prolog_failure = continue)"
+
+
+APP = ("--", "{client}", "--seconds", "0.1")
+# fmt: off
+CASES: tuple[Case, ...] = (
+    # --- environment variables ---------------------------------------------------------------
+    Case("slurm-localid-x", "environment", APP,
+         "mpswrap: malformed SLURM_LOCALID ('x'): expected a whole number", 2,
+         env={"SLURM_LOCALID": "x"}),
+    Case("local-rank-negative", "environment", APP,
+         "mpswrap: local rank out of range (-3 of 2)", 2,
+         env={"OMPI_COMM_WORLD_LOCAL_RANK": "-3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}),
+    Case("cvd-minus-one", "environment", APP,
+         "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')", 1,
+         env={"CUDA_VISIBLE_DEVICES": "-1"}),
+    Case("cvd-no-such-gpu", "environment", APP,
+         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)", 1,
+         env={"CUDA_VISIBLE_DEVICES": "5"}),
+    Case("job-gpus-malformed", "environment", ("prolog",),
+         _cont("malformed SLURM_JOB_GPUS ('0-'): expected GPU numbers like 0,2-3 or GPU "
+               "UUIDs"), 0,
+         env=_prolog("0-"), hook=True),
+    Case("job-gpus-malformed-drain", "environment", ("prolog",),
+         "mpswrap: prolog: job 101 node n1: " + _GPUS_X + "\n"
+         "mpswrap: prolog: job 101 node n1: could not set the drain reason "
+         f'"mpswrap prolog: {_GPUS_X}": timed out (scontrol update NodeName=n1 State=DRAIN '
+         f"Reason=mpswrap prolog: {_GPUS_X}): no answer in 10 s", 1,
+         env=_prolog("x", MPSWRAP_PROLOG_FAILURE="drain"), hook=True),
+    Case("job-gpus-not-in-gres", "environment", ("prolog",),
+         _cont("Slurm GPU position not in gres.conf (position 5): gres.conf lists 2 GPU(s) "
+               "for n1"), 0,
+         env=_prolog("5"), hook=True),
+    Case("job-uid-unknown", "environment", ("prolog",),
+         _cont("unknown user (54321)"), 0,
+         env=_prolog("0", SLURM_JOB_UID="54321"), hook=True),
+    Case("epilog-no-job-id", "environment", ("epilog",),
+         "mpswrap: epilog: node n1: SLURM_JOB_ID is not set: nothing of a job to tear down", 0,
+         env={"SLURM_JOB_ID": ""}, hook=True),
+    Case("epilog-job-id-slash", "environment", ("epilog",),
+         f"mpswrap: epilog: node n1: invalid job id ('a/b'): {NAME_RULE}: nothing of a job to "
+         "tear down", 0,
+         env={"SLURM_JOB_ID": "a/b"}, hook=True),
+    Case("env-bad-timeout", "environment", ("status", *JOB),
+         "mpswrap: bad value for quit_timeout ('-1' in MPSWRAP_QUIT_TIMEOUT): expected seconds "
+         "between 0 and 3600", 2,
+         env={"MPSWRAP_QUIT_TIMEOUT": "-1"}),
+    Case("env-unknown-variable", "environment", ("stop", *JOB),
+         "mpswrap: ignoring MPSWRAP_QUIT_TIMEOT: not a setting (did you mean "
+         "MPSWRAP_QUIT_TIMEOUT?)", 0,
+         env={"MPSWRAP_QUIT_TIMEOT": "1"}),
+    Case("env-client-limit-word", "environment", ("run", "-n", "1", *APP),
+         "mpswrap: bad value for client_limit ('abc' in MPSWRAP_CLIENT_LIMIT): expected auto or "
+         "a number of clients from 1 to 128", 2,
+         env={"MPSWRAP_CLIENT_LIMIT": "abc"}),
+    Case("env-log-level-word", "environment", ("status", *JOB),
+         "mpswrap: bad value for log_level ('loud' in MPSWRAP_LOG_LEVEL): expected one of debug, "
+         "info, warning, error", 2,
+         env={"MPSWRAP_LOG_LEVEL": "loud"}),
+    Case("xdg-runtime-dir-of-another-user", "environment", ("status", "--node", "n1"),
+         "", 4,
+         env={"XDG_RUNTIME_DIR": "<root>/xdg-root", "MPSWRAP_USER_RUN_DIR": "none"},
+         setup="private_root_xdg_dir", as_user=True),
+    Case("env-config-missing", "environment", ("status", *JOB),
+         "mpswrap: cannot read config file (/nonexistent/mpswrap.conf): No such file or "
+         "directory", 2,
+         env={"MPSWRAP_CONFIG": "/nonexistent/mpswrap.conf"}),
+    Case("env-relative-run-dir", "environment", ("start", *JOB),
+         "mpswrap: bad value for run_dir ('run' in MPSWRAP_RUN_DIR): expected an absolute path",
+         2, env={"MPSWRAP_RUN_DIR": "run"}),
+    # --- command-line arguments --------------------------------------------------------------
+    Case("cli-bad-choice", "arguments", ("start", *JOB, "--priority", "7"),
+         "mpswrap: argument --priority: invalid choice: '7' (choose from '0', '1')\n"
+         "hint: mpswrap start --help", 2),
+    Case("cli-unknown-option", "arguments", ("start", "--bogus"),
+         "mpswrap: unrecognized arguments: --bogus\nhint: mpswrap --help", 2),
+    Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
+         "mpswrap: bad value for active_thread_percentage ('0' in argument): expected a "
+         "percentage in (0, 100]", 2),
+    Case("cli-mem-limit", "arguments", ("start", *JOB, "--mem-limit", "12T"),
+         "mpswrap: bad value for pinned_mem_limit ('12T' in argument): expected a size like "
+         "512M or 2G", 2),
+    Case("cli-cpus", "arguments", ("start", *JOB, "--cpus", "a-b"),
+         "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2),
+    Case("run-zero-ranks", "arguments", ("run", "-n", "0", "--", "true"),
+         "mpswrap: bad -n (0): need at least one rank", 2),
+    Case("run-no-command", "arguments", ("run", "-n", "2"),
+         "mpswrap: no command to run\nhint: mpswrap run -n 4 -- python train.py", 2),
+    Case("wrap-threads-150", "arguments", ("--threads", "150", "--", "true"),
+         "mpswrap: bad --threads (150): percent must be in (0, 100]", 2),
+    Case("wrap-bad-policy", "arguments", ("--policy", "random", "--", "true"),
+         "mpswrap: argument --policy: invalid choice: 'random' (choose from 'block', 'cyclic', "
+         "'affinity')\nhint: mpswrap --help", 2),
+    # --- admin file --------------------------------------------------------------------------
+    Case("conf-not-key-value", "admin file", ("start", *JOB),
+         "mpswrap: expected key = value (<root>/mpswrap.conf:1): 'this is not a setting'", 2,
+         config="this is not a setting\n"),
+    Case("conf-unknown-key", "admin file", ("start", *JOB),
+         f"mpswrap: unknown setting (colour in <root>/mpswrap.conf)\nhint: {VALID}", 2,
+         config="colour = red\n"),
+    Case("conf-bad-choice", "admin file", ("start", *JOB),
+         "mpswrap: bad value for prolog_mode ('sometimes' in <root>/mpswrap.conf): expected one "
+         "of always, opt-in, never", 2,
+         config="prolog_mode = sometimes\n"),
+    Case("conf-relative-run-dir", "admin file", ("start", *JOB),
+         "mpswrap: bad value for user_run_dir ('run' in <root>/mpswrap.conf): expected an "
+         "absolute path", 2,
+         config="user_run_dir = run\n"),
+    Case("conf-client-limit", "admin file", ("start", *JOB),
+         "mpswrap: bad value for client_limit ('0' in <root>/mpswrap.conf): expected auto or a "
+         "number of clients from 1 to 128", 2,
+         config="client_limit = 0\n"),
+    Case("conf-not-utf8", "admin file", ("start", *JOB),
+         "mpswrap: cannot read config file (<root>/mpswrap.conf): not UTF-8 text", 2,
+         config="run_dir = /run/mpsw\udce4p\n"),
+    # --- command words -------------------------------------------------------------------------
+    Case("command-misspelt", "arguments", ("stauts",),
+         "mpswrap: unknown command 'stauts' (did you mean 'status'?)\nhint: mpswrap --help lists "
+         "the commands; to run a program, give its path or use 'mpswrap -- stauts'", 2),
+    Case("command-help-misspelt", "arguments", ("hlep",),
+         "mpswrap: unknown command 'hlep' (did you mean 'help'?)\nhint: mpswrap --help lists "
+         "the commands; to run a program, give its path or use 'mpswrap -- hlep'", 2),
+    Case("program-missing-after-dashdash", "arguments", ("--", "status"),
+         "mpswrap: program not found (status)\nhint: check the name and PATH", 127),
+    Case("cpus-not-available", "arguments", ("start", *JOB, "--gpus", "0", "--cpus", "4099"),
+         "mpswrap: bad --cpus (4099): CPU(s) 4099 not available to this process\n"
+         "hint: choose among CPUs {cpus}", 2),
+    # --- GPU lists ---------------------------------------------------------------------------
+    Case("gpus-no-such-index", "GPU list", ("start", *JOB, "--gpus", "7"),
+         "mpswrap: no such GPU (index 7): this node has 2 GPU(s)", 1),
+    Case("gpus-twice", "GPU list", ("start", *JOB, "--gpus", "0,0"),
+         "mpswrap: GPU listed twice (0,0)", 1),
+    Case("gpus-reversed-range", "GPU list", ("start", *JOB, "--gpus", "1-0"),
+         "mpswrap: malformed GPU list ('1-0'): bad range '1-0'", 2),
+    Case("gpus-malformed-uuid", "GPU list", ("start", *JOB, "--gpus", "GPU-zzz"),
+         "mpswrap: malformed GPU UUID ('GPU-zzz'): expected "
+         "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", 1),
+    Case("gpus-absent-uuid", "GPU list",
+         ("start", *JOB, "--gpus", "GPU-5a1d0009-0000-4000-8000-000000000009"),
+         "mpswrap: no such GPU (GPU-5a1d0009-0000-4000-8000-000000000009): not among 2 GPUs\n"
+         "hint: list GPUs with: nvidia-smi -L", 1),
+    Case("gpus-none-in-inventory", "GPU list", ("start", *JOB),
+         "mpswrap: no GPUs found (<root>/empty.json)", 1,
+         env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="empty_inventory"),
+    Case("inventory-missing", "GPU list", ("start", *JOB),
+         "mpswrap: cannot read GPU inventory file (<root>/none.json): [Errno 2] No such file or "
+         "directory: '<root>/none.json'", 1,
+         env={"MPSWRAP_GPU_INVENTORY": "<root>/none.json"}),
+    # --- job ids and node names --------------------------------------------------------------
+    Case("job-dotdot", "job id", ("start", "--job", "..", "--node", "n1"),
+         f"mpswrap: invalid job id ('..'): {NAME_RULE}", 1),
+    Case("job-slash", "job id", ("start", "--job", "a/b", "--node", "n1"),
+         f"mpswrap: invalid job id ('a/b'): {NAME_RULE}", 1),
+    Case("job-too-long", "job id", ("start", "--job", "x" * 65, "--node", "n1"),
+         f"mpswrap: invalid job id ('{'x' * 65}'): {NAME_RULE}", 1),
+    Case("job-empty", "job id", ("start", "--job", "", "--node", "n1"),
+         f"mpswrap: invalid job id (''): {NAME_RULE}", 1),
+    Case("job-newline", "job id", ("start", "--job", "j1\n", "--node", "n1"),
+         f"mpswrap: invalid job id ('j1\\n'): {NAME_RULE}", 1),
+    Case("node-slash", "job id", ("start", "--job", "j1", "--node", "a/b"),
+         f"mpswrap: invalid node name ('a/b'): {NAME_RULE}", 1),
+    # --- paths -------------------------------------------------------------------------------
+    Case("run-dir-relative-missing", "path", ("start", *JOB, "--run-dir", "rel/dir"),
+         "mpswrap: cannot create directory (<root>/rel/dir): No such file or directory", 1),
+    Case("run-dir-too-long", "path", ("start", *JOB, "--run-dir", "/tmp/" + "y" * 90),
+         "mpswrap: pipe directory too long for MPS sockets "
+         f"(/tmp/{'y' * 90}/n1/j1/g0/pipe): 128 bytes with 'control_privileged', limit 107\n"
+         "hint: set a shorter run_dir (e.g. /run/mpswrap)", 1),
+    Case("run-dir-symlink", "path", ("start", *JOB),
+         "mpswrap: refusing a path that is not a plain directory (<root>/user)", 1,
+         setup="symlink_user_run_dir", as_user=True),
+    Case("job-dir-symlink", "path", ("start", *JOB),
+         "mpswrap: refusing a path that is not a plain directory (<root>/run/n1/j1)", 1,
+         setup="symlink_job_dir"),
+    Case("run-dir-other-owner", "path", ("start", *JOB),
+         "mpswrap: directory has the wrong owner (<root>/user): owned by uid 0, expected {uid}\n"
+         "hint: remove the stale directory (mpswrap stop / the epilog does this)", 1,
+         setup="root_owned_user_run_dir", as_user=True),
+    Case("run-dir-not-writable", "path", ("start", *JOB),
+         "mpswrap: run directory not writable (<root>/user): <root>/user is not writable by "
+         "uid {uid}\nhint: set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR", 1,
+         setup="private_root_user_run_dir", as_user=True),
+    Case("run-dir-open-to-others", "path", ("start", *JOB),
+         "mpswrap: directory is open to other users (<root>/user): mode 0777, expected 0700", 1,
+         setup="open_user_run_dir", as_user=True),
+    Case("control-binary-missing", "path", ("start", *JOB),
+         "mpswrap: MPS control program not found (/nonexistent/nvidia-cuda-mps-control)\n"
+         "hint: set control_binary to the nvidia-cuda-mps-control path", 1,
+         env={"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"}),
+    # --- users -------------------------------------------------------------------------------
+    Case("user-unknown", "user", ("start", *JOB, "--user", "nosuchuser"),
+         "mpswrap: unknown user (nosuchuser)", 2),
+    Case("user-not-root", "user", ("start", *JOB, "--user", "root"),
+         "mpswrap: --user needs root (root)", 2, as_user=True),
+)
+# fmt: on
+
+
+# --- node set-ups ---------------------------------------------------------------------------
+def _empty_inventory(node: SimNode, uid: int) -> None:
+    path = node.root / "empty.json"
+    path.write_text('{"driver_version": "580", "cuda_driver_version": 13000, "gpus": []}\n')
+    path.chmod(0o644)
+
+
+def _symlink_user_run_dir(node: SimNode, uid: int) -> None:
+    target = node.root / "target"
+    target.mkdir(mode=0o700)
+    os.chown(target, uid, uid)
+    node.user_run_dir.symlink_to(target)
+
+
+def _symlink_job_dir(node: SimNode, uid: int) -> None:
+    target = node.root / "target"
+    target.mkdir(mode=0o700)
+    (node.run_dir / "n1").mkdir(parents=True)
+    (node.run_dir / "n1" / "j1").symlink_to(target)
+
+
+def _root_owned_user_run_dir(node: SimNode, uid: int) -> None:
+    node.user_run_dir.mkdir()
+    node.user_run_dir.chmod(0o777)
+
+
+def _private_root_user_run_dir(node: SimNode, uid: int) -> None:
+    node.user_run_dir.mkdir(mode=0o700)
+
+
+def _private_root_xdg_dir(node: SimNode, uid: int) -> None:
+    """An ``XDG_RUNTIME_DIR`` that belongs to root (inherited through su/sudo)."""
+    (node.root / "xdg-root").mkdir(mode=0o700)
+
+
+def _open_user_run_dir(node: SimNode, uid: int) -> None:
+    node.user_run_dir.mkdir()
+    os.chown(node.user_run_dir, uid, uid)
+    node.user_run_dir.chmod(0o777)
+
+
+SETUPS: dict[str, Callable[[SimNode, int], None]] = {
+    "empty_inventory": _empty_inventory,
+    "symlink_user_run_dir": _symlink_user_run_dir,
+    "symlink_job_dir": _symlink_job_dir,
+    "root_owned_user_run_dir": _root_owned_user_run_dir,
+    "private_root_user_run_dir": _private_root_user_run_dir,
+    "open_user_run_dir": _open_user_run_dir,
+    "private_root_xdg_dir": _private_root_xdg_dir,
+}
+
+
+# --- running a case -------------------------------------------------------------------------
+def _tree(root: Path) -> set[str]:
+    """Every path under root, without following symlinks."""
+    out = set()
+    for top, dirs, files in os.walk(root):
+        out.update(os.path.join(top, n) for n in (*dirs, *files))
+    return out
+
+
+def _fill(text: str, node: SimNode, uid: int, gid: int) -> str:
+    return (
+        text.replace(ROOT, str(node.root))
+        .replace("{client}", node.client)
+        .replace("{uid}", str(uid))
+        .replace("{gid}", str(gid))
+    )
+
+
+def _env(case: Case, node: SimNode, uid: int, gid: int) -> dict[str, str]:
+    env = {k: v for k, v in node.env().items() if not _JOB_VARS.match(k)}
+    env.update(
+        MPSWRAP_CONTROL_BINARY=node.control,
+        MPSWRAP_GPU_INVENTORY=str(node.inventory),
+        MPSWRAP_RUN_DIR=str(node.run_dir),
+        MPSWRAP_USER_RUN_DIR=str(node.user_run_dir),
+        MPSWRAP_START_TIMEOUT="10",
+        MPSWRAP_QUIT_TIMEOUT="2",
+        MPSWRAP_COMMAND_TIMEOUT="3",
+        MPSWRAP_TERMINATE_TIMEOUT="3",
+        PYTHONPATH=REPO,
+    )
+    if case.hook:
+        env.update(
+            SLURM_JOB_ID="101",
+            SLURM_JOB_UID=str(uid),
+            SLURM_JOB_GID=str(gid),
+            SLURMD_NODENAME="n1",
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
+            SLURM_CONF=str(node.root / "slurm.conf"),
+            MPSWRAP_PROLOG_MODE="always",
+            MPSWRAP_SYSLOG="no",
+        )
+    if case.config is not None:
+        conf = node.root / "mpswrap.conf"
+        conf.write_bytes(_fill(case.config, node, uid, gid).encode("utf-8", "surrogateescape"))
+        conf.chmod(0o644)
+        env["MPSWRAP_CONFIG"] = str(conf)
+    env.update({k: _fill(v, node, uid, gid) for k, v in case.env.items()})
+    return {k: v for k, v in env.items() if v != ""}
+
+
+def run_case(case: Case, timeout: float = 120) -> Outcome:
+    """Run one case on a fresh simulated node; report what it printed, left and created."""
+    user = ensure_test_user()
+    entry = pwd.getpwnam(user)
+    uid, gid = entry.pw_uid, entry.pw_gid
+    node = make_sim_node(gpus=2)
+    try:
+        if case.setup:
+            SETUPS[case.setup](node, uid)
+        env = _env(case, node, uid, gid)
+        before = _tree(node.root)
+        argv = [sys.executable, "-m", "mpswrap", *(_fill(a, node, uid, gid) for a in case.argv)]
+        if case.as_user:
+            argv = ["runuser", "-u", user, "--", "env", "-i",
+                    *[f"{k}={v}" for k, v in env.items()], *argv]  # fmt: skip
+        res = subprocess.run(
+            argv, env=env, cwd=node.root, text=True, capture_output=True, timeout=timeout
+        )
+        roots = {str(node.run_dir), str(node.user_run_dir)}
+        new = {p for p in _tree(node.root) - before - roots if "__pycache__" not in p}
+        created = sorted(p for p in new if os.path.dirname(p) not in new)  # topmost only
+        stop_everything(node)
+        processes = finish_sim_node(node)
+    except BaseException:
+        finish_sim_node(node)
+        raise
+    shown = str(node.root)
+
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
+    def anon(text: str) -> str:
+        for word in ("uid", "expected"):
+            text = text.replace(f"{word} {uid}", f"{word} {{uid}}")
+        return text.replace(shown, ROOT).replace(f"CPUs {cpus}", "CPUs {cpus}")
+
+    return Outcome(
+        res.returncode,
+        anon(res.stderr.rstrip("\n")),
+        anon(res.stdout),
+        [anon(p) for p in created],
+        processes,
+    )
+
+
+def stop_everything(node: SimNode) -> None:
+    """Daemons a failing case started anyway: stop them through mpswrap, as a user would."""
+    for run_dir in (node.run_dir, node.user_run_dir):
+        for job_dir in run_dir.glob("*/*"):
+            if job_dir.is_dir() and not job_dir.is_symlink():
+                subprocess.run(
+                    [sys.executable, "-m", "mpswrap", "stop", "--run-dir", str(run_dir),
+                     "--node", job_dir.parent.name, "--job", job_dir.name],
+                    env={**node.env(), "PYTHONPATH": REPO}, capture_output=True, timeout=120,
+                    check=False,
+                )  # fmt: skip
+
+
+# --- the markdown table -----------------------------------------------------------------------
+def _cell(text: str, code: bool = True) -> str:
+    """One table cell: a code span for one line, plain text with <br> for several."""
+    if "Traceback (most recent call last)" in text:
+        text = "Traceback (…) " + text.strip().splitlines()[-1]
+    text = text.replace("|", "\\|")
+    if "\n" in text or not code:  # plain text: <root> must not read as an HTML tag
+        text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return text.replace("\n", "<br>")
+    return f"`{text}`" if text else ""
+
+
+def shown_input(case: Case) -> str:
+    """How the case reads in the table: variables and the command line, then how it runs."""
+    words = [f"{k}={v!r}" if not v or " " in v else f"{k}={v}" for k, v in case.env.items()]
+    args = [repr(a) if (not a or any(c in a for c in " \n")) else a for a in case.argv]
+    text = " ".join([*words, "mpswrap", *("./app" if a == "{client}" else a for a in args)])
+    text = text.replace("-- ./app --seconds 0.1", "-- ./app")
+    if len(text) > 90:
+        text = text[:60] + "…" + text[-20:]
+    notes = []
+    if case.config is not None:
+        notes.append(f"admin file line {case.config.strip()!r}")
+    if case.setup:
+        notes.append(case.setup.replace("_", " "))
+    if case.hook:
+        notes.append("fake Slurm job 101 of the test user")
+    if case.as_user:
+        notes.append("as the non-root test user")
+    return f"`{text}`" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def as_expected(case: Case, out: Outcome) -> bool:
+    return out.code == case.code and out.stderr == case.stderr and out.clean
+
+
+def markdown(results: list[tuple[Case, Outcome]]) -> str:
+    rows = [
+        "| # | area | input | exit | stderr (exact) | nothing left | as expected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for number, (case, out) in enumerate(results, 1):
+        left = "yes" if out.clean else "NO: " + ", ".join(out.created + out.processes)
+        verdict = "yes"
+        if not as_expected(case, out):
+            verdict = f"**NO**: expected exit {case.code}, {_cell(case.stderr)}"
+        rows.append(
+            f"| {number} | {case.area} | {shown_input(case)} | {out.code} "
+            f"| {_cell(out.stderr)} | {_cell(left, code=False)} | {verdict} |"
+        )
+    passed = sum(1 for case, out in results if as_expected(case, out))
+    rows += ["", f"{passed} of {len(results)} cases as expected."]
+    return "\n".join(rows)
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("run as root: the cases use a second (test) user", file=sys.stderr)
+        return 2
+    results = []
+    for case in CASES:
+        results.append((case, run_case(case)))
+        print(f"{case.name}: exit {results[-1][1].code}", file=sys.stderr)
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The CPU overhead benchmarks in their quick mode (MPS simulator, fake GPUs): they run, write
+their JSON, and the report renders it. Timings are recorded, never asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.simenv import SimNode, sim_node
+
+pytestmark = pytest.mark.functional
+REPO = Path(__file__).resolve().parents[2]
+EXPECTED = {
+    *(f"overhead/sim/prolog/gpus{g}" for g in (1, 2, 4, 8)),
+    "overhead/sim/supervisor",
+    "overhead/sim/epilog/clients0",
+    "overhead/sim/epilog/clients12",
+}
+
+
+@pytest.mark.timeout(600)
+def test_quick_overhead_benchmarks_write_json_and_render(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    run = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--out", str(out)]
+    res = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=540)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    runs = {r["key"]: r for r in data["runs"]}
+    assert set(runs) == EXPECTED
+    assert all(r["simulated"] for r in runs.values())
+    for r in runs.values():
+        for measure in ("prolog", "epilog_no_clients", "epilog", "status", "start"):
+            if measure in r:
+                assert 0 < r[measure]["min_ms"] <= r[measure]["median_ms"] <= r[measure]["max_ms"]
+    assert runs["overhead/sim/supervisor"]["rss_mib"] > 0
+    assert runs["overhead/sim/supervisor"]["guard_uss_mib"] is not None, "no guard measured"
+    report = [sys.executable, str(REPO / "benchmarks" / "report.py"), str(out)]
+    shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "| sim/supervisor | start |" in shown and "| sim/epilog/clients12 | epilog |" in shown
+
+
+@pytest.fixture
+def sim() -> Iterator[SimNode]:
+    with sim_node(gpus=1) as node:
+        yield node
+
+
+@pytest.mark.timeout(600)
+def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
+    sim: SimNode, tmp_path: Path
+) -> None:
+    """The GPU phases with CPU stand-in workers (tests/functional/bench_workers): every mode
+    and policy runs, its workers are MPS clients exactly where they should be, each mixed-set
+    worker gets the weight and the thread share its policy gives it, and the report renders."""
+    out = tmp_path / "bench.json"
+    modes = "timesliced,rawmps,mpswrap,mpswrap-daemon"
+    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out),
+            "--phases", "mlp,nbody,provision", "--modes", modes, "--ns", "1,3",
+            "--repeats", "1", "--mlp-steps", "40", "--nbody-steps", "20",
+            "--workers", str(REPO / "tests" / "functional" / "bench_workers")]  # fmt: skip
+    env = sim.env(PATH=f"{sim.bin}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
+    res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    runs = {r["key"]: r for r in json.loads(out.read_text())["runs"]}
+    plain = modes.split(",")
+    expected = {f"{w}/{m}/n{n}/r0" for w in ("mlp", "nbody") for m in plain for n in (1, 3)}
+    expected |= {"mixed/timesliced/n10/r0", "mixed/rawmps/n10/r0", "mixed/mpswrap-daemon/n10/r0"}
+    expected |= {f"mixed/mpswrap-{p}/n10/r0" for p in
+                 ("none", "uniform", "oversubscribe", "4-4-1-1-1-1-1-1-1-1")}  # fmt: skip
+    assert set(runs) == expected
+    for key, run in runs.items():
+        assert len(run["workers"]) == run["n"], key
+        attached = {w["mps"] for w in run["workers"]}
+        assert attached == {run["mode"] != "timesliced"}, f"{key}: MPS clients {attached}"
+    shares = {
+        "none": [None] * 10,
+        "uniform": ["10"] * 10,
+        "oversubscribe": ["20"] * 10,
+        "4-4-1-1-1-1-1-1-1-1": ["25"] * 2 + ["6.2"] * 8,
+    }
+    for policy, want in shares.items():
+        workers = runs[f"mixed/mpswrap-{policy}/n10/r0"]["workers"]
+        got = sorted(((w["weight"], w["threads"]) for w in workers), reverse=True)
+        assert got == sorted(zip([4, 4] + [1] * 8, want, strict=False), reverse=True), policy
+    assert sorted(w["weight"] for w in runs["mixed/rawmps/n10/r0"]["workers"]) == [1] * 8 + [4] * 2
+    report = [sys.executable, str(REPO / "benchmarks" / "report.py"), str(out)]
+    shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "Workload `nbody`" in shown and "Workload `mixed`" in shown
+    assert "| mpswrap --threads uniform |" in shown, shown

@@ -1,0 +1,224 @@
+"""The one command-line grammar: every first word has one meaning, decided before anything
+touches NVML or a daemon; every exit code mpswrap documents is produced here; no argv gives a
+traceback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from mpswrap.cli import main as cli
+from mpswrap.errors import EXIT_CODES
+from tests.simenv import SimNode
+
+pytestmark = pytest.mark.functional
+
+JOB = ("--job", "j1", "--node", "n1")
+
+
+class _NoNvml(types.ModuleType):
+    """Stands in for pynvml: any use of it fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"pynvml.{name} used")
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["stauts"], "status"),
+        (["--gpus", "0", "stpo"], "stop"),
+        (["mpirn", "-np", "2", "./app"], "mpirun"),
+        (["hepl"], "help"),
+        (["xyzzy-no-such-word"], None),
+    ],
+)
+def test_an_unknown_word_is_a_usage_error_before_any_gpu_work(
+    argv: list[str], suggestion: str | None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", _NoNvml("pynvml"))
+    monkeypatch.setenv("MPSWRAP_GPU_INVENTORY", "nvml")
+    monkeypatch.setenv("MPSWRAP_USER_RUN_DIR", str(tmp_path / "run"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    word = argv[-1] if argv[0] == "--gpus" else argv[0]
+    word = argv[2] if argv[0] == "--gpus" else word
+    expected = f"mpswrap: unknown command '{word}'"
+    expected += f" (did you mean '{suggestion}'?)" if suggestion else ""
+    assert err[0] == expected
+    assert err[1].startswith("hint: ") and f"mpswrap -- {word}" in err[1]
+    assert not (tmp_path / "run").exists()  # nothing created
+
+
+def test_after_dashdash_a_word_is_always_a_program(node: SimNode) -> None:
+    res = node.mpswrap("--", "status")  # a program named like a command: not on PATH
+    assert res.returncode == 127, res
+    assert res.stderr.splitlines()[0] == "mpswrap: program not found (status)"
+    res = node.mpswrap("--", "true")
+    assert res.returncode == 0, res
+
+
+def test_help_lists_every_mode_and_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for word in [*cli.HANDLERS, "run", *cli.LAUNCHERS]:
+        assert re.search(rf"\b{re.escape(word)}\b", text), word
+    for mode in ("[--] PROGRAM", "run -n N", "srun mpswrap ./app"):
+        assert mode in text, mode
+    for flags, _ in (*cli.WRAPPER_OPTIONS, *cli.VERBOSITY):
+        assert all(flag in text for flag in flags), flags
+    assert cli.main(["help"]) == 0
+    assert capsys.readouterr().out == text
+    assert cli.main(["help", "run"]) == 0
+    assert capsys.readouterr().out.startswith("usage: mpswrap run -n N [options] -- PROGRAM")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbosity_options_go_before_or_after_the_command(node: SimNode, where: str) -> None:
+    for flag, debug, info in (("-v", True, True), ("--debug", True, True), ("-q", False, False)):
+        cmd = ["run", "-n", "1", "--", "true"]
+        argv = [flag, *cmd] if where == "before" else [*cmd[:3], flag, *cmd[3:]]
+        res = node.mpswrap(*argv)
+        assert res.returncode == 0, res
+        assert ("'get_server_list' -> " in res.stderr) == debug, (flag, res.stderr)
+        assert ("started MPS daemon" in res.stderr) == info, (flag, res.stderr)
+        argv = [flag, "status", *JOB] if where == "before" else ["status", *JOB, flag]
+        assert node.mpswrap(*argv).returncode == 4
+
+
+def test_log_level_setting_is_honoured_by_every_mode(node: SimNode) -> None:
+    """``MPSWRAP_LOG_LEVEL``: warning silences run's info lines, debug shows a rank's."""
+    res = node.mpswrap("run", "-n", "1", "--", "true")
+    assert res.returncode == 0, res
+    assert "started MPS daemon" in res.stderr
+    res = node.mpswrap("run", "-n", "1", "--", "true", MPSWRAP_LOG_LEVEL="warning")
+    assert res.returncode == 0, res
+    assert "started MPS daemon" not in res.stderr, res.stderr
+    res = node.mpswrap("--job", "j2", "true")  # per-rank mode: quiet by default
+    assert res.returncode == 0, res
+    assert "started MPS daemon" not in res.stderr, res.stderr
+    res = node.mpswrap("--job", "j3", "true", MPSWRAP_LOG_LEVEL="info")
+    assert res.returncode == 0, res
+    assert "started MPS daemon" in res.stderr, res.stderr
+    res = node.mpswrap("-q", "run", "-n", "1", "--", "true", MPSWRAP_LOG_LEVEL="debug")
+    assert "started MPS daemon" not in res.stderr, res.stderr  # the flag outranks the setting
+
+
+def test_an_unknown_mpswrap_variable_is_a_warning_not_a_failure(node: SimNode) -> None:
+    res = node.mpswrap("stop", *JOB, MPSWRAP_CLIENT_LIMT="4")
+    assert res.returncode == 0, res
+    assert res.stderr.splitlines() == [
+        "mpswrap: ignoring MPSWRAP_CLIENT_LIMT: not a setting (did you mean MPSWRAP_CLIENT_LIMIT?)"
+    ]
+
+
+# --- every documented exit code, produced -------------------------------------------------
+def _codes(node: SimNode, tmp_path: Path) -> dict[str, int]:
+    """Run one case per documented exit code; return what each gave."""
+    found: dict[str, int] = {}
+    found["2"] = node.mpswrap("stauts").returncode
+    found["4"] = node.mpswrap("status", *JOB).returncode
+    found["1"] = node.mpswrap("start", "--gpus", "7", *JOB).returncode  # no such GPU
+    started = node.mpswrap("start", "--gpus", "0", *JOB)
+    assert started.returncode == 0, started
+    found["0"] = node.mpswrap("status", *JOB).returncode
+    pid = int(re.search(r"daemon (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGKILL)
+    found["3"] = node.mpswrap("status", *JOB).returncode  # daemon NOT RUNNING
+    assert node.mpswrap("stop", *JOB).returncode in (0, 1)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a program\n")
+    found["126"] = node.mpswrap("run", "-n", "1", "--", str(plain)).returncode
+    found["127"] = node.mpswrap("run", "-n", "1", "--", "no-such-program-x").returncode
+    found["69"] = node.mpswrap(
+        "run", "-n", "1", "--verify-attach", "fail", "--verify-timeout", "0.5", "--",
+        "sleep", "20",
+    ).returncode  # fmt: skip
+    # Ranks ignore TERM (mpswrap ends them through MPS first), so the program kills itself.
+    killed = node.mpswrap("run", "-n", "1", "--", "sh", "-c", "kill -KILL $$").returncode
+    found["128+N"] = 128 if killed == 128 + signal.SIGKILL else killed
+    return found
+
+
+def test_every_documented_exit_code_is_produced(node: SimNode, tmp_path: Path) -> None:
+    documented = [code for code, _ in EXIT_CODES]
+    found = _codes(node, tmp_path)
+    assert sorted(found) == sorted(documented)
+    expected = {code: 128 if code == "128+N" else int(code) for code in documented}
+    assert found == expected
+
+
+# --- no argv gives a traceback -------------------------------------------------------------
+_WORDS = st.sampled_from([
+    "status", "config", "version", "help", "run", "stauts", "srun", "mpirun", "--",
+    "true", "./nothere", "-n", "0", "2", "-1", "x", "--gpus", "all", "0,1", "GPU-x", "--policy",
+    "cyclic", "--threads", "uniform", "150", "1:2", "--mem-limit", "8G", "auto", "--priority",
+    "--verify-attach", "warn", "--verify-timeout", "nan", "--grace", "--job", "j/1", "--node",
+    "--run-dir", "/nonexistent", "--json", "-v", "-q", "--debug", "--config", "=", "-np", "-",
+    "--dry-run", "--no-shield", "", "é", "--help-me", "-vvq",
+])  # fmt: skip
+_OPTION = st.sampled_from([
+    ["--gpus", "0"], ["--gpus", "9"], ["--gpus", "GPU-nope"], ["--threads", "150"],
+    ["--threads", "1:0"], ["--threads", "uniform"], ["--mem-limit", "0G"], ["--mem-limit", "8G"],
+    ["--priority", "2"], ["--verify-attach", "maybe"], ["--verify-timeout", "-1"],
+    ["--grace", "nan"], ["--job", "../x"], ["--job", "j1"], ["--policy", "affinity"], ["-v"],
+    ["-q"], ["--debug"], ["--no-shield"],
+])  # fmt: skip
+_MODE = st.sampled_from(["status", "config", "version", "help", "run", "srun", "mpirun", "true",
+                         "--", "sh", "stuatus"])  # fmt: skip
+#: Shaped like real use: options, a mode word, then arguments.
+_SHAPED = st.tuples(st.lists(_OPTION, max_size=3), _MODE, st.lists(_WORDS, max_size=4)).map(
+    lambda t: [w for opt in t[0] for w in opt] + [t[1], *t[2]]
+)
+_ENV = st.dictionaries(
+    st.sampled_from(
+        [
+            "MPSWRAP_CLIENT_LIMIT",
+            "MPSWRAP_LOG_LEVEL",
+            "MPSWRAP_KILL_GRACE",
+            "MPSWRAP_VERIFY_ATTACH",
+            "MPSWRAP_NO_SUCH",
+        ]
+    ),
+    st.sampled_from(["abc", "0", "7", "debug", "warn", "-1", "", "1e3"]),
+    max_size=2,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(argv=st.one_of(st.lists(_WORDS, max_size=7), _SHAPED), env=_ENV)
+def test_no_argv_gives_a_traceback(
+    argv: list[str], env: dict[str, str], node: SimNode, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Any argv: a documented exit code and, on failure, an ``mpswrap:`` line (+ hint);
+    never an internal error. Launch modes only plan (``--dry-run``): nothing starts; ``stop``
+    and ``start`` are left to the tests above."""
+    for key, value in node.env(**env).items():
+        monkeypatch.setenv(key, value)
+    argv = ["--dry-run", *argv]
+    try:
+        code = cli.main(argv)
+    finally:
+        for key in env:
+            monkeypatch.delenv(key, raising=False)
+    out = capsys.readouterr()
+    event(f"exit {code}")
+    assert "internal error" not in out.err, (argv, out.err)
+    if "--debug" not in argv:  # --debug asks for tracebacks
+        assert "Traceback" not in out.err, (argv, out.err)
+    assert code in {0, 1, 2, 3, 4, 126, 127}, (argv, code, out.err)
+    if code not in (0, 4):
+        lines = [ln for ln in out.err.splitlines() if not ln.startswith("hint: ")]
+        errors = [ln for ln in lines if not ln.startswith("mpswrap: ignoring ")]
+        assert errors and all(ln.startswith(("mpswrap: ", "usage: ")) for ln in errors[-1:])

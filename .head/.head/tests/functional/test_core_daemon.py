@@ -1,0 +1,229 @@
+"""Issue-2 behaviours of `mpswrap start|status|stop` against the MPS simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.simenv import SimNode, ensure_test_user
+
+pytestmark = pytest.mark.functional
+JOB = ["--job", "j1", "--node", "n1"]
+
+
+@pytest.fixture
+def user() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a non-root test user")
+    return ensure_test_user()
+
+
+def _gpus(node: SimNode) -> list[dict[str, object]]:
+    return json.loads(node.inventory.read_text())["gpus"]
+
+
+def _start(node: SimNode, *args: str, user: str | None = None) -> list[dict[str, object]]:
+    res = node.mpswrap("start", *JOB, "--json", *args, user=user)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _status(node: SimNode, user: str | None = None) -> dict[str, object]:
+    res = node.mpswrap("status", "--json", *JOB, user=user)
+    assert res.returncode == 0, res.stderr
+    jobs = json.loads(res.stdout)["jobs"]  # --job: at most one
+    assert len(jobs) <= 1, jobs
+    return jobs[0] if jobs else {"gpus": []}
+
+
+def _job_dir(node: SimNode, base: Path | None = None) -> Path:
+    """Where `start` puts the job: run_dir as root (admin mode), user_run_dir otherwise."""
+    if base is None:
+        base = node.run_dir if os.geteuid() == 0 else node.user_run_dir
+    return base / "n1" / "j1"
+
+
+def test_start_is_idempotent_and_two_gpus_get_two_private_daemons(node: SimNode, user: str) -> None:
+    first = _start(node, user=user)
+    again = _start(node, user=user)
+    assert [m["daemon_pid"] for m in first] == [m["daemon_pid"] for m in again]
+    assert len({m["daemon_pid"] for m in first}) == 2
+    uid = pwd.getpwnam(user).pw_uid
+    job = _job_dir(node, node.user_run_dir)
+    for m in first:
+        assert psutil.Process(m["daemon_pid"]).uids().real == uid
+        for sub in ("", "pipe", "log"):
+            path = job / str(m["key"]) / sub
+            st = path.stat()
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700), path
+    assert [m["gpu_uuid"] for m in first] == [g["uuid"] for g in _gpus(node)]
+    stopped = node.mpswrap("stop", *JOB, user=user)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not job.exists()
+
+
+def test_daemon_cpus_are_gpu_local_cpus_intersected_with_allowed(node: SimNode) -> None:
+    """The fake inventory gives each GPU half of the CPUs (cpu 0 and 1 on a 2-core machine)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    local = {g["uuid"]: _cpu_list(str(g["cpus"])) for g in _gpus(node)}
+    assert len(allowed) >= 2 and len({tuple(c) for c in local.values()}) == 2, local
+    for cpus in (allowed, allowed[:1]):
+        manifests = _start(node, "--cpus", ",".join(map(str, cpus)))
+        for m in manifests:
+            # local ∩ allowed; all allowed CPUs when the GPU's local ones are all outside
+            expected = sorted(set(local[m["gpu_uuid"]]) & set(cpus)) or cpus
+            assert m["cpus"] == expected, (m, local)
+            assert sorted(psutil.Process(m["daemon_pid"]).cpu_affinity()) == expected
+        assert node.mpswrap("stop", *JOB).returncode == 0
+
+
+def _cpu_list(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def test_defaults_are_in_place_before_the_first_client(node: SimNode) -> None:
+    _start(node, "--gpus", "0", "--threads", "25", "--prestart")
+    status = _status(node)
+    gpu = status["gpus"][0]
+    assert gpu["default_active_thread_percentage"] == 25.0
+    assert gpu["servers"][0]["active_thread_percentage"] == 25.0
+    assert gpu["servers"][0]["clients"] == []
+    node.mpswrap("stop", *JOB)
+
+
+def test_stop_terminates_every_client_before_quit_and_leaves_nothing(node: SimNode) -> None:
+    manifests = _start(node)
+    job = _job_dir(node)
+    clients = []
+    for m in manifests:
+        dirs = job / str(m["key"])
+        env = node.env(
+            CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"),
+            CUDA_MPS_LOG_DIRECTORY=str(dirs / "log"),
+            CUDA_VISIBLE_DEVICES=str(m["gpu_uuid"]),
+        )
+        clients += [
+            subprocess.Popen(
+                [node.client, "--seconds", "60"],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for _ in range(2)
+        ]
+    _wait(lambda: sum(len(s["clients"]) for g in _status(node)["gpus"] for s in g["servers"]) == 4)
+    logs = [(job / str(m["key"]) / "log" / "server.log") for m in manifests]
+    stopped = node.mpswrap("stop", *JOB)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stopped.stdout.count("terminated 2 client(s), killed 0") == 2, stopped.stdout
+    assert stopped.stdout.count("2 client termination(s) succeeded, 0 fatal") == 2
+    outs = [c.communicate(timeout=30)[0] for c in clients]
+    assert all("810" in o for o in outs), outs
+    assert not job.exists()
+    assert not any(p.exists() for p in logs)
+    again = node.mpswrap("stop", *JOB)
+    assert again.returncode == 0 and "nothing to stop" in again.stdout
+
+
+def test_a_hung_daemon_is_cleaned_up_within_the_bound(node: SimNode) -> None:
+    manifests = _start(node, "--gpus", "0")
+    node.faults.write_text(json.dumps({"hang": ["*"]}))
+    t0 = time.monotonic()
+    stopped = node.mpswrap("stop", *JOB)
+    took = time.monotonic() - t0
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert (
+        not psutil.pid_exists(int(manifests[0]["daemon_pid"]))
+        or psutil.Process(int(manifests[0]["daemon_pid"])).status() == psutil.STATUS_ZOMBIE
+    )
+    assert took < 30, took  # command timeouts (3 s) + quit (2 s) + kill, not forever
+
+
+def test_status_reports_faults_from_server_log(node: SimNode) -> None:
+    m = _start(node, "--gpus", "0")[0]
+    dirs = _job_dir(node) / str(m["key"])
+    env = node.env(
+        CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(dirs / "log")
+    )
+    victim = subprocess.Popen([node.client, "--seconds", "30"], env=env, stdout=subprocess.DEVNULL)
+    _wait(lambda: bool(_status(node)["gpus"][0]["servers"]))
+    culprit = subprocess.run(
+        [node.client, "--seconds", "10", "--fault-after", "0.5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert culprit.returncode != 0
+    victim.wait(timeout=30)
+    faults = _status(node)["gpus"][0]["faults"]
+    assert faults and named_in_fault(faults, victim.pid)
+    # every affected client has exited: the server takes clients again
+    _wait(lambda: _status(node)["gpus"][0]["faults"][-1]["recovered"])
+    node.mpswrap("stop", *JOB)
+
+
+def named_in_fault(faults: list[dict[str, object]], pid: int) -> bool:
+    return any(pid in f["affected"] or pid in f["reported_by"] for f in faults)  # type: ignore[operator]
+
+
+def _wait(cond: object, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+# --- bad input: one line, a hint where the user can act, and nothing left ---------------
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["start", "--gpus", "7"], {}, r"no such GPU \(index 7\): this node has 2 GPU\(s\)"),
+        (["start", "--gpus", "GPU-zzz"], {}, "malformed GPU UUID"),
+        (["start", "--gpus", "0-"], {}, "malformed GPU list"),
+        (["start", "--job", "../x"], {}, "invalid job id"),
+        (["start", "--job", "a/b"], {}, "invalid job id"),
+        (
+            ["start"],
+            {"MPSWRAP_USER_RUN_DIR": "/tmp/" + "x" * 90, "MPSWRAP_RUN_DIR": "/tmp/" + "x" * 90},
+            "too long for MPS sockets",
+        ),
+        (
+            ["start"],
+            {"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"},
+            "MPS control program not found",
+        ),
+        (
+            ["start"],
+            {"MPSWRAP_USER_RUN_DIR": "/proc/mpswrap", "MPSWRAP_RUN_DIR": "/proc/mpswrap"},
+            "(run directory not writable|cannot create directory)",
+        ),
+        (["status"], {"MPSWRAP_QUIT_TIMEOUT": "-1"}, "bad value for quit_timeout"),
+    ],
+)
+def test_bad_input_gives_one_line_and_leaves_nothing(
+    node: SimNode, args: list[str], env: dict[str, str], message: str
+) -> None:
+    cmd = [*args] if "--job" in args else [*args, *JOB]
+    res = node.mpswrap(*cmd, **env)
+    assert res.returncode in (1, 2), res
+    lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("hint:")]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("mpswrap: "), res.stderr
+    assert re.search(message, lines[0]), res.stderr
+    assert not _job_dir(node, node.user_run_dir).exists()
+    assert not _job_dir(node, node.run_dir).exists()

@@ -1,0 +1,228 @@
+"""``mpswrap farm`` and ``mpswrap calibrate`` as users run them, against the MPS simulator.
+
+Every task is a simulated client that records how it started and ended (``--record``), tagged
+with its ``MPSWRAP_TASK``; every test fails if a daemon, server or client survives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.functional.test_launcher import by_tag, records, signal_tree, wait_for
+from tests.simenv import SimNode
+
+pytestmark = pytest.mark.functional
+
+
+def state(farm_dir: Path) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    for path in sorted(farm_dir.glob("state*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines
+
+
+def task_line(node: SimNode, rec: Path, seconds: float, extra: str = "") -> str:
+    return f'{node.client} --seconds {seconds} --record {rec} --tag "$MPSWRAP_TASK" {extra}'
+
+
+def forty_tasks(node: SimNode, rec: Path) -> Path:
+    """40 tasks: task 7 fails on its own (exit 3); task 20 causes a fatal GPU fault on its
+    first run only, which ends every client of its GPU's server."""
+    mark = node.root / "faulted-once"
+    lines = [task_line(node, rec, 0.4) for _ in range(40)]
+    lines[7] = "echo task seven fails >&2; exit 3"
+    lines[20] = (f"if [ -e {mark} ]; then {task_line(node, rec, 0.4)}; else touch {mark}; "
+                 f"{task_line(node, rec, 5, '--fault-after 0.6')}; fi")  # fmt: skip
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("# forty tasks\n\n" + "\n".join(lines) + "\n")
+    return tasks
+
+
+def test_forty_tasks_on_two_gpus_retry_only_the_faulted_and_resume_only_the_failed(
+    node: SimNode,
+) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = forty_tasks(node, rec)
+    args = ("farm", "--per-gpu", "3", "--dir", str(farm_dir), "--progress", "lines", str(tasks))
+    res = node.run(*args, timeout=180)
+    assert res.returncode == 1, res.stderr
+    attempts = state(farm_dir)
+    final = {r["task"]: r for r in attempts}
+    assert sorted(final) == list(range(40))
+    assert {t for t, r in final.items() if r["status"] != "done"} == {7}
+    assert [(r["attempt"], r["status"], r["code"]) for r in attempts if r["task"] == 7] == [
+        (1, "failed", 3)
+    ]
+    faulted = [r for r in attempts if r["status"] == "fault"]
+    assert 20 in {r["task"] for r in faulted}, attempts
+    # Only the clients of the faulted GPU's server were hit, each retried once and done.
+    assert len({r["gpu"] for r in faulted}) == 1
+    for record in faulted:
+        again = [r for r in attempts if r["task"] == record["task"] and r["attempt"] == 2]
+        assert [r["status"] for r in again] == ["done"], record
+    assert all(r["attempt"] <= 2 for r in attempts)
+    # K=3 per GPU at most, each task one MPS client of its GPU's daemon.
+    starts = [r for r in records(rec) if r["event"] == "start"]
+    assert all(r["mode"] == "mps" for r in starts)
+    assert Counter(Path(r["pipe"]).parent.name for r in starts).keys() == {"g0", "g1"}
+    assert _most_at_once(records(rec)) <= 6
+    # Logs per task and attempt; the summary names the failed task and its log.
+    logs = farm_dir / "logs"
+    assert all((logs / f"{n:04d}.out").exists() for n in range(40))
+    assert "task seven fails" in (logs / "0007.err").read_text()
+    assert (logs / "0020.2.out").exists()
+    assert "39 done, 1 failed, 0 not run" in res.stdout, res.stdout
+    assert "task 7 (exit 3, failed): echo task seven fails" in res.stdout
+    assert "task 7 failed (exit 3)" in res.stderr
+    assert not any(node.user_run_dir.glob("*/*")), "the farm's daemons must be gone"
+
+    again = node.run(*args, timeout=120)
+    assert again.returncode == 1, again.stderr
+    new = state(farm_dir)[len(attempts) :]
+    assert [(r["task"], r["status"]) for r in new] == [(7, "failed")]
+    assert "39 done before" in again.stdout, again.stdout
+
+
+def _most_at_once(recs: list[dict[str, Any]]) -> int:
+    """The most clients alive at one moment, from their start and end records."""
+    events = sorted((r["time"], 1 if r["event"] == "start" else -1) for r in recs)
+    alive = most = 0
+    for _, step in events:
+        alive += step
+        most = max(most, alive)
+    return most
+
+
+def test_sigterm_mid_farm_ends_every_task_through_terminate_client_and_leaves_nothing(
+    node: SimNode,
+) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("\n".join(task_line(node, rec, 60) for _ in range(10)) + "\n")
+    proc = node.start("farm", "--per-gpu", "2", "--grace", "5", "--dir", str(farm_dir),
+                      str(tasks))  # fmt: skip
+    wait_for(lambda: len(by_tag(records(rec), "start")) == 4)
+    assert signal_tree(proc, signal.SIGTERM) >= 5
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    ends = [r["reason"] for r in records(rec) if r["event"] == "end"]
+    assert ends == ["terminated"] * 4, ends
+    assert state(farm_dir) == []  # nothing finished: all ten run again next time
+    assert "10 not run" in out, out
+    assert not any(node.user_run_dir.glob("*/*"))
+
+
+def test_a_farm_killed_outright_has_its_tasks_ended_by_their_guards(node: SimNode) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("\n".join(task_line(node, rec, 60) for _ in range(4)) + "\n")
+    proc = node.start("farm", "--per-gpu", "1", "--dir", str(farm_dir), str(tasks))
+    wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_for(lambda: len([r for r in records(rec) if r["event"] == "end"]) == 2)
+    assert [r["reason"] for r in records(rec) if r["event"] == "end"] == ["terminated"] * 2
+    # The daemons' owner is gone: its watchdog stops them in time; stop does it now.
+    res = node.run("stop", "--job", f"farm-{proc.pid}", timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(("extra", "share_env", "picked", "state_name"), [
+    ((), {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3"},
+     [1, 4], "state-1of3.jsonl"),
+    (("--share", "0/2"), {}, [0, 2, 4], "state-0of2.jsonl"),
+    ((), {"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
+     [0, 1, 2, 3, 4], "state.jsonl"),
+])  # fmt: skip
+def test_a_share_runs_its_tasks_only_and_keeps_its_own_state_file(
+    node: SimNode, extra: tuple[str, ...], share_env: dict[str, str], picked: list[int],
+    state_name: str,
+) -> None:  # fmt: skip
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("\n".join(task_line(node, rec, 0.1) for _ in range(5)) + "\n")
+    res = node.run("farm", *extra, "--dir", str(farm_dir), str(tasks), **share_env)
+    assert res.returncode == 0, res.stderr
+    assert sorted(int(t) for t in by_tag(records(rec), "start")) == picked
+    assert [p.name for p in farm_dir.glob("state*.jsonl")] == [state_name]
+
+
+def test_tasks_from_stdin_and_the_python_api(node: SimNode) -> None:
+    rec = node.root / "rec.jsonl"
+    lines = [task_line(node, rec, 0.1) for _ in range(3)]
+    res = subprocess.run([sys.executable, "-m", "mpswrap", "farm", "--dir", "f", "-"],
+                         input="\n".join(lines), env=node.env(), cwd=node.root, text=True,
+                         capture_output=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "3 done, 0 failed" in res.stdout
+    code = ("import mpswrap, sys; r = mpswrap.farm(sys.argv[1:], directory='api', per_gpu=2); "
+            "print('result', r.code, [x.status for x in r.records]); sys.exit(r.code)")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code, *lines, "exit 5"], env=node.env(),
+                         cwd=node.root, text=True, capture_output=True, timeout=60)  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "result 1" in res.stdout and res.stdout.count("'done'") == 3, res.stdout
+
+
+def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> None:
+    rec = node.root / "rec.jsonl"
+    res = node.run("calibrate", "--counts", "1,2", "--repeats", "1", "--json", "--dir",
+                   str(node.root / "cal"), "--", "sh", "-c",
+                   task_line(node, rec, 0.3), timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    configs = [(r["copies"], r["mode"]) for r in report["rows"]]
+    modes = ["time-sliced", "mps", "mps-200/n"]
+    assert configs == [(c, m) for c in (1, 2) for m in modes]
+    assert report["recommended"]["mode"] in modes[1:]
+    starts = [r for r in records(rec) if r["event"] == "start"]
+    assert Counter(r["mode"] for r in starts) == {"non-mps": 3, "mps": 6}
+    assert not (node.root / "cal").exists()  # no copy failed: no logs kept
+    table = node.run("calibrate", "--counts", "1", "--repeats", "1", "--", node.client,
+                     "--seconds", "0.1", timeout=60)  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "recommended: mpswrap farm --per-gpu 1 --threads" in table.stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("farm", "/nonexistent/tasks.txt"), "cannot read the task list"),
+    (("farm", "--per-gpu", "0", "t"), "bad --per-gpu"),
+    (("farm", "--share", "2/2", "t"), "bad --share"),
+    (("farm", "--retries", "-1", "t"), "bad --retries"),
+    (("calibrate", "--counts", "0,x", "--", "true"), "bad --counts"),
+    (("calibrate", "--"), "no command to calibrate"),
+])  # fmt: skip
+def test_bad_farm_input_is_one_line_and_exit_2(
+    node: SimNode, args: tuple[str, ...], says: str
+) -> None:
+    res = node.run(*args)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"mpswrap: {says}") or f"mpswrap: {says}" in res.stderr
+    assert len([ln for ln in res.stderr.splitlines() if not ln.startswith("hint")]) == 1
+    assert not any(node.user_run_dir.glob("*/*"))
+
+
+def test_an_open_quote_names_its_line(node: SimNode) -> None:
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("true\n# fine\necho 'open\n")
+    res = node.run("farm", str(tasks))
+    assert res.returncode == 2 and "bad task on line 3" in res.stderr, res.stderr
+
+
+def test_running_again_with_everything_done_starts_nothing(node: SimNode) -> None:
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("true\ntrue\n")
+    env = {"PATH": os.environ["PATH"]}
+    first = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **env)
+    assert first.returncode == 0, first.stderr
+    again = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **env)
+    assert again.returncode == 0 and "nothing to run: 2 task(s), all done before" in again.stdout
+    assert "started MPS daemon" not in again.stderr

@@ -1,0 +1,472 @@
+"""The launcher as users run it (``python -m mpswrap ...``) against the MPS simulator.
+
+Every test runs real processes in a private directory and fails if any daemon, server or
+client of that directory survives it (``finish_sim_node``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.simenv import SimNode, ensure_test_user
+
+pytestmark = pytest.mark.functional
+
+
+def signal_tree(proc: subprocess.Popen[str], sig: int) -> int:
+    """Signal every process of the run at once, as scancel does to a step."""
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for member in tree:
+        try:
+            member.send_signal(sig)
+        except psutil.Error:
+            pass
+    return len(tree)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def wait_for(what: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def client(node: SimNode, rec: Path, seconds: float, tag: str = "$MPSWRAP_RANK") -> list[str]:
+    """A simulated client that tags its records with the rank (through a shell)."""
+    return ["sh", "-c", f'exec {node.client} --seconds {seconds} --record {rec} --tag "{tag}"']
+
+
+def by_tag(recs: list[dict[str, Any]], event: str) -> dict[str, dict[str, Any]]:
+    """Records of one event by the client's tag (end records name only the pid)."""
+    tags = {r["pid"]: str(r.get("tag")) for r in recs if r["event"] == "start"}
+    return {tags.get(r["pid"], "?"): r for r in recs if r["event"] == event}
+
+
+# --- mpswrap run -n N ----------------------------------------------------------------------
+def test_run_places_ranks_by_block_and_leaves_nothing(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    res = node.run("run", "-n", "4", "--", *client(node, rec, 0.3))
+    assert res.returncode == 0, res.stderr
+    starts = by_tag(records(rec), "start")
+    keys = {tag: Path(r["pipe"]).parent.name for tag, r in starts.items()}
+    assert keys == {"0": "g0", "1": "g0", "2": "g1", "3": "g1"}
+    assert all(r["mode"] == "mps" for r in starts.values())
+    assert len({starts["0"]["cvd"], starts["2"]["cvd"]}) == 2  # each on its own GPU's UUID
+    assert [r["reason"] for r in records(rec) if r["event"] == "end"] == ["done"] * 4
+    for index in range(4):
+        assert re.search(rf"^\[{index}\] mps-sim-client \d+ mode=mps", res.stdout, re.M)
+    assert not any(node.user_run_dir.glob("*/*")), "the run's layout must be removed"
+
+
+def test_run_cyclic_alternates_gpus(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    res = node.run("run", "-n", "3", "--policy", "cyclic", "--", *client(node, rec, 0.2))
+    assert res.returncode == 0, res.stderr
+    keys = {t: Path(r["pipe"]).parent.name for t, r in by_tag(records(rec), "start").items()}
+    assert keys == {"0": "g0", "1": "g1", "2": "g0"}
+
+
+def test_run_first_failing_rank_ends_the_others_through_terminate_client(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 1.5; exit 3; fi; '
+              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
+    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    assert res.returncode == 3, res.stderr
+    ends = by_tag(records(rec), "end")
+    assert {t: r["reason"] for t, r in ends.items()} == {"0": "terminated", "2": "terminated"}
+    assert "rank 1 exited with code 3" in res.stderr
+
+
+def test_run_sigterm_to_every_process_ends_clients_cleanly(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    proc = node.start("run", "-n", "3", "--grace", "5", "--", *client(node, rec, 60))
+    wait_for(lambda: len(by_tag(records(rec), "start")) == 3)
+    assert signal_tree(proc, signal.SIGTERM) >= 4
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    ends = by_tag(records(rec), "end")
+    assert sorted(r["reason"] for r in ends.values()) == ["terminated"] * 3
+    assert "CUDA error 810" in out + err
+
+
+def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> None:
+    """SIGKILL takes the supervisor (no ladder of its own): its guard ends the shielded
+    ranks through terminate_client."""
+    rec = node.root / "rec.json"
+    proc = node.start("run", "-n", "2", "--grace", "5", "--", *client(node, rec, 60))
+    wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
+    proc.kill()  # the supervisor alone
+    proc.communicate(timeout=30)
+    wait_for(lambda: len(by_tag(records(rec), "end")) == 2)
+    ends = by_tag(records(rec), "end")
+    assert sorted(r["reason"] for r in ends.values()) == ["terminated"] * 2, ends
+
+
+def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode) -> None:
+    res = node.run("run", "-n", "2", "--", "sh", "-c",
+              'printf "out $MPSWRAP_RANK\\nlast"; printf "err\\xff\\n" >&2')  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    for rank in ("0", "1"):
+        assert f"[{rank}] out {rank}\n" in res.stdout
+        assert f"[{rank}] last\n" in res.stdout
+        assert f"[{rank}] err" in res.stderr  # bytes that are not UTF-8 pass through
+
+
+def test_run_refuses_more_clients_than_one_gpu_takes(one_gpu: SimNode) -> None:
+    res = one_gpu.run("run", "-n", "49", "--", "true")
+    assert res.returncode == 1
+    assert "too many MPS clients for one GPU" in res.stderr
+    assert "limit 48" in res.stderr
+
+
+def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
+    res = node.run("run", "-n", "4", "--dry-run", "--threads", "uniform",
+              "--mem-limit", "auto", "--priority", "1", "--", "app", "x y")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 4
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in lines[0]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M" in lines[0]  # 80 GiB / 2 ranks
+    assert "CUDA_MPS_CLIENT_PRIORITY=1" in lines[3]
+    assert "/g1/pipe" in lines[3] and "MPSWRAP_LOCAL_SIZE=4" in lines[3]
+    assert lines[0].endswith("app 'x y'")
+    assert not node.user_run_dir.exists() or not any(node.user_run_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "bogus", "./a"], "invalid choice"),
+        (["run", "--", "true"], "-n"),
+        # A program that exists: a missing one is refused first (127).
+        (["--threads", "lots", "true"], "bad --threads"),
+        (["--mem-limit", "3T", "true"], "bad --mem-limit"),
+        (["srun", "--multi-prog", "tasks.conf"], "multi-prog"),
+    ],
+)
+def test_usage_errors_exit_2(node: SimNode, args: list[str], message: str) -> None:
+    res = node.run(*args)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+    assert res.stderr.startswith("mpswrap: ")
+
+
+def test_run_as_a_regular_user(node: SimNode) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs as the current user already elsewhere")
+    user = ensure_test_user()
+    rec = node.root / "rec.json"
+    res = node.mpswrap("run", "-n", "2", "--", *client(node, rec, 0.2), user=user)
+    assert res.returncode == 0, res.stderr
+    assert {r["uid"] for r in records(rec) if r["event"] == "start"} == {pwd.getpwnam(user).pw_uid}
+
+
+# --- per-rank mode ---------------------------------------------------------------------
+RANK1_OF_2 = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+def test_rank_mode_uses_the_innermost_launcher_rank(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    res = node.run("--job", "t1", "--", *client(node, rec, 0.2, tag="x"),
+              SLURM_LOCALID="0", **RANK1_OF_2)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (start_rec,) = [r for r in records(rec) if r["event"] == "start"]
+    assert Path(start_rec["pipe"]).parent.name == "g1"
+    assert start_rec["mode"] == "mps"
+
+
+def test_rank_mode_passes_exit_codes_through(node: SimNode) -> None:
+    assert node.run("--job", "t2", "--", "sh", "-c", "exit 5").returncode == 5
+    missing = node.run("--job", "t2", "--", "no-such-program-xyz")
+    assert missing.returncode == 127
+    assert "program not found" in missing.stderr
+
+
+def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    proc = node.start("--job", "t3", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
+    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    signal_tree(proc, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+
+
+def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    proc = node.start("--job", "t3k", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
+    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    proc.kill()  # the supervisor alone: its child ignores SIGTERM and outlives it
+    proc.communicate(timeout=30)
+    wait_for(lambda: "r" in by_tag(records(rec), "end"))
+    assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+
+
+def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> None:
+    """A tmp cleaner or a logout removes the user-mode job directory under running daemons
+    (which, like the real ones, outlive their pipe directory): once its owners are gone, the
+    watchdog ends them by the identities it saw."""
+    rec = node.root / "rec.json"
+    proc = node.start("--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
+    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    job_dir = next(node.user_run_dir.glob("*/gone"))
+    daemons = [psutil.Process(json.loads(m.read_text())["daemon_pid"])
+               for m in job_dir.glob("g*/manifest.json")]  # fmt: skip
+    assert daemons and all(d.is_running() for d in daemons)
+    shutil.rmtree(job_dir)
+    signal_tree(proc, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    _, alive = psutil.wait_procs(daemons, timeout=15)
+    assert not alive, f"daemons outlived their job directory: {alive}"
+
+
+def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> None:
+    marker = tmp_path / "usr1"
+    program = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGUSR1, lambda *a: open({str(marker)!r}, 'w').write('1'))\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+        "time.sleep(3)\n"
+    )
+    proc = node.start("--job", "t4", "--", sys.executable, "-c", program)
+    wait_for((tmp_path / "ready").exists)
+    os.kill(proc.pid, signal.SIGUSR1)  # the supervisor only: it must pass it on
+    proc.communicate(timeout=30)
+    assert marker.exists()
+    assert proc.returncode == 0  # USR1 is not a reason to fail
+
+
+def _redirected(node: SimNode, rec: Path, tmp_path: Path) -> list[str]:
+    """A wrapper script that points the client at a pipe directory with no daemon."""
+    script = tmp_path / "wrong-pipe.sh"
+    script.write_text(f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
+                      f"{node.client} --seconds 30 --record {rec}\n")  # fmt: skip
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_verify_attach_fail_catches_a_client_without_mps(node: SimNode, tmp_path: Path) -> None:
+    rec = node.root / "rec.json"
+    res = node.run("--job", "t5", "--verify-attach", "fail", "--verify-timeout", "2",
+              "--grace", "1", "--", *_redirected(node, rec, tmp_path))  # fmt: skip
+    assert res.returncode == 69, res.stderr
+    assert "is not an MPS client" in res.stderr and "/g0/pipe" in res.stderr
+    assert "hint: " in res.stderr
+    assert records(rec)[0]["mode"] == "non-mps"
+
+
+def test_verify_attach_passes_for_a_real_client(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    res = node.run("--job", "t6", "--verify-attach", "fail", "--verify-timeout", "10",
+              "--", *client(node, rec, 1.5, tag="v"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "not an MPS client" not in res.stderr
+
+
+def test_verify_attach_warn_continues(node: SimNode, tmp_path: Path) -> None:
+    rec = node.root / "rec.json"
+    script = tmp_path / "short.sh"
+    script.write_text(f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
+                      f"{node.client} --seconds 2 --record {rec}\n")  # fmt: skip
+    script.chmod(0o755)
+    res = node.run("--job", "t7", "--verify-attach", "warn", "--verify-timeout", "0.5",
+              "--", str(script))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "is not an MPS client" in res.stderr
+
+
+# --- prefix mode (without running a launcher) ----------------------------------------------
+def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
+    res = node.run("--dry-run", "--policy", "cyclic", "mpirun", "-np", "2", "--mca", "a", "b",
+              "./app", "-np", "9")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    cmd = res.stdout.splitlines()[-1]
+    assert re.search(r"-m mpswrap --job=mpirun-\d+ --policy=cyclic -- \./app -np 9$", cmd)
+    assert "-x MPSWRAP_GPU_INVENTORY" in cmd and cmd.startswith("mpirun -x ")
+    assert "OMPI_MCA_odls_base_sigkill_timeout=5" in res.stdout
+    assert "-x MPSWRAP_JOB" in cmd and re.search(r"^MPSWRAP_JOB=mpirun-\d+$", res.stdout, re.M)
+
+
+def test_prefix_refuses_49_ranks_on_one_gpu_before_launch(one_gpu: SimNode) -> None:
+    res = one_gpu.run("mpirun", "-np", "49", "./never-started")
+    assert res.returncode == 1
+    assert "too many MPS clients for one GPU" in res.stderr and "hint:" in res.stderr
+
+
+def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -> None:
+    rec = node.root / "rec.json"
+    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={tmp_path}; fi; '
+              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
+    res = node.run("run", "-n", "3", "--verify-attach", "fail", "--verify-timeout", "3",
+              "--grace", "2", "--", "sh", "-c", script)  # fmt: skip
+    assert res.returncode == 69, res.stderr
+    assert "rank 1 is not an MPS client" in res.stderr
+    assert {t: r["mode"] for t, r in by_tag(records(rec), "start").items()} == {
+        "0": "mps", "1": "non-mps", "2": "mps"}  # fmt: skip
+    assert by_tag(records(rec), "end")["0"]["reason"] == "terminated"
+
+
+# --- saying what happened: a rank without MPS, and the summary line -------------------------
+SUMMARY = re.compile(
+    r"^mpswrap: summary: node (\S+): (\d+) ranks?, (.+?), exit codes (.+?), (\d+) ended by "
+    r"terminate_client, teardown (.+?), (\d+\.\d\d) s$",
+    re.M,
+)
+
+
+def summaries(stderr: str) -> list[tuple[str, ...]]:
+    return [m.groups() for m in SUMMARY.finditer(stderr)]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), {}, (0, True, "0 attached (2 not seen)")),  # the default: warn
+        (("--verify-attach", "fail"), {}, (69, True, "0 attached (2 not seen)")),
+        (("--verify-attach", "off"), {}, (0, False, "attach not checked")),
+        ((), {"MPSWRAP_VERIFY_ATTACH": "off"}, (0, False, "attach not checked")),  # the setting
+    ],
+)
+def test_run_says_when_ranks_run_without_mps(
+    node: SimNode, args: tuple[str, ...], env: dict[str, str], expected: tuple[int, bool, str]
+) -> None:
+    """The program's own environment points CUDA at a pipe directory with no daemon: CUDA
+    (and the simulated client) then runs without MPS, silently. mpswrap must say so."""
+    code, warned, attached = expected
+    rec = node.root / "rec.json"
+    program = ["env", "CUDA_MPS_PIPE_DIRECTORY=/nonexistent", node.client, "--seconds", "4",
+               "--record", str(rec)]  # fmt: skip
+    res = node.run("run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--",
+                   *program, **env)  # fmt: skip
+    assert res.returncode == code, res.stderr
+    assert {r["mode"] for r in records(rec) if r["event"] == "start"} == {"non-mps"}
+    not_client = re.findall(r"^mpswrap: rank (\d) is not an MPS client \(pid \d+, pipe "
+                            r"(\S+)\): ", res.stderr, re.M)  # fmt: skip
+    named = sorted((rank, Path(pipe).parent.name) for rank, pipe in not_client)
+    if code == 69:  # the first found ends the run
+        assert len(named) == 1 and named[0] in [("0", "g0"), ("1", "g1")], res.stderr
+    elif warned:  # once per rank, naming its GPU's pipe directory
+        assert named == [("0", "g0"), ("1", "g1")], res.stderr
+    else:
+        assert not named and "not an MPS client" not in res.stderr, res.stderr
+    assert ("CUDA_MPS_PIPE_DIRECTORY" in res.stderr) == warned  # what to check
+    assert all(pipe.startswith(f"{node.user_run_dir}/") for _, pipe in not_client)
+    ((_, ranks, seen, *_),) = summaries(res.stderr)
+    assert (ranks, seen) == ("2", attached), res.stderr
+
+
+def test_run_summary_counts_exit_codes_and_terminated_clients(node: SimNode) -> None:
+    rec = node.root / "rec.json"
+    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 2; exit 3; fi; '
+              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
+    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    assert res.returncode == 3, res.stderr
+    assert sorted(r["reason"] for r in by_tag(records(rec), "end").values()) == ["terminated"] * 2
+    assert "is not an MPS client" not in res.stderr  # rank 1 ended before the timeout
+    ((host, ranks, seen, codes, ended, teardown, seconds),) = summaries(res.stderr)
+    assert host == os.uname().nodename
+    assert (ranks, seen, codes, ended, teardown) == (
+        "3", "2 attached (1 not seen)", "1 (2), 3 (1)", "2", "clean"), res.stderr  # fmt: skip
+    assert 2.0 <= float(seconds) < 60
+    assert res.stderr.rstrip().endswith(" s"), "the summary is the run's last word"
+
+
+def _barrier(folder: Path, n: int) -> str:
+    """Shell: mark this rank started, then wait until ``n`` ranks have (so they overlap)."""
+    return (f'touch {folder}/$MPSWRAP_LOCAL_RANK; '
+            f'while [ "$(ls {folder} | wc -l)" -lt {n} ]; do sleep 0.05; done; ')  # fmt: skip
+
+
+def _per_rank_node(node: SimNode, folder: Path, job: str, n: int) -> list[str]:
+    """``n`` per-rank supervisors of one job on one node, as a launcher starts them; rank 1
+    is no CUDA program and exits 4; the others are clients for 1 s. Their stderr, by rank."""
+    rec = folder / "rec.json"
+    folder.mkdir()
+    folder = folder / "started"
+    folder.mkdir()
+    client_then = f"exec {node.client} --seconds 1 --record {rec}"
+    procs = [
+        node.start("--job", job, "--", "sh", "-c",
+                   _barrier(folder, n) + ("exit 4" if i == 1 else client_then),
+                   MPSWRAP_LOCAL_RANK=str(i), MPSWRAP_LOCAL_SIZE=str(n))
+        for i in range(n)
+    ]  # fmt: skip
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [4 if i == 1 else 0 for i in range(n)], errs
+    assert len([r for r in records(rec) if r.get("mode") == "mps"]) == n - 1
+    return errs
+
+
+def test_per_rank_mode_prints_one_summary_for_the_node(node: SimNode, tmp_path: Path) -> None:
+    errs = _per_rank_node(node, tmp_path / "ranks", "sum1", 3)
+    found = [s for err in errs for s in summaries(err)]
+    assert len(found) == 1, errs
+    (_, ranks, seen, codes, ended, teardown, _) = found[0]
+    assert (ranks, seen, codes, ended, teardown) == (
+        "3", "2 attached (1 not seen)", "0 (2), 4 (1)", "0", "clean"), errs  # fmt: skip
+    assert not any(node.user_run_dir.glob("*/*")), "the job's records must go with it"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
+def test_per_rank_mode_on_prolog_daemons_sums_up_and_leaves_them_be(
+    node: SimNode, tmp_path: Path
+) -> None:
+    assert node.run("start", "--job", "sum2").returncode == 0
+    job_dir = next(node.run_dir.glob("*/sum2"))
+    try:
+        for step in ("a", "b"):  # two steps of one job: a summary each, nothing carried over
+            errs = _per_rank_node(node, tmp_path / step, "sum2", 2)
+            found = [s for err in errs for s in summaries(err)]
+            assert len(found) == 1, errs
+            assert found[0][1:6] == ("2", "1 attached (1 not seen)", "0 (1), 4 (1)", "0",
+                                     "by the epilog"), errs  # fmt: skip
+            assert not (job_dir / "outcomes").exists()
+            assert sorted(p.name for p in job_dir.glob("g*")) == ["g0", "g1"]
+    finally:
+        assert node.run("stop", "--job", "sum2").returncode == 0
+    assert not job_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
+def test_a_rank_joining_prolog_daemons_takes_its_gpu_from_the_manifest(
+    node: SimNode, tmp_path: Path
+) -> None:
+    """No NVML per rank: with the prolog's daemons up, a rank places itself from the manifests,
+    so even with the node's inventory gone each rank gets its GPU and that GPU's daemon."""
+    assert node.run("start", "--job", "inv1").returncode == 0
+    gpus = json.loads(node.inventory.read_text())["gpus"]
+    hidden = tmp_path / "gpus.json"
+    node.inventory.rename(hidden)
+    try:
+        for rank in (0, 1):
+            out = node.run("--job", "inv1", "--", "sh", "-c",
+                           "echo $CUDA_MPS_PIPE_DIRECTORY $CUDA_VISIBLE_DEVICES",
+                           MPSWRAP_LOCAL_RANK=str(rank), MPSWRAP_LOCAL_SIZE="2")  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.split() == [
+                str(next(node.run_dir.glob("*/inv1")) / f"g{rank}" / "pipe"),
+                gpus[rank]["uuid"],
+            ], out.stdout
+    finally:
+        hidden.rename(node.inventory)
+        assert node.run("stop", "--job", "inv1").returncode == 0

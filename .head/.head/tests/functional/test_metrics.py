@@ -1,0 +1,300 @@
+"""``mpswrap status`` per client and ``mpswrap metrics`` on the simulator: the documented fields
+and series, parsed with prometheus_client; the textfile replaced whole while a reader reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mpswrap.cli import metrics
+from mpswrap.mps import gpu
+from mpswrap.mps.control import CLIENT_FIELDS
+from tests.simenv import SimNode
+
+pytestmark = pytest.mark.functional
+
+
+@pytest.fixture
+def job(node: SimNode) -> Iterator[list[subprocess.Popen[str]]]:
+    """Job ``met`` with its daemons and three clients on g0: ranks 0-2, thread shares 10/20/30."""
+    assert node.run("start", "--job", "met").returncode == 0
+    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
+    clients = [
+        subprocess.Popen([node.client, "--seconds", "60"], text=True, env=node.env(
+            OMPI_COMM_WORLD_RANK="abc",  # malformed, and outranked by MPSWRAP_RANK: harmless
+            CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"),
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(10 * (r + 1)), MPSWRAP_RANK=str(r),
+            CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={r + 1}G"))
+        for r in range(3)
+    ]  # fmt: skip
+    try:
+        _listed_in(node, "met", 3)
+        yield clients
+    finally:
+        for c in clients:
+            c.kill()
+            c.wait()
+        assert node.run("stop", "--job", "met").returncode == 0
+
+
+def _status(node: SimNode) -> dict[str, Any]:
+    out = node.run("status", "--job", "met", "--json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def test_status_shows_each_client(node: SimNode, job: list[subprocess.Popen[str]]) -> None:
+    clients = _status(node)["jobs"][0]["gpus"][0]["servers"][0]["clients"]
+    assert all(set(c) == set(CLIENT_FIELDS) for c in clients), clients  # as reference.md says
+    by_pid = {c["pid"]: c for c in clients}
+    for rank, proc in enumerate(job):
+        mine = by_pid[proc.pid]
+        assert (mine["rank"], mine["active_thread_percentage"]) == (rank, 10.0 * (rank + 1))
+        assert mine["pinned_mem_limit"] == f"0={rank + 1}G" and mine["user"]
+        assert mine["uptime_s"] >= 0 and "mpswrap.sim.client" in mine["cmdline"]
+        assert mine["gpu_memory_bytes"] is None, "the simulator has no NVML"
+
+
+def test_metrics_parse_and_carry_every_family(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    out = node.run("metrics", "--job", "met")
+    assert out.returncode == 0, out.stderr
+    families = {f.name: f for f in text_string_to_metric_families(out.stdout)}
+    # The parser names a counter's family without its _total, as Prometheus does.
+    assert set(families) == {n.removesuffix("_total") if kind == "counter" else n
+                             for n, kind, _ in metrics.FAMILIES}  # fmt: skip
+    info = families["mpswrap_client_info"].samples
+    assert sorted(s.labels["rank"] for s in info) == ["0", "1", "2"]
+    assert {s.labels["pid"] for s in info} == {str(p.pid) for p in job}
+    assert all(s.labels["job"] == "met" and s.labels["gpu"] == "g0" for s in info)
+    shares = {
+        s.labels["rank"]: s.value
+        for s in families["mpswrap_client_active_thread_percentage"].samples
+    }
+    assert shares == {"0": 10.0, "1": 20.0, "2": 30.0}
+    up = {s.labels["gpu"]: s.value for s in families["mpswrap_daemon_up"].samples}
+    assert up == {"g0": 1.0, "g1": 1.0}
+    assert [s.value for s in families["mpswrap_server_clients"].samples] == [3.0]
+    assert families["mpswrap_faults"].type == "gauge"  # recounted from the log: may go down
+    without_nvml = {"mpswrap_client_gpu_memory_bytes", "mpswrap_gpu_memory_used_bytes",
+                    "mpswrap_gpu_utilization_percent"}  # fmt: skip
+    empty = [n for n, f in families.items() if not f.samples and n not in without_nvml]
+    assert empty == [], empty
+
+
+def test_the_textfile_is_never_read_half_written(node: SimNode, job: list[subprocess.Popen[str]],
+                                                 tmp_path: Path) -> None:  # fmt: skip
+    text = node.run("metrics", "--job", "met").stdout * 50  # large: a torn read would show
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.append((tmp_path / "mpswrap.prom").read_text())
+            except FileNotFoundError:
+                continue
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(200):
+            metrics.write_textfile(tmp_path, text if i % 2 else text[: len(text) // 2])
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and all(s in (text, text[: len(text) // 2]) for s in seen)
+    assert [p.name for p in tmp_path.iterdir()] == ["mpswrap.prom"]
+    assert (tmp_path / "mpswrap.prom").stat().st_mode & 0o777 == 0o644
+    out = node.run("metrics", "--job", "met", "--textfile", str(tmp_path / "none"))
+    assert out.returncode == 2 and "--textfile needs an existing directory" in out.stderr
+
+
+def test_nvml_figures_prefer_the_mps_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each client's memory from NVML's MPS-aware list where it has one, else the plain one."""
+
+    class Proc:
+        def __init__(self, pid: int, used: int | None) -> None:
+            self.pid, self.usedGpuMemory = pid, used
+
+    class Nvml:
+        def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+            return uuid
+
+        def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+            return type("M", (), {"used": 5 << 30, "total": 80 << 30})()
+
+        def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
+            return type("U", (), {"gpu": 37})()
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Proc]:
+            return [Proc(10, 1 << 30), Proc(11, None), Proc(12, 7)]
+
+        def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: str) -> list[Proc]:
+            return [Proc(11, 2 << 30), Proc(12, 4 << 30)]
+
+    monkeypatch.setattr(gpu, "_init_nvml", Nvml)
+    found = gpu.usage("GPU-x", "nvml")
+    assert found == {"memory_used_bytes": 5 << 30, "memory_total_bytes": 80 << 30,
+                     "utilization_percent": 37,
+                     "processes": {10: 1 << 30, 11: 2 << 30, 12: 4 << 30}}  # fmt: skip
+    assert gpu.usage("GPU-x", "/tmp/gpus.json") is None
+
+
+def _clients(node: SimNode, g0: Path, extra: list[list[str]]) -> list[subprocess.Popen[str]]:
+    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"))
+    return [subprocess.Popen([node.client, *args], env=env, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for args in extra]  # fmt: skip
+
+
+def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
+    node: SimNode, tmp_path: Path
+) -> None:
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    old = archive / "n9-1-g0-record.json"
+    old.write_text("{}")
+    os.utime(old, (time.time() - 40 * 86400,) * 2)  # past log_archive_days (30)
+    (archive / "notes.txt").write_text("an admin's file")
+    settings = {"MPSWRAP_LOG_ARCHIVE": str(archive)}
+    assert node.run("start", "--job", "rec", **settings).returncode == 0
+    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/rec/g0"))
+    faulty = _clients(node, g0, [["--seconds", "60", "--fault-after", "0.3"]])
+    faulty[0].wait(timeout=30)  # the fault ends the clients of that server, this one first
+    clients = _clients(node, g0, [["--seconds", "60"]] * 4)
+    try:
+        _listed_in(node, "rec", 4)
+        assert node.run("stop", "--job", "rec", **settings).returncode == 0
+    finally:
+        for c in clients:
+            c.wait(timeout=30)
+    out = node.run("report", "rec", "--json", **settings)
+    assert out.returncode == 0, out.stderr
+    records = json.loads(out.stdout)
+    assert [r["gpu"] for r in records] == ["g0", "g1"]
+    rec = records[0]
+    pids = sorted(c.pid for c in clients)
+    assert rec["clients_seen_count"] == 5 and faulty[0].pid in rec["clients_seen"]
+    assert sorted(rec["ended_by_terminate_client"] + rec["ended_with_server"]) == pids
+    assert rec["killed"] == [] and rec["leftovers"] == []
+    assert [f["reported_by"] for f in rec["faults"]] == [[faulty[0].pid]]
+    assert rec["user"] and rec["gpu_uuid"].startswith("GPU-") and rec["job"] == "rec"
+    text = node.run("report", "rec", **settings)
+    assert "5 client(s) seen" in text.stdout and "fault at" in text.stdout, text.stdout
+    assert not old.exists() and (archive / "notes.txt").exists(), "pruned by age, ours only"
+    assert sorted(p.name for p in archive.glob("*-rec-g0-*")) == [
+        f"{g0.parent.parent.name}-rec-g0-{n}" for n in ("control.log", "record.json", "server.log")
+    ]
+    none = node.run("report", "other", **settings)
+    assert none.returncode == 4 and "no record of job other" in none.stderr
+    unset = node.run("report", "rec")
+    assert unset.returncode == 2 and "no log_archive is set" in unset.stderr
+
+
+def _listed_in(node: SimNode, job: str, k: int) -> None:
+    for _ in range(100):
+        out = json.loads(node.run("status", "--job", job, "--json").stdout)
+        servers = out["jobs"][0]["gpus"][0].get("servers", [])
+        if sum(len(s["clients"]) for s in servers) >= k:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{k} clients never listed")
+
+
+def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
+    odd = subprocess.Popen(
+        [str(node.client), "--seconds", "60", "--tag", 'a"b\\c\nd\udcff'], text=True,
+        env=node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), SLURM_PROCID="x1",
+                     CUDA_MPS_LOG_DIRECTORY=str(g0 / "log")), errors="surrogateescape",
+    )  # fmt: skip
+    try:
+        _listed_in(node, "met", 4)
+        status = node.run("status", "--job", "met", "--json")
+        assert status.returncode == 0, status.stderr
+        out = node.run("metrics", "--job", "met")
+        assert out.returncode == 0, out.stderr
+        info = next(f for f in text_string_to_metric_families(out.stdout)
+                    if f.name == "mpswrap_client_info").samples  # fmt: skip
+        mine = [s for s in info if s.labels["pid"] == str(odd.pid)]
+        assert mine and mine[0].labels["rank"] == "", mine
+        assert 'a"b\\c\nd\\udcff' in mine[0].labels["command"], mine[0].labels["command"]
+    finally:
+        odd.kill()
+        odd.wait()
+
+
+def test_a_gpu_shared_by_two_jobs_and_one_job_id_twice_give_no_duplicate_series() -> None:
+    gpu = {"key": "g0", "uuid": "GPU-1", "daemon": {"user": "u", "alive": True}, "faults": [],
+           "servers": [], "usage": {"memory_used_bytes": 5, "utilization_percent": 7}}  # fmt: skip
+    jobs = [{"node": "n1", "job": j, "job_dir": d, "gpus": [gpu]}
+            for j, d in (("1", "/run/m/n1/1"), ("2", "/run/m/n1/2"),
+                         ("1", "/tmp/u/n1/1"))]  # fmt: skip
+    text = metrics.render({"node": "n1", "jobs": jobs})
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(samples) == len(set(samples))
+    assert sum(line.startswith("mpswrap_gpu_memory_used_bytes") for line in samples) == 1
+    assert sum(line.startswith("mpswrap_daemon_up") for line in samples) == 3
+
+
+def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -> None:
+    from mpswrap.mps import record
+
+    old = time.time() - 40 * 86400
+    names = ["n1-5-g0-record.json", "n1-5-g0-server.log", "nginx-server.log", "x-record.json",
+             "notes.txt"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (old, old))
+    record.prune(tmp_path, 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".mpswrap-pruned", "nginx-server.log", "x-record.json", "notes.txt"])  # fmt: skip
+    (tmp_path / "n1-6-g1-control.log").write_text("x")
+    os.utime(tmp_path / "n1-6-g1-control.log", (old, old))
+    record.prune(tmp_path, 30)
+    assert (tmp_path / "n1-6-g1-control.log").exists(), "pruned twice within the hour"
+    record.prune(tmp_path, None)  # log_archive_days = none: kept forever
+
+
+def test_status_watch_refreshes_until_interrupted(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    watch = node.start("status", "--job", "met", "--watch", "0.2")
+    heads, clients = 0, 0
+    assert watch.stdout is not None
+    for line in watch.stdout:
+        heads += line.startswith("--- ")
+        clients += line.strip().startswith("client ")
+        if heads == 3:
+            break
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err  # the last status was healthy
+    assert clients >= 2 * len(job), "each refresh lists the clients"
+    bad = node.run("status", "--watch", "0")
+    assert bad.returncode == 2 and "--watch needs seconds above 0" in bad.stderr
+
+
+def test_all_shows_every_job_even_from_inside_another(
+    node: SimNode, job: list[subprocess.Popen[str]]
+) -> None:
+    inside = node.run("status", "--json", SLURM_JOB_ID="4242")
+    assert inside.returncode == 4 and json.loads(inside.stdout)["jobs"] == [], inside.stdout
+    every = node.run("status", "--json", "--all", SLURM_JOB_ID="4242")
+    assert [j["job"] for j in json.loads(every.stdout)["jobs"]] == ["met"], every.stdout
+    metrics_all = node.run("metrics", "--all", SLURM_JOB_ID="4242")
+    assert 'job="met"' in metrics_all.stdout, metrics_all.stdout

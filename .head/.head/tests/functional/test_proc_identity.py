@@ -1,0 +1,42 @@
+"""_proc's identity of a process, read from /proc without psutil: the same start time psutil
+reports (ProcIds written by one are compared by the other), and a zombie, a gone or a reused PID
+is not alive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from mpswrap import _proc
+
+pytestmark = pytest.mark.functional
+
+
+def test_start_times_are_psutils() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for pid in (1, os.getpid(), os.getppid(), child.pid):
+            ident = _proc.identify(pid)
+            assert ident is not None and ident.start_time == psutil.Process(pid).create_time()
+            assert _proc.is_alive(ident)
+        assert _proc.is_alive(_proc.ProcId(child.pid, psutil.Process(child.pid).create_time()))
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_zombie_gone_and_reused_pids_are_not_alive() -> None:
+    child = subprocess.Popen(["true"])
+    ident = _proc.identify(child.pid)
+    assert ident is not None
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    assert _proc.identify(child.pid) == ident, "a zombie keeps its identity"
+    assert not _proc.is_alive(ident)
+    child.wait()
+    assert _proc.identify(child.pid) is None and not _proc.is_alive(ident)
+    me = _proc.identify(os.getpid())
+    assert me is not None and not _proc.is_alive(_proc.ProcId(me.pid, me.start_time - 1))

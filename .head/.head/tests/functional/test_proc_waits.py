@@ -1,0 +1,74 @@
+"""_proc's waits: woken by the exit itself (pidfd), or polling where there is none; bounded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpswrap import _proc, _wait
+
+pytestmark = pytest.mark.functional
+
+
+def _sleeper(seconds: float) -> subprocess.Popen[str]:
+    code = f"import time; time.sleep({seconds})"
+    return subprocess.Popen([sys.executable, "-c", code], text=True)
+
+
+@pytest.fixture(params=["pidfd", "polling"])
+def waits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "polling":
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open here")
+    return str(request.param)
+
+
+def test_wait_gone_returns_when_the_processes_exit(waits: str) -> None:
+    procs = [_sleeper(0.2), _sleeper(0.4)]
+    ids = [_proc.identify(p.pid) for p in procs]
+    t0 = time.monotonic()
+    left = _wait.wait_gone([i for i in ids if i], timeout=30)
+    took = time.monotonic() - t0
+    for p in procs:
+        p.wait()
+    assert left == []
+    assert took < 15, f"{waits}: waited {took:.1f} s for processes that ended after 0.4 s"
+
+
+def test_wait_gone_returns_those_still_alive_at_the_deadline(waits: str) -> None:
+    busy, done = _sleeper(30), _sleeper(0)
+    ids = [_proc.identify(busy.pid), _proc.identify(done.pid)]
+    try:
+        left = _wait.wait_gone([i for i in ids if i], timeout=0.5)
+        assert left == [ids[0]]
+    finally:
+        busy.kill()
+        busy.wait()
+        done.wait()
+
+
+def test_wait_gone_ignores_a_pid_with_another_start_time() -> None:
+    proc = _sleeper(30)
+    try:
+        stale = _proc.ProcId(proc.pid, 12345.0)  # the same PID, another process
+        assert _wait.wait_gone([stale], timeout=30) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_wait_child_returns_the_exit_code_or_times_out(waits: str) -> None:
+    quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], text=True)
+    assert _wait.wait_child(quick, timeout=30) == 3
+    slow = _sleeper(30)
+    try:
+        assert _wait.wait_child(slow, timeout=0.3) is None  # still running: no exception
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()

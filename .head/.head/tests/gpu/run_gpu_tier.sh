@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# run_gpu_tier.sh [PHASE...] -- the gpu tier in one go, on the GPU machine (root, no network).
+#
+# Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
+# real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
+# ./gpu-out). Phases: contract core launcher attach ladder session faults slurm tmpfs probe
+# metrics farm teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
+# phase ends, so a visit cut short still brings back every finished phase.
+# PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
+# phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
+# be here).
+# machine.txt names the commit and whether the tree differed from it. The GPU machine gets a
+# copy of the tree without .git, so pass them from the checkout:
+#   MPS_RESULTS_COMMIT=$(git rev-parse HEAD) \
+#   MPS_RESULTS_DIRTY=$(git status --porcelain | grep -q . && echo 1 || echo 0) \
+#   bash tests/gpu/run_gpu_tier.sh core
+# Never touches the GPU's compute mode, clocks, MIG or persistence settings.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$REPO/gpu-out}; mkdir -p "$OUT"
+PHASES=("$@"); [ ${#PHASES[@]} -gt 0 ] || PHASES=(contract core)
+export PYTHONUNBUFFERED=1
+# Every skip fails a test phase, none allowed (tests/strict_skips.py).
+export MPS_STRICT_SKIPS=1; unset MPS_ALLOWED_SKIPS
+
+revision() {  # "commit: SHA" and "tree: clean|dirty|unknown" lines for machine.txt
+  local commit=${MPS_RESULTS_COMMIT:-} dirty=${MPS_RESULTS_DIRTY:-}
+  if [ -z "$commit" ] && [ -e "$REPO/.git" ] && command -v git >/dev/null; then
+    commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null)
+    dirty=$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo 1 || echo 0)
+  fi
+  echo "commit: ${commit:-unknown}"
+  case $dirty in 0) echo "tree: clean" ;; 1) echo "tree: dirty" ;; *) echo "tree: unknown" ;; esac
+}
+REVISION=$(revision)
+# Open MPI 4 insists on an rsh agent even for one node; there is no ssh on the GPU machine.
+export OMPI_MCA_plm_rsh_agent=false
+PY=$(command -v python3)
+
+# An unprivileged user must read the code: work from a world-readable copy.
+SRC=/opt/mpswrap-src; rm -rf "$SRC"; mkdir -p "$SRC"
+cp -a "$REPO"/. "$SRC"/; chmod -R a+rX "$SRC"; cd "$SRC" || exit 1
+mkdir -p /opt/mpswrap-site  # also where the CUDA test client is built
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /opt/mpswrap-site .whl/*.whl
+  chmod -R a+rX /opt/mpswrap-site
+fi
+export PYTHONPATH=$SRC:/opt/mpswrap-site
+# Bytecode, as an installed package has: without it every Python start compiles mpswrap (and
+# the carried wheels, installed --no-compile) again where PYTHONDONTWRITEBYTECODE is set.
+"$PY" -m compileall -q "$SRC/mpswrap" /opt/mpswrap-site >/dev/null 2>&1
+nvcc -O2 -o /opt/mpswrap-site/cuda_client tests/gpu/cuda_client.cu 2>&1 | tail -3
+chmod a+rx /opt/mpswrap-site/cuda_client
+export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
+{ date -u +%FT%TZ; echo "$REVISION"
+  nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode --format=csv,noheader
+  "$PY" -c 'import sys,torch,psutil,filelock,mpi4py; print(sys.version.split()[0], torch.__version__, psutil.__version__, filelock.__version__, mpi4py.__version__)'
+} | tee "$OUT/machine.txt"
+
+bounded() {  # a phase that hangs fails, and the phases after it still run
+  timeout "${PHASE_TIMEOUT:-540}" "$@"
+}
+pt() {  # pt NAME ARGS... : one pytest run with its own log
+  local name=$1; shift
+  # pyproject's strictness kept (filterwarnings = error is not an addopt); -rA reports all.
+  bounded "$PY" -m pytest -p no:cacheprovider \
+    -o addopts="--strict-markers --strict-config" -o timeout=300 -rA \
+    "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
+}
+rc=0
+for phase in "${PHASES[@]}"; do
+  echo "=== phase $phase"
+  case $phase in
+    contract) MPS_CONTRACT_BACKEND=real pt contract tests/contract || rc=1 ;;
+    core) pt core tests/gpu/test_gpu_core.py || rc=1 ;;
+    launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
+    attach) pt attach tests/gpu/test_gpu_attach.py || rc=1 ;;
+    ladder) pt ladder tests/gpu/test_gpu_teardown.py || rc=1 ;;
+    session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
+    slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
+    tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
+    faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
+    metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
+    farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
+    farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--parts calibrate"
+      "$PY" benchmarks/farm_bench.py --out "$OUT/farm.json" "${farm_args[@]}" || rc=1 ;;
+    probe) bounded bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
+      tail -40 "$OUT/probe/probe.txt" ;;
+    teardown) bounded bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
+      cat "$OUT/probe/teardown.txt" ;;
+    startup) bounded bash tests/gpu/startup_costs.sh "$PY" >"$OUT/startup.txt" 2>&1 || rc=1
+      tail -25 "$OUT/startup.txt" ;;
+    bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
+      "$PY" benchmarks/run.py --out "$OUT/bench.json" "${bench_args[@]}" || rc=1 ;;
+    *) echo "unknown phase $phase"; rc=2 ;;
+  esac
+done
+exit $rc

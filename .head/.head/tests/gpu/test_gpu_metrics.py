@@ -1,0 +1,141 @@
+"""Issue-17 gpu tier: each client's GPU memory in ``status --json`` and ``metrics`` against what it
+allocated and what nvidia-smi says; the job's record after the epilog; a fault in all three.
+The hooks run as slurmd runs them (root, the job's variables), without a Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import leftovers
+
+pytestmark = pytest.mark.gpu
+CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
+MIB = 2**20
+#: MiB each client holds beyond what every client has (its CUDA context under MPS, its small
+#: buffer): the first holds nothing more and measures that.
+SIZES = (0, 1024, 2048, 4096, 8192)
+
+
+def _mpswrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mpswrap", *args], env=env, text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
+
+
+def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The job's daemon started by the prolog hook, as slurmd runs it (root, the job's
+    variables, an admin file with log_archive); the environment for the hooks and for
+    mpswrap's commands, and the one for its clients."""
+    conf = tmp / "mpswrap.conf"
+    conf.write_text(f"run_dir = {tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
+                    f"log_archive = {tmp / 'archive'}\nterminate_window = 10\n")  # fmt: skip
+    env = dict(os.environ, MPSWRAP_CONFIG=str(conf), SLURM_JOB_ID=job, SLURM_JOB_UID="0",
+               SLURM_JOB_GID="0", SLURMD_NODENAME="node1", SLURM_JOB_GPUS="0",
+               SLURM_CONF=str(tmp / "slurm.conf"))  # fmt: skip
+    started = _mpswrap(dict(env, SLURM_SCRIPT_CONTEXT="prolog_slurmd"), "prolog")
+    assert started.returncode == 0, started.stderr
+    g = tmp / "run" / "node1" / job / "g0"
+    manifest = json.loads((g / "manifest.json").read_text())
+    cenv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
+                CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]))  # fmt: skip
+    return env, cenv
+
+
+def _epilog(env: dict[str, str]) -> None:
+    done = _mpswrap(dict(env, SLURM_SCRIPT_CONTEXT="epilog_slurmd"), "epilog")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _clients(env: dict[str, str]) -> list[dict[str, Any]]:
+    status = json.loads(_mpswrap(env, "status", "--json").stdout)
+    gpu = status["jobs"][0]["gpus"][0]
+    return [c for s in gpu.get("servers", []) for c in s["clients"]]
+
+
+def _smi() -> dict[int, int]:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return {int(p): int(m) * MIB for p, m in (line.split(",") for line in out.strip().splitlines())}
+
+
+def test_each_clients_memory_in_status_metrics_and_the_record(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    env, cenv = _job(shared_tmp, "met17")
+    procs: list[subprocess.Popen[bytes]] = [
+        subprocess.Popen([CLIENT, "--seconds", "120", "--alloc-mib", str(size)],
+                              env=dict(cenv, MPSWRAP_RANK=str(r)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for r, size in enumerate(SIZES)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # listed, and each has its memory (the memset done)
+            clients = {c["pid"]: c for c in _clients(env)}
+            held = [clients.get(p.pid, {}).get("gpu_memory_bytes") or 0 for p in procs]
+            if all(h > s * MIB for h, s in zip(held, SIZES, strict=True)):
+                break
+            assert time.monotonic() < deadline, clients
+            time.sleep(0.5)
+        time.sleep(1)
+        clients, smi = {c["pid"]: c for c in _clients(env)}, _smi()
+        metrics = {
+            f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)
+        }
+        in_metrics = {int(s.labels["pid"]): s.value
+                      for s in metrics["mpswrap_client_gpu_memory_bytes"].samples}  # fmt: skip
+        base = clients[procs[0].pid]["gpu_memory_bytes"]  # a client's own share, seen by NVML
+        print(f"every client's own memory (context, buffer): {base / MIB:.0f} MiB")
+        print("rank  allocated MiB  status MiB  nvidia-smi MiB  metrics MiB")
+        for rank, (proc, size) in enumerate(zip(procs, SIZES, strict=True)):
+            got = clients[proc.pid]["gpu_memory_bytes"]
+            print(f"{rank:4}  {size:13}  {got / MIB:10.0f}  {smi.get(proc.pid, 0) / MIB:14.0f}"
+                  f"  {in_metrics.get(proc.pid, 0) / MIB:11.0f}")  # fmt: skip
+            assert clients[proc.pid]["rank"] == rank
+            assert abs(got - smi[proc.pid]) <= max(0.05 * got, 64 * MIB)
+            assert in_metrics[proc.pid] == got
+            # what it allocated, plus what every client has: within 5% or 64 MiB
+            assert abs(got - base - size * MIB) <= max(0.05 * size * MIB, 64 * MIB), (rank, got)
+        _epilog(env)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    report = json.loads(_mpswrap(env, "report", "met17", "--json").stdout)[0]
+    print(json.dumps(report, indent=1)[:3000])
+    assert sorted(report["ended_by_terminate_client"]) == sorted(p.pid for p in procs)
+    assert report["clients_seen_count"] == len(SIZES) and report["leftovers"] == []
+    assert leftovers(shared_tmp, mps_baseline) == []
+
+
+def test_a_fault_shows_in_status_metrics_and_the_record(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    env, cenv = _job(shared_tmp, "fault17")
+    bystander = subprocess.Popen([CLIENT, "--seconds", "60"], env=cenv, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    time.sleep(2)
+    culprit = subprocess.run([CLIENT, "--seconds", "60", "--fault-after", "1"], env=cenv,
+                             text=True, capture_output=True, timeout=120)  # fmt: skip
+    bystander.communicate(timeout=120)
+    assert "CUDA error 700" in culprit.stdout, culprit.stdout
+    status = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]["gpus"][0]
+    assert status["faults"], status
+    families = {f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)}
+    assert [s.value for s in families["mpswrap_faults"].samples] == [len(status["faults"])]
+    _epilog(env)
+    report = json.loads(_mpswrap(env, "report", "fault17", "--json").stdout)[0]
+    print(json.dumps(report["faults"], indent=1))
+    named = {pid for f in report["faults"] for pid in f["reported_by"] + f["affected"]}
+    assert report["faults"] and {bystander.pid} <= named, report["faults"]
+    assert leftovers(shared_tmp, mps_baseline) == []

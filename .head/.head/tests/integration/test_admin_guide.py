@@ -1,0 +1,188 @@
+"""The admin guide (slurm/README.md), followed as written under a real Slurm.
+
+Its ``<!-- runnable: admin -->`` blocks run in order, as root, in one shell: a wheel into a
+fresh environment, the admin config, ``mpswrap install-hooks``, the slurm.conf lines and
+``scontrol reconfigure``, the guide's check (a job of the non-root user that opts in with
+``--constraint=mps``). Then a job step of the simulated CUDA program must be an MPS client of
+the daemon the prolog started, and after the epilog nothing of the job may be left. The
+guide's Undo blocks run last (also after a failure), then nothing the guide installed may be
+left.
+
+What the test changes, and nothing else: the five settings of the guide's first block (the
+wheel under test, paths inside this cluster's directory, the test user), three lines it
+appends to the config file (the simulator as control binary and GPU inventory, the cluster's
+run_dir), and the same paths where the guide's shown output names the defaults. The cluster
+is this module's own: its slurm.conf names no hooks until the guide adds them, and its nodes
+carry ``Features=mps`` as the guide tells admins to set for ``feature:mps``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.docblocks import Block, doc_env, problems, run_blocks, runnable_blocks
+from tests.integration.harness import (
+    SAFE_PATH,
+    USER,
+    Cluster,
+    read_records,
+    running_cluster,
+    why_not_runnable,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "slurm" / "README.md"
+#: The guide's settings (its first block) and what the test puts there instead.
+SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "JOBUSER")
+#: The run_dir of the guide's config file (its shown output names it).
+GUIDE_RUN_DIR = "/run/mpswrap"
+
+_skip = why_not_runnable()
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """This module's own cluster (it overrides conftest's): no mpswrap hooks in slurm.conf
+    until the guide adds them; every node has ``Features=mps``."""
+    failed = lambda: request.session.testsfailed > 0  # noqa: E731
+    with running_cluster(failed, hooks=False, features="mps") as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel CI built (``MPS_TEST_WHEEL``), or one built from this tree."""
+    given = os.environ.get("MPS_TEST_WHEEL")
+    if given:
+        return Path(given).resolve()
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+        check=True,
+        timeout=300,
+    )
+    return next(out.glob("mpswrap-*.whl"))
+
+
+def _settings_block(block: Block, values: dict[str, str]) -> tuple[Block, dict[str, str]]:
+    """The guide's first block with the test's values; and the guide's own values."""
+    defaults = {}
+    code = block.code
+    for name, value in values.items():
+        line = re.compile(rf"^export {name}=(\S+)(.*)$", re.MULTILINE)
+        found = line.findall(code)
+        assert len(found) == 1, f"{block.where}: expected one 'export {name}=...' line"
+        defaults[name] = found[0][0]
+        code = line.sub(lambda m, head=f"export {name}={value}": head + m.group(2), code)
+    assert set(re.findall(r"^export (\w+)=", code, re.MULTILINE)) == set(values), block.code
+    return Block(block.path, block.line, code, block.tag, block.output), defaults
+
+
+def _with_paths(blocks: list[Block], paths: dict[str, str]) -> list[Block]:
+    """The blocks with the guide's default paths in their shown output replaced."""
+    out = []
+    for block in blocks:
+        shown = block.output
+        for default, value in paths.items():
+            shown = shown.replace(default, value) if shown is not None else None
+        out.append(Block(block.path, block.line, block.code, block.tag, shown))
+    return out
+
+
+def _simulator_block(cluster: Cluster) -> Block:
+    """This machine has no GPU: the MPS simulator and its inventory, and the cluster's
+    run_dir (whose leftovers the harness checks). The last value of a key wins."""
+    lines = [
+        f"run_dir = {cluster.run_dir}",
+        f"control_binary = {cluster.simbin / 'nvidia-cuda-mps-control'}",
+        f"gpu_inventory = {cluster.inventory_path}",
+    ]
+    code = "cat >>\"$CONF\" <<'EOF'\n" + "\n".join(lines) + "\nEOF\n"
+    return Block(Path(__file__), 0, code, "admin")
+
+
+def _guide(cluster: Cluster, values: dict[str, str]) -> tuple[list[Block], list[Block]]:
+    """(install and check, undo) blocks of the guide as this test runs them."""
+    blocks = runnable_blocks(GUIDE)
+    assert blocks and all(b.tag == "admin" for b in blocks), [b.where for b in blocks]
+    undo_line = GUIDE.read_text().splitlines().index("## Undo") + 1
+    settings, defaults = _settings_block(blocks[0], values)
+    paths = {defaults[k]: values[k] for k in ("VENV", "HOOKS")}
+    paths[GUIDE_RUN_DIR] = str(cluster.run_dir)
+    rest = _with_paths(blocks[1:], paths)
+    config = [i for i, b in enumerate(rest) if 'cat >"$CONF"' in b.code]
+    assert len(config) == 1, "expected one block that writes the config file"
+    at = config[0] + 1
+    install = [settings, *rest[:at], _simulator_block(cluster), *rest[at:]]
+    undo = [b for b in install if b.line > undo_line]
+    install = [b for b in install if b.line <= undo_line]
+    assert undo, "the guide's Undo section has no runnable block"
+    return install, [settings, *undo]
+
+
+def _env(cluster: Cluster) -> dict[str, str]:
+    env = doc_env({"PATH": SAFE_PATH, "SLURM_CONF": str(cluster.slurm_conf), "HOME": "/root"})
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+        env.pop(name, None)
+    return env
+
+
+def _check_client_job(cluster: Cluster, workdir: Path) -> None:
+    """A step of the simulated CUDA program, opted in as the guide says, is an MPS client of
+    its job's daemon; after the epilog nothing of the job is left and no node drained."""
+    rec = workdir / "clients.jsonl"
+    opts = ["--gres=gpu:1", "--constraint=mps", "-n2"]
+    job = cluster.srun(*opts, *cluster.client_argv(rec, seconds=1), cwd=workdir)
+    assert job.proc is not None and job.proc.returncode == 0, job.output
+    starts = read_records(rec)
+    assert len(starts) == 2, f"{starts}\n{job.output}"
+    assert all(s["mode"] == "mps" for s in starts), starts
+    pipes = {s["pipe"] for s in starts}
+    assert len(pipes) == 1, starts
+    assert next(iter(pipes)).startswith(f"{cluster.run_dir}/"), starts
+    assert f"/{job.id}/" in next(iter(pipes)), starts
+    procs, dirs = cluster.wait_clean()
+    assert not procs and not dirs, (procs, dirs)
+    assert not cluster.drained_nodes(), cluster.drained_nodes()
+
+
+def test_admin_guide_install_job_undo(
+    cluster: Cluster, workdir: Path, wheel: Path, tmp_path: Path
+) -> None:
+    root = cluster.state / "admin"  # everything the guide installs (world-traversable)
+    values = {
+        "WHEEL": str(wheel),
+        "VENV": str(root / "venv"),
+        "CONF": str(root / "etc" / "mpswrap.conf"),
+        "HOOKS": str(root / "libexec"),
+        "JOBUSER": USER,
+    }
+    assert tuple(values) == SETTINGS
+    install, undo = _guide(cluster, values)
+    node_lines = re.findall(r"^NodeName=.*$", cluster.slurm_conf.read_text(), re.MULTILINE)
+    assert node_lines and all(" Features=mps " in line for line in node_lines), node_lines
+    env = _env(cluster)
+    try:
+        done = run_blocks(install, env, cwd=workdir, state=tmp_path / "install.sh", timeout=300)
+        found = problems(done, install)
+        assert not found, "\n".join(found)
+        _check_client_job(cluster, workdir)
+    finally:
+        undone = run_blocks(undo, env, cwd=workdir, state=tmp_path / "undo.sh", timeout=120)
+        installed = (root / "venv", root / "libexec", root / "etc" / "mpswrap.conf")
+        left = [p for p in installed if p.exists()]
+        shutil.rmtree(root, ignore_errors=True)  # whatever the Undo blocks did not remove
+    found = problems(undone, undo)
+    assert not found, "\n".join(found)
+    assert not left, f"the guide's Undo left {left}"
+    config = cluster.slurm("scontrol", "show", "config").stdout
+    assert str(root) not in config, "slurm.conf still names the hooks after Undo"

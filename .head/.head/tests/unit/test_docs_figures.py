@@ -1,0 +1,398 @@
+"""The benchmark figures of docs/benchmarks.md and the README, rebuilt from the raw files in
+benchmarks/results/: each statement must appear word for word (line breaks aside), and no
+measured figure of the results is left that none of them covers. Also the commit those files
+record (benchmarks/revision.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+DOC = REPO / "docs" / "benchmarks.md"
+MODES = ("timesliced", "rawmps", "mpswrap")
+NS = (1, 4, 12, 24, 48)
+med = statistics.median
+
+
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _module("report")
+revision = _module("revision").revision
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def results_section() -> str:
+    return flat(DOC.read_text().split("\n## Results\n", 1)[1])
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = report.load(RESULTS / name)
+    return data
+
+
+def whole(x: float) -> str:
+    """Rounded half up, as the docs round the files' tenths (324.5 ms reads 325)."""
+    return str(int(x + 0.5))
+
+
+def thousands(x: float) -> str:
+    return f"{int(x + 0.5):,}"
+
+
+def cell(v: dict[str, float], spread: bool = True) -> str:
+    if v["min_ms"] == v["max_ms"]:
+        return f"{whole(v['median_ms'])} (one run)"
+    rng = f" ({whole(v['min_ms'])}-{whole(v['max_ms'])})" if spread else ""
+    return whole(v["median_ms"]) + rng
+
+
+def memory(sup: dict[str, Any]) -> str:
+    return (
+        f"RSS {sup['rss_mib']} MiB; its guard RSS {sup['guard_rss_mib']} MiB, "
+        f"of which {sup['guard_uss_mib']} MiB its own"
+    )
+
+
+def walls(data: dict[str, Any]) -> dict[tuple[str, int], list[float]]:
+    """MLP wall times by (mode, N), in repeat order."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for run in sorted(data["runs"], key=lambda r: str(r["key"])):
+        if run.get("workload") == "mlp" and not run.get("threads"):
+            out.setdefault((run["mode"], run["n"]), []).append(run["wall_s"])
+    return out
+
+
+def starts(data: dict[str, Any]) -> list[float]:
+    """Median start-up of each mode and N, as the tables show them."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for run in data["runs"]:
+        if run.get("workload") == "mlp":
+            by.setdefault((run["mode"], run["n"]), []).append(run["startup_s"])
+    return [med(v) for v in by.values()]
+
+
+def h100_long() -> list[str]:
+    data = load("2026-11-23-h100-long.json")
+    w = walls(data)
+    steps = data["runs"][0]["steps"]
+    pairs = {n: [r / m for r, m in zip(w["rawmps", n], w["mpswrap", n], strict=False)] for n in NS}
+    ratio = {n: med(w["rawmps", n]) / med(w["mpswrap", n]) for n in NS}
+    speed = {n: med(w["timesliced", n]) / med(w["rawmps", n]) for n in NS}
+    n1 = [t for mode in MODES for t in w[mode, 1]]
+    late = [1 - p for n in (24, 48) for p in pairs[n] if p < 1]
+    sliced = max(abs(t / r - 1) for t, r in zip(w["timesliced", 1], w["rawmps", 1], strict=False))
+
+    def rate(mode: str, n: int) -> str:
+        return f"{n * steps / med(w[mode, n]):,.0f}"
+
+    def listed(ns: list[int]) -> str:
+        cells = [f"N={n} ({ratio[n]:.2f}x)" for n in ns]
+        return ", ".join(cells[:-1]) + f" and {cells[-1]}"
+
+    up = starts(data)
+    return [
+        *report.throughput_table(data, "mlp"),
+        f"{steps:,} steps per worker ({min(n1):.1f}-{max(n1):.1f} s at N=1)",
+        "mpswrap was faster): "
+        + "; ".join(f"N={n} " + ", ".join(f"{p:.2f}" for p in pairs[n]) for n in NS)
+        + ".",
+        f"{speed[12]:.2f}x (median), and {speed[24]:.1f}-{speed[48]:.1f}x at N=24 and 48",
+        f"time-slicing stays at {rate('timesliced', 24)} and {rate('timesliced', 48)} steps/s "
+        f"and raw MPS reaches {rate('rawmps', 24)} and {rate('rawmps', 48)}",
+        f"met at {listed([n for n in NS if ratio[n] >= 0.98])}; "
+        f"missed at {listed([n for n in NS if ratio[n] < 0.98])}.",
+        f"(raw MPS at N=4: {min(w['rawmps', 4]):.2f}-{max(w['rawmps', 4]):.2f} s;",
+        f"differ by up to {sliced:.0%} in one repeat",
+        f"slower in {('no', 'one', 'two', 'three', 'four', 'five', 'six')[len(late)]} of six "
+        f"pairs, by {100 * min(late):.0f}-{100 * max(late):.0f}%",
+        f"Start-up ({whole(min(up))}-{whole(max(up))} s,",
+    ]
+
+
+def h100_overheads() -> list[str]:
+    runs = {r["key"]: r for r in load("2026-11-23-h100-long.json")["runs"]}
+    prolog = runs["overhead/gpu/prolog/gpus1"]["prolog"]
+    epi = [runs[f"overhead/gpu/epilog/clients{k}"] for k in (0, 12, 48)]
+    sup = runs["overhead/gpu/supervisor"]
+    alone = epi[0]["epilog"]["median_ms"]
+    per = [(e["epilog"]["median_ms"] - alone) / e["clients"] for e in epi[1:]]
+    return [
+        f"| {cell(prolog)} | 125:",
+        "| epilog, 1 GPU, with 0 / 12 / 48 clients | "
+        + " / ".join(cell(e["epilog"]) for e in epi)
+        + " |",
+        "| `mpswrap status --json`, with 0 / 12 / 48 clients | "
+        + " / ".join(whole(e["status"]["median_ms"]) for e in epi)
+        + " |",
+        f"| {cell(sup['start'])} | 50:",
+        f"| {memory(sup)} | 25 MiB:",
+        f"{whole(per[0])} ms per client with 12 clients and {whole(per[1])} ms per client with 48",
+        f"the H100's prolog ({whole(prolog['median_ms'])} ms)",
+        f"The H100 machine's figure ({sup['rss_mib']} MiB before)",
+        f"the real one ({epi[2]['epilog']['median_ms'] / 1000:.2f} s)",
+    ]
+
+
+def h100_short() -> list[str]:
+    data = load("2026-11-23-h100.json")
+    w = walls(data)
+    ratio = {n: f"{med(w['rawmps', n]) / med(w['mpswrap', n]):.2f}x" for n in (1, 4, 12)}
+    n1 = [t for mode in MODES for t in w[mode, 1]]
+    up = starts(data)
+
+    def spread(mode: str, n: int) -> str:
+        return f"{min(w[mode, n]):.2f}-{max(w[mode, n]):.2f} s"
+
+    sliced = med(w["timesliced", 12])
+    return [
+        *report.throughput_table(data, "mlp"),
+        f"{sliced / med(w['rawmps', 12]):.2f}x faster than time-slicing "
+        f"({sliced / med(w['mpswrap', 12]):.2f}x through mpswrap)",
+        f"mpswrap against raw MPS: {ratio[1]} at N=1, {ratio[4]} at N=4 and {ratio[12]} at N=12.",
+        f"(raw MPS at N=4: {spread('rawmps', 4)}; mpswrap: {spread('mpswrap', 4)})",
+        f"these had {min(n1):.1f}-{max(n1):.1f} s",
+        f"Start-up ({min(up):.1f}-{max(up):.1f} s)",
+    ]
+
+
+def start_ab() -> list[str]:
+    data = load("2026-11-23-cpu-start-ab.json")
+    a, b = data["trees"]
+    ca, cb = a["commit"][:7], b["commit"][:7]
+    rounds = a["start_round_medians_ms"] + b["start_round_medians_ms"]
+
+    def start(t: dict[str, Any]) -> str:
+        r = t["start_round_medians_ms"]
+        return f"{t['start_median_ms']} ({min(r)}-{max(r)})"
+
+    def row(what: str, key: str) -> str:
+        return f"| {what} | {a[key]} | {b[key]} |"
+
+    less = f"{a['rss_mib'] - b['rss_mib']:.1f} MiB"
+    return [
+        f"--rounds {data['rounds']} --repeats {data['repeats']}`: the tree of {ca} (before) "
+        f"and of {cb} (after:",
+        f"| | before ({ca}) | after ({cb}) |",
+        f"| per-rank supervisor start, ms (round medians) | {start(a)} | {start(b)} |",
+        row("supervisor RSS, MiB", "rss_mib"),
+        f"| its guard: RSS / own (USS), MiB | {a['guard_rss_mib']} / {a['guard_uss_mib']} "
+        f"| {b['guard_rss_mib']} / {b['guard_uss_mib']} |",
+        row("prolog, 1 GPU, ms", "prolog_median_ms"),
+        row("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
+        f"**Memory: {less} less per rank**, now {b['rss_mib']} MiB here",
+        f"({less} and a few ms less",
+        f"**Start: {whole(a['start_median_ms'] - b['start_median_ms'])} ms less at the median",
+        f"({whole(min(rounds))}-{whole(max(rounds))} ms between rounds)",
+        f"its {whole(a['epilog_median_ms'] - b['epilog_median_ms'])} ms difference",
+    ]
+
+
+def h100_start_ab() -> list[str]:
+    files = ("331babf", "bb6707f", "0c9b392")
+    (a, b), (c, d), (e, f) = (load(f"2026-11-24-h100-startup-ab-{n}.json")["trees"] for n in files)
+    g, h = load("2026-11-24-h100-startup-ab-deae135.json")["trees"]
+    rows = [("per-rank supervisor start, ms", "start_median_ms"),
+            ("prolog, 1 GPU, ms", "prolog_median_ms"),
+            ("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
+            ("supervisor RSS, MiB", "rss_mib")]  # fmt: skip
+    profile = REPO / "docs/gpu-results/2026-11-24/ab-bb6707f/prolog-profile.txt"
+    walls = re.search(r"prolog wall, plain: .*, (\d+ ms)", profile.read_text())
+    assert walls, "no prolog walls in the profile"
+    runs = {r["key"]: r for r in load("2026-11-24-h100-overhead-bb6707f.json")["runs"]}
+    epi = [runs[f"overhead/gpu/epilog/clients{k}"]["epilog"]["median_ms"] for k in (48, 12)]
+    return [
+        *(
+            f"| {what} | {a[k]} | {b[k]} | | {c[k]} | {d[k]} | | {e[k]} | {f[k]} |"
+            for what, k in rows
+        ),
+        f"start {g['start_median_ms']} → {h['start_median_ms']} ms, RSS {g['rss_mib']} → "
+        f"{round(h['rss_mib'], 2)} MiB",
+        f"took {walls[1]} in the profile of bb6707f",
+        f"48 live clients {epi[0]} ms (one sample), 12 clients {epi[1]} ms",
+    ]
+
+
+def start_ab_later() -> list[str]:
+    a, b = load("2026-11-23-cpu-start-ab-2.json")["trees"]
+    data = load("2026-11-23-cpu-start-ab-3.json")
+    c, d = data["trees"]
+    eight = [t["prolog_gpus8_median_ms"] for t in (c, d)]
+    one = [t["prolog_median_ms"] for t in (c, d)]
+    return [
+        f"{a['commit'][:7]} against {b['commit'][:7]}, where waits",
+        f"prolog {a['prolog_median_ms']} → {b['prolog_median_ms']} ms, epilog "
+        f"{a['epilog_median_ms']} → {b['epilog_median_ms']} ms",
+        f"({a['start_median_ms']} → {b['start_median_ms']} ms;",
+        f"`--rounds {data['rounds']} --repeats {data['repeats']} --gpus 1,8`, "
+        f"{c['commit'][:7]} against {d['commit'][:7]}, where",
+        f"prolog with 8 simulated GPUs {thousands(eight[0])} → {thousands(eight[1])} ms "
+        f"({whole((eight[0] - one[0]) / 7)} → {whole((eight[1] - one[1]) / 7)} ms for each GPU "
+        f"after the first), with 1 GPU unchanged within the noise ({whole(one[0])} → "
+        f"{whole(one[1])} ms)",
+    ]
+
+
+def startup_costs() -> list[str]:
+    text = (RESULTS / "2026-11-23-cpu-startup.txt").read_text()
+    ms = {cmd: float(t) for t, cmd in re.findall(r"^\s*([\d.]+) ms\s+(.+)$", text, re.M)}
+    code = ("pass", "import psutil", "import mpswrap", "import mpswrap.launcher")
+    bare, psutil, mpswrap, launcher = (whole(ms[f"python -c {c}"]) for c in code)
+    version = whole(ms["python -m mpswrap --version"])
+    return [
+        f"the bare interpreter {bare} ms, `import psutil` {psutil} ms, `import mpswrap` "
+        f"{mpswrap} ms, `import mpswrap.launcher` (the rank path) {launcher} ms",
+        f"`python -m mpswrap --version` takes {version} ms, of which `import mpswrap` is "
+        f"{mpswrap} ms: `2026-11-23-cpu-startup.txt`",
+        f"`python -m mpswrap --version` itself takes {version} ms on this machine",
+        f"bare `python -c pass` takes {bare} ms here",
+    ]
+
+
+def sim_overheads(name: str) -> list[str]:
+    runs = {r["key"]: r for r in load(name)["runs"]}
+    pro = [runs[f"overhead/sim/prolog/gpus{g}"] for g in (1, 2, 4, 8)]
+    epi = [runs[f"overhead/sim/epilog/clients{k}"] for k in (0, 12, 48)]
+    sup = runs["overhead/sim/supervisor"]
+    return [
+        "| prolog, 1 / 2 / 4 / 8 GPUs | " + " / ".join(cell(p["prolog"]) for p in pro) + " |",
+        "| epilog with no clients, 1 / 2 / 4 / 8 GPUs | "
+        + " / ".join(cell(p["epilog_no_clients"], spread=False) for p in pro)
+        + " |",
+        "| epilog, 1 GPU, with 0 / 12 / 48 clients | "
+        + " / ".join(cell(e["epilog"], spread=False) for e in epi)
+        + " |",
+        "| `mpswrap status --json`, with 0 / 12 / 48 clients | "
+        + " / ".join(whole(e["status"]["median_ms"]) for e in epi)
+        + " |",
+        f"| {cell(sup['start'])} |",
+        f"| supervisor memory | {memory(sup)}",
+    ]
+
+
+def sim_prose() -> list[str]:
+    morning = {r["key"]: r for r in load("2026-11-23-cpu-sim.json")["runs"]}
+    later = {r["key"]: r for r in load("2026-11-23-cpu-sim-b.json")["runs"]}
+    twelve = [f"{thousands(f['overhead/sim/epilog/clients12']['epilog']['median_ms'])} ms"
+              for f in (later, morning)]  # fmt: skip
+    sup = morning["overhead/sim/supervisor"]
+    start, rss = whole(sup["start"]["median_ms"]), sup["rss_mib"]
+    e48 = morning["overhead/sim/epilog/clients48"]["epilog"]["median_ms"] / 1000
+    return [
+        f"took {twelve[0]} here against {twelve[1]} in the morning",
+        f"its {rss} MiB and {start} ms include the compiler",
+        f"supervisor start {start} ms (target",
+        f"supervisor RSS {rss} MiB (target",
+        f"epilog with 48 clients ({e48:.2f} s)",
+    ]
+
+
+STATEMENTS = {
+    "h100-long": h100_long,
+    "h100-overheads": h100_overheads,
+    "h100": h100_short,
+    "h100-start-ab": h100_start_ab,
+    "start-ab": start_ab,
+    "start-ab-later": start_ab_later,
+    "startup-costs": startup_costs,
+    "cpu-sim-b": lambda: sim_overheads("2026-11-23-cpu-sim-b.json"),
+    "cpu-sim": lambda: sim_overheads("2026-11-23-cpu-sim.json"),
+    "cpu-sim-prose": sim_prose,
+}
+#: Figures of the results that are not measurements: targets, settings, method.
+NOT_MEASURED = (
+    "≥ 2x",
+    "at least 2x",
+    "≥ 0.98 of raw MPS",
+    "Python 3.12,",
+    "Meeting 50 ms",
+    "~2 s runs",
+    "the 2% target (0.98x)",
+    "over 5 s of work",
+    "25 MiB: **missed**",
+    "(5, 10, 20, 40, 80 ms apart)",
+    "polled at most 20 ms apart",
+    "to 50 ms",
+    "(target 50 ms;",
+    "(target 25 MiB)",
+    "(target 100 ms + 25 ms per GPU)",
+    "(target 2 s)",
+)
+#: A measured-looking figure: a number with a unit, or a decimal that is not a version.
+FIGURE = re.compile(
+    r"(?<![\w.])(?:\d[\d,]*\.\d+(?![\d.])|\d[\d,]*(?:\.\d+)?(?:-\d[\d.]*)?\s?(?:ms|s|MiB|%|x))(?!\w)"
+)
+
+
+@pytest.mark.parametrize("source", STATEMENTS)
+def test_each_figure_is_what_its_raw_file_gives(source: str) -> None:
+    text = results_section()
+    missing = [s for s in STATEMENTS[source]() if flat(s) not in text]
+    assert not missing, f"docs/benchmarks.md does not say what the {source} file gives"
+
+
+def test_no_figure_of_the_results_is_left_unchecked() -> None:
+    text = results_section()
+    assert [s for s in NOT_MEASURED if s not in text] == [], "stale entries in NOT_MEASURED"
+    checked = [False] * len(text)
+    for statement in [s for build in STATEMENTS.values() for s in build()] + list(NOT_MEASURED):
+        for found in re.finditer(re.escape(flat(statement)), text):
+            checked[found.start() : found.end()] = [True] * len(found[0])
+    unchecked = [m[0] for m in FIGURE.finditer(text) if not all(checked[m.start() : m.end()])]
+    assert unchecked == [], "figures in docs/benchmarks.md that no raw file gives"
+
+
+def test_readme_figure_is_the_h100_files() -> None:
+    data = load("2026-11-23-h100-long.json")
+    w = walls(data)
+    times = [f"{med(w[mode, 12]):.2f} s" for mode in ("timesliced", "rawmps")]
+    said = (
+        f"12 small training processes took {times[0]} time-sliced and {times[1]} under MPS "
+        f"(medians of {len(w['rawmps', 12])} runs of {data['runs'][0]['steps']:,} steps each, "
+        f"[benchmarks/results/{data['file']}]"
+    )
+    assert said in flat((REPO / "README.md").read_text())
+
+
+def test_revision_prefers_the_environment_then_git_then_unknown(tmp_path: Path) -> None:
+    given = {"MPS_RESULTS_COMMIT": "abc123", "MPS_RESULTS_DIRTY": "1"}
+    assert revision(tmp_path, given) == {"commit": "abc123", "dirty": True}
+    assert revision(tmp_path, {"MPS_RESULTS_COMMIT": "abc123"})["dirty"] == "unknown"
+    assert revision(tmp_path, {}) == {"commit": "unknown", "dirty": "unknown"}
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    git = ["git", "-C", str(tmp_path)]
+    for setting in ("user.name=t", "user.email=t@t", "commit.gpgsign=false"):
+        git += ["-c", setting]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "new.json").write_text("{}")
+    assert revision(tmp_path, {}) == {"commit": head.strip(), "dirty": False}
+    (tmp_path / "code.py").write_text("")
+    assert revision(tmp_path, {})["dirty"] is True
+
+
+def test_report_names_the_commit_or_says_it_was_not_recorded() -> None:
+    assert report.revision({"python": "3.11.2"}) == "commit not recorded"
+    assert report.revision({"commit": "0123456789abcdef", "dirty": False}) == "commit 0123456789ab"
+    assert report.revision({"commit": "0123456789ab", "dirty": True}).endswith(", tree changed")

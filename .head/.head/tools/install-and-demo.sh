@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# tools/install-and-demo.sh -- install mpswrap into a virtual environment and run its demo.
+#   bash tools/install-and-demo.sh [--clients N] [--simulate auto|yes|no]
+# As root on Debian/Ubuntu it installs python3-venv if missing. VENV overrides the location
+# (default /opt/mpswrap/venv as root, ~/.local/share/mpswrap/venv otherwise). It installs this
+# source tree; WHEEL=path/to/mpswrap-*.whl installs that wheel instead (CI: the one it built).
+# mpswrap needs Python >= 3.10 (README, Requirements); PYTHON=python3.11 overrides python3.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd -P)
+if [ "$(id -u)" = 0 ]; then VENV=${VENV:-/opt/mpswrap/venv}; else VENV=${VENV:-$HOME/.local/share/mpswrap/venv}; fi
+
+# pip refuses an interpreter older than pyproject's requires-python, and says so.
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null; then
+  [ "$(id -u)" = 0 ] || { echo "install python3-venv first (apt-get install python3-venv)" >&2; exit 1; }
+  DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q "${WHEEL:-$REPO}"
+echo "installed: $("$VENV/bin/mpswrap" --version) in $VENV"
+exec "$VENV/bin/mpswrap" demo "$@"
