@@ -223,6 +223,14 @@ def python_api() -> list[str]:
             call = _signature(member, f"s.{name}").replace("(self, ", "(")
             rows.append((_code(call), _cell(_rst(doc))))
     out += _table(("attribute or method", "type or meaning"), rows)
+    out += ["", "```python", _signature(mpswrap.farm, "mpswrap.farm"), "```", ""]
+    out += [_rst(inspect.getdoc(mpswrap.farm) or ""), ""]
+    from mpswrap.entry.farm import FarmResult
+
+    fields = [
+        (_code(f"result.{f.name}"), _type_name(f.type)) for f in dataclasses.fields(FarmResult)
+    ]
+    out += _table(("attribute", "type"), fields)
     out += ["", "Errors (all exported by `mpswrap`; each pickles):", ""]
     rows = []  # reused: (class, bases, meaning)
     for name in mpswrap.__all__:

@@ -92,7 +92,12 @@ def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
 def farm(tasks: Sequence[str], *, directory: str = "mpswrap.farm", per_gpu: int | None = None,
          retries: int = 1, gpus: str | None = None, threads: str | None = None,
          share: str | None = None, progress: str = "off") -> FarmResult:  # fmt: skip
-    """Run ``tasks`` (command lines) as ``mpswrap farm`` does; the result, summary printed."""
+    """Run ``tasks`` (command lines, as the lines of a task list) on this job's GPUs, as
+    ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU, logs and state in ``directory``
+    (tasks done there before are skipped), ``retries`` more runs of a task a fatal GPU fault
+    ended. Prints the summary; returns a ``FarmResult`` (``code``: 0 when every task is done,
+    1 when any failed or did not run, 128+N after signal N). Usage errors raise ``UsageError``.
+    """
     opts = LaunchOptions(gpus=gpus, threads=threads)
     farm_opts = FarmOptions(per_gpu, retries, directory, share, progress)
     return farm_tasks(opts, farm_opts, parse_tasks(tasks), directory)

@@ -226,3 +226,21 @@ def test_running_again_with_everything_done_starts_nothing(node: SimNode) -> Non
     again = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **env)
     assert again.returncode == 0 and "nothing to run: 2 task(s), all done before" in again.stdout
     assert "started MPS daemon" not in again.stderr
+
+
+def test_calibrate_saves_a_plot_and_without_matplotlib_refuses_before_running(
+    node: SimNode,
+) -> None:
+    png = node.root / "calibrate.png"
+    argv = ["calibrate", "--counts", "1,2", "--repeats", "1", "--plot", str(png), "--",
+            node.client, "--seconds", "0.1"]  # fmt: skip
+    res = node.run(*argv, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.unlink()
+    hide = ("import sys; sys.modules['matplotlib'] = None; from mpswrap.cli.main import main; "
+            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", hide, *argv], env=node.env(), text=True,
+                         capture_output=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2 and "mpswrap: --plot needs matplotlib" in res.stderr, res.stderr
+    assert "started MPS daemon" not in res.stderr and not png.exists()
