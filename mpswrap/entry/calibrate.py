@@ -14,6 +14,7 @@ It recommends the count and policy with the best throughput, i.e. ``mpswrap farm
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .._signals import SignalTrap
@@ -94,35 +95,43 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
     env = JobEnv(dict(os.environ))
     job = env.job_key(given=opts.job, fresh=f"calibrate-{os.getpid()}")
     assert job is not None
+    chosen = None if opts.gpus is None else _chosen(opts, settings)
+    rows: list[Calibration] = []
     with SignalTrap() as trap:
-        att = attach(
-            settings, env, job, gpus=None if opts.gpus is None else _chosen(opts, settings)
-        )
-        rows: list[Calibration] = []
+        att = attach(settings, env, job, gpus=chosen)
         no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
         try:
             att.announce()
-            slot, limit = _gpu(att, settings)
+            slot, limit = _gpu(att, settings, chosen)
             cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
             top = min(limit, top or default_per_gpu(limit, 1, cpus))
             plan = FarmPlan(0, opts.grace_s(settings), env.node)
-            bench = _Bench(opts, att, slot, shlex.join(command), plan, directory, no_mps)
+            bench = _Bench(opts, att, slot, shlex.join(command), plan, directory, no_mps,
+                           existed=os.path.exists(directory))  # fmt: skip
             code = _measure(bench, list(counts or counts_up_to(top)), repeats, trap, rows)
         finally:
-            os.rmdir(no_mps)
-            finish(att, [], f"calibrate {job}")
+            try:
+                shutil.rmtree(no_mps, ignore_errors=True)
+            finally:
+                finish(att, [], f"calibrate {job}")
+    if code:  # told to stop: no table of what did not run
+        return code
     _report(rows, as_json, plot)
-    return code or (1 if any(r.failed for r in rows) else 0)
+    clean = recommend(rows) is not None and not any(
+        r.failed for r in rows if r.mode != "time-sliced"
+    )
+    return 0 if clean else 1
 
 
 def _chosen(opts: LaunchOptions, settings: Settings) -> list[GpuInfo] | None:
     return opts.chosen_gpus(load_inventory(settings.gpu_inventory))
 
 
-def _gpu(att: Attachment, settings: Settings) -> tuple[Slot, int]:
+def _gpu(att: Attachment, settings: Settings,
+         chosen: list[GpuInfo] | None) -> tuple[Slot, int]:  # fmt: skip
     """The first GPU of the job (or of ``--gpus``) and its client limit less what runs."""
     inventory = attached_inventory(att, settings)
-    slot = attached_slots(att, inventory, None)[0]
+    slot = attached_slots(att, inventory, chosen)[0]
     limit = capacity_limits([slot.uuid], inventory, settings)[slot.uuid]
     return slot, max(1, limit - att.daemons.clients().get(slot.uuid, 0))
 
@@ -138,6 +147,9 @@ class _Bench:
     plan: FarmPlan
     directory: str
     no_mps: str  # a pipe directory no daemon listens on
+    #: The directories of the runs, created here (the only ones removed when all went well).
+    created: list[str] = field(default_factory=list)
+    existed: bool = field(default_factory=lambda: False)
 
     def env(self, lane: Lane, seat: int, copies: int, threads: str | None) -> dict[str, str]:
         if lane.daemon is None:
@@ -153,6 +165,8 @@ class _Bench:
         daemon = self.att.daemons.daemon(self.slot.key) if mps else None
         lane = Lane(0, self.slot, daemon, list(range(copies)))
         farm_dir = FarmDir(os.path.join(self.directory, f"{name.replace('/', '')}-{copies}"))
+        if not farm_dir.path.exists():
+            self.created.append(str(farm_dir.path))
         tasks = parse_tasks([self.command] * copies)
         farmer = Farmer(
             [lane], tasks, self.plan, farm_dir=farm_dir.create(), report=Progress("off").report,
@@ -180,8 +194,12 @@ def _measure(bench: _Bench, counts: list[int], repeats: int, trap: SignalTrap,
     rows += [Calibration(c, m, runs[(c, m)], failed[(c, m)]) for c in counts for m, _, _ in MODES]
     if any(r.failed for r in rows):
         log.warning("calibrate: some copies failed: their logs are in %s", bench.directory)
-    else:
-        shutil.rmtree(bench.directory, ignore_errors=True)
+        return 0
+    for path in bench.created:
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the directory, if calibrate made it and it is empty
+        if not bench.existed:
+            os.rmdir(bench.directory)
     return 0
 
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import shlex
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
+from .._lock import file_lock
 from .._signals import TERMINATING, SignalTrap
 from ..config import Settings
-from ..errors import UsageError
+from ..errors import LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
 from ..job.job import attach
@@ -75,9 +77,11 @@ def _share(given: str | None, env: JobEnv) -> Share:
 
 
 def _directory(given: str | None, source: str) -> str:
+    """``--dir``, else ``<TASKS>.farm`` beside the task list (``stdin.farm`` here for ``-``):
+    two task lists never share one by default."""
     if given:
         return given
-    return "stdin.farm" if source == "-" else f"{Path(source).name}.farm"
+    return "stdin.farm" if source == "-" else f"{source}.farm"
 
 
 def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
@@ -117,6 +121,9 @@ def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
     result = FarmResult(0, skipped=len(mine) - len(todo), directory=directory)
     if share.count > 1:
         log.info("farm: share %s: %d of %d task(s)", share, len(mine), len(tasks))
+    if not mine:
+        print(f"farm: no tasks to run (share {share} of {len(tasks)} task(s))")
+        return result
     if not todo:
         print(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
         return result
@@ -126,8 +133,24 @@ def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
     farm_dir.create()
     job = env.job_key(given=opts.job, fresh=f"farm-{os.getpid()}")
     assert job is not None
-    return _run(opts, farm_opts, settings=settings, env=env, job=job, todo=todo,
-                farm_dir=farm_dir, result=result)  # fmt: skip
+    with _only_farm(farm_dir):
+        return _run(opts, farm_opts, settings=settings, env=env, job=job, todo=todo,
+                    farm_dir=farm_dir, result=result)  # fmt: skip
+
+
+@contextmanager
+def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
+    """The share's lock: two farms on one directory and share would run every task twice."""
+    held = file_lock(farm_dir.lock_path, timeout=0)
+    try:
+        held.acquire()
+    except LockTimeout:
+        raise UsageError("another farm runs in this directory", thing=str(farm_dir.path),
+                         hint="wait for it, or give --dir another directory") from None  # fmt: skip
+    try:
+        yield
+    finally:
+        held.release()
 
 
 def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env: JobEnv,
@@ -205,5 +228,5 @@ def _check(farm_opts: FarmOptions) -> None:
 def _print_plan(todo: list[Task], directory: str) -> None:
     """``--dry-run``: what would run, and how; nothing is started or written."""
     for task in todo:
-        print(f"[task {task.number}] {' '.join(task.argv)}")
+        print(f"[task {task.number}] {shlex.join(task.argv)}")
     print(f"farm: {len(todo)} task(s) would run; logs and state in {directory}")

@@ -67,21 +67,26 @@ class Progress:
 
     def close(self) -> None:
         if self.mode == "bar" and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
+            self._write("\n")
             self.width = 0
 
     def _bar(self, text: str) -> None:
-        self.stream.write("\r" + text.ljust(self.width))
-        self.stream.flush()
+        self._write("\r" + text.ljust(self.width))
         self.width, self.drawn = len(text), time.monotonic()
 
     def _line(self, text: str) -> None:
         if self.mode == "bar" and self.width:
-            self.stream.write("\r" + " " * self.width + "\r")
+            self._write("\r" + " " * self.width + "\r")
             self.width = 0
-        self.stream.write(f"mpswrap: farm: {text}\n")
-        self.stream.flush()
+        self._write(f"mpswrap: farm: {text}\n")
+
+    def _write(self, text: str) -> None:
+        """A display: its stream closed (a pipe's reader gone) must not end the farm."""
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.mode = "off"
 
 
 def _attempt_line(record: TaskRecord) -> str:

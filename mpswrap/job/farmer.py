@@ -16,13 +16,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import _proc
 from .._signals import Guard, SignalTrap
-from ..errors import MpswrapError
+from ..errors import LayoutError, MpswrapError
 from ..mps.daemon import Daemon
 from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
 from .placement import Slot
@@ -48,6 +49,17 @@ log = logging.getLogger(__name__)
 FAULT_SETTLE = 1.0
 #: Seconds a GPU waits, once the clients of a fault have exited, before it takes tasks again.
 RECOVER_WAIT = 0.5
+#: A task is a process of its own, not a rank of the step that runs the farm: these would make
+#: frameworks (PyTorch Lightning, an MPI library) take it for one of several ranks.
+STEP_RANK_VARS = frozenset({
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_STEP_NUM_TASKS", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+})  # fmt: skip
+#: Seconds a GPU waits at most for its server to recover from a fault (a client that never
+#: exits keeps it in FAULT): then it takes tasks again, which a server still in FAULT refuses.
+HOLD_MAX = 60.0
 #: The engine's wake: faults are looked for, the progress shown.
 TICK = 0.25
 
@@ -61,12 +73,16 @@ class Lane:
     daemon: Daemon | None  # None: no MPS (calibrate's time-sliced runs)
     seats: list[int]
     watch: FaultWatch | None = None
-    #: Attempts (by id) that must exit before this GPU takes tasks again (a fault).
+    #: Since when a fault keeps this GPU from taking tasks; None: it takes them.
+    paused_at: float | None = None
+    #: Attempts (by id) the fault hit: once all have exited the server takes clients again.
     holding: set[int] = field(default_factory=set)
     resume_at: float = 0.0
+    #: A task failed here since server.log was last read.
+    suspect: bool = False
 
     def takes(self, now: float) -> bool:
-        return bool(self.seats) and not self.holding and now >= self.resume_at
+        return bool(self.seats) and self.paused_at is None and now >= self.resume_at
 
 
 @dataclass
@@ -78,12 +94,14 @@ class Attempt:
     lane: Lane
     seat: int
     rank: Rank
-    guard: Guard
     start: float
     pids: set[int]
+    guard: Guard | None = None
     check: Verifier | None = None
     end: float = 0.0
     code: int = 0
+    #: Running when the farm was told to stop: ended by it, not recorded.
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +157,7 @@ class Farmer:
         self.outcomes: list[Outcome] = []
         self.counts = Counts(len(tasks), time.time())
         self.stopping = False
+        self.error: OSError | None = None  # a log or the state that could not be written
 
     def run(self, trap: SignalTrap) -> int:
         """0 once every task ran (each record says how), or 128+signal."""
@@ -149,10 +168,16 @@ class Farmer:
                              more=self._more)  # fmt: skip
             self._tick()
             self._decide(time.time(), final=True)
-            return code
         finally:
-            for attempt in self.live:
-                attempt.guard.release()
+            for guard in (a.guard for a in self.live):
+                if guard is not None:
+                    guard.release()
+        if self.error is not None:
+            if isinstance(self.error, MpswrapError):
+                raise self.error
+            raise LayoutError("cannot write the farm's files", thing=str(self.dir.path),
+                              cause=self.error.strerror or str(self.error))  # fmt: skip
+        return code
 
     @property
     def not_run(self) -> list[Task]:
@@ -162,29 +187,37 @@ class Farmer:
     # --- the wake ------------------------------------------------------------------------
     def _tick(self) -> float:
         now = time.time()
-        self._reap(now)
-        self._watch_lanes(now)
-        self._decide(now)
-        if not self.stopping:
-            self._fill(now)
-        self.counts.running = len(self.live)
-        self.report(None, self.counts)
+        try:
+            self._reap(now)
+            self._watch_lanes(now)
+            self._decide(now)
+            if not self.stopping:
+                self._fill(now)
+            self.counts.running = len(self.live)
+            self.report(None, self.counts)
+        except OSError as exc:  # disk full, quota: end the running tasks through the ladder
+            if self.error is None:
+                self.error = exc
+                self._stop(signal.SIGTERM, f"cannot write the farm's files ({exc})")
         return TICK
 
     def _more(self) -> bool:
         return not self.stopping and bool(self.queue or self.undecided or self.live)
 
-    def _stop(self, sig: int) -> None:
+    def _stop(self, sig: int, why: str = "") -> None:
         self.stopping = True
-        log.warning("farm: signal %d: ending %d running task(s), starting no more",
-                    sig, len(self.live))  # fmt: skip
+        for attempt in self.live:
+            attempt.stopped = True
+        log.warning("farm: %s: ending %d running task(s), starting no more",
+                    why or f"signal {sig}", len(self.live))  # fmt: skip
         end_ranks(self.ranks, sig, self.plan.grace)
 
     def _reap(self, now: float) -> None:
         for attempt in [a for a in self.live if not a.rank.running()]:
             self.live.remove(attempt)
             self.ranks.remove(attempt.rank)
-            attempt.guard.release()
+            if attempt.guard is not None:
+                attempt.guard.release()
             attempt.end = now
             attempt.code = exit_code(attempt.rank.proc.poll() or 0)
             if attempt.check is not None:
@@ -193,29 +226,53 @@ class Farmer:
             attempt.lane.seats.append(attempt.seat)
             attempt.lane.holding.discard(id(attempt))
             self.outcomes.append(_outcome(attempt))
+            if attempt.stopped:
+                continue
             if attempt.code == 0:
                 self._record(attempt, DONE)
-            elif not self.stopping:
+            else:
+                attempt.lane.suspect = True
                 self.undecided.append(attempt)
 
     def _watch_lanes(self, now: float) -> None:
-        for lane in (lane for lane in self.lanes if lane.watch is not None):
-            assert lane.watch is not None
-            if lane.watch.refresh():
-                lane.holding = {id(a) for a in self.live if a.lane is lane}
+        """server.log is read where a task failed or a fault is being handled; a fault stops
+        its GPU taking tasks until its server recovers."""
+        for lane in self.lanes:
+            waiting = any(a.lane is lane for a in self.undecided)
+            if lane.watch is None or not (lane.suspect or waiting or lane.paused_at is not None):
+                continue
+            lane.suspect = False
+            new = lane.watch.refresh()
+            if new:
+                named = set().union(*(f.pids for f in new))
+                mine = [a for a in self.live if a.lane is lane]
+                lane.holding = {id(a) for a in [a for a in mine if a.pids & named] or mine}
+                lane.paused_at = lane.paused_at or now
                 log.warning("farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
                             "there until its server recovers", lane.position)  # fmt: skip
-            if not lane.holding and lane.watch.unrecovered():
+            if lane.paused_at is not None and self._recovered(lane, now):
                 for fault in lane.watch.unrecovered():
                     fault.recovered_at = now
+                lane.paused_at, lane.holding = None, set()
                 lane.resume_at = now + RECOVER_WAIT
+
+    def _recovered(self, lane: Lane, now: float) -> bool:
+        assert lane.watch is not None
+        assert lane.paused_at is not None
+        if not lane.holding or all(f.logged_recovery for f in lane.watch.unrecovered()):
+            return True
+        if now - lane.paused_at < HOLD_MAX:
+            return False
+        log.warning("farm: gpu %d: no recovery from the fault after %g s: taking tasks again",
+                    lane.position, HOLD_MAX)  # fmt: skip
+        return True
 
     def _decide(self, now: float, final: bool = False) -> None:
         """Failed attempts: a fault's victims are retried (while retries are left), the rest
         recorded as failed once their server had time to log a fault."""
         for attempt in list(self.undecided):
             watch_ = attempt.lane.watch
-            faults = watch_.seen if watch_ is not None else []
+            faults = list(watch_.seen.values()) if watch_ is not None else []
             if is_victim(attempt.pids, attempt.start, attempt.end, faults):
                 self.undecided.remove(attempt)
                 retry = attempt.number <= self.plan.retries and not final and not self.stopping
@@ -239,8 +296,9 @@ class Farmer:
     # --- one attempt ---------------------------------------------------------------------
     def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
         out, err = self.dir.open_logs(task, number)
-        env = {**os.environ, **self.client_env(lane, seat),
-               TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)}  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in STEP_RANK_VARS}
+        env.update(self.client_env(lane, seat))
+        env.update({TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)})
         start = time.time()
         try:
             rank = spawn_rank(task.argv, env, lane.daemon, shield=self.plan.shield,
@@ -256,14 +314,14 @@ class Farmer:
         finally:
             os.close(out)
             os.close(err)
-        attempt = Attempt(task, number, lane, seat, rank, guard_ranks([rank], self.plan.grace),
-                          start, {rank.ident.pid})  # fmt: skip
+        attempt = Attempt(task, number, lane, seat, rank, start, {rank.ident.pid})
         if self.plan.verify not in (None, "off") and lane.daemon is not None:
             attempt.check = Verifier(rank, lane.daemon, self.plan.verify_timeout,
                                      str(self.plan.verify), self.listings)  # fmt: skip
             self.checks.append(attempt.check)
         self.live.append(attempt)
-        self.ranks.append(rank)
+        self.ranks.append(rank)  # before its guard: a failed fork still ends it, by the ladder
+        attempt.guard = guard_ranks([rank], self.plan.grace)
 
     def _record(self, attempt: Attempt, status: str, retried: bool = False) -> None:
         self._record_parts(attempt.task, attempt.number, attempt.lane, status=status,

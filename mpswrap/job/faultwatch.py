@@ -6,11 +6,15 @@ they have all exited (notes: mps-facts.md). MPS does not say which client caused
 task it ended is retried, the one that caused it included (bounded by ``--retries``).
 
 A failed attempt is a victim of a fault of its GPU's server when it was alive while the
-server handled it: it ended after the fault's stamp in server.log and started before the
-server took clients again (it either had the fault's error or was refused). The server names
-the clients it hit, but a task's client may be a child of the task (a shell line) and gone
-before it could be looked at; where a stamp does not parse, the names are all there is. A task
-that fails on its own while its GPU's server handles a fault is retried with the others.
+server handled it: it ended after the fault's stamp in server.log, began before the server
+took clients again, and ended by then (or named by the fault). Either it had the fault's
+error or it was refused. The server names the clients it hit, but a task's client may be a
+child of the task (a shell line) and gone before it could be looked at; where a stamp does
+not parse, the names are all there is. A task that fails on its own while its GPU's server
+handles a fault is retried with the others.
+
+Faults are known by their stamp, server and first named client, not by their place in the
+log: only the log's last ``mpslog.LOG_LIMIT`` bytes are read, and older faults drop out.
 """
 
 from __future__ import annotations
@@ -19,15 +23,16 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..mps import mpslog
 from ..mps.daemon import Daemon
 
 __all__ = ["FaultSeen", "FaultWatch", "is_victim"]
 
-#: server.log's stamps have milliseconds.
-STAMP_SLACK = 0.01
+#: server.log's stamps have milliseconds; a failed task is reaped within a wake of its end.
+STAMP_SLACK = 0.1
+#: A failure counts for a fault until this long after its server took clients again.
+RECOVER_SLACK = 1.0
 #: Every task's number and attempt, in its environment.
 TASK_VAR, ATTEMPT_VAR = "MPSWRAP_TASK", "MPSWRAP_TASK_ATTEMPT"
 
@@ -36,9 +41,12 @@ TASK_VAR, ATTEMPT_VAR = "MPSWRAP_TASK", "MPSWRAP_TASK_ATTEMPT"
 class FaultSeen:
     """One fault of a server, as the farm tracks it."""
 
+    key: tuple[str, int, int]  # stamp, server pid, first client named
     time: float | None  # from server.log's stamp; None if it does not parse
     pids: set[int] = field(default_factory=set)
-    #: When the server took clients again (the farm's view); None while it has not.
+    #: server.log says the server took clients again (its context destroyed, a client ACTIVE).
+    logged_recovery: bool = False
+    #: When the farm let the GPU take tasks again; None while it has not.
     recovered_at: float | None = None
 
 
@@ -46,12 +54,14 @@ def is_victim(pids: set[int], start: float, end: float, faults: Iterable[FaultSe
     """Whether an attempt that ran from ``start`` to ``end`` (as the farm saw it: its end is
     when it was reaped) with processes ``pids`` and failed was ended by one of ``faults``."""
     for fault in faults:
-        if pids & fault.pids:
-            return True
         if fault.time is None:
+            if pids & fault.pids:
+                return True
             continue
-        recovered = fault.recovered_at
-        if end >= fault.time - STAMP_SLACK and (recovered is None or start <= recovered):
+        back = fault.recovered_at
+        if end < fault.time - STAMP_SLACK or (back is not None and start > back):
+            continue  # gone before the fault, or begun after the server took clients again
+        if pids & fault.pids or back is None or end <= back + RECOVER_SLACK:
             return True
     return False
 
@@ -71,33 +81,39 @@ class FaultWatch:
 
     def __init__(self, daemon: Daemon) -> None:
         self.server_log = daemon.dirs.log / "server.log"
-        self._sizes: dict[Path, int] = {}
-        self._faults: list[mpslog.Fault] = []
-        self._changed(self.server_log)
-        self.before = len(mpslog.read_faults(self.server_log))  # not the farm's
-        self.seen: list[FaultSeen] = []
+        self._size = self._stat()
+        self.before = {_key(f) for f in mpslog.read_faults(self.server_log)}  # not the farm's
+        self.seen: dict[tuple[str, int, int], FaultSeen] = {}
 
-    def _changed(self, path: Path) -> bool:
+    def _stat(self) -> int:
         try:
-            size = os.stat(path).st_size
+            return os.stat(self.server_log).st_size
         except OSError:
-            size = -1
-        changed = self._sizes.get(path) != size
-        self._sizes[path] = size
-        return changed
+            return -1
 
     def refresh(self) -> list[FaultSeen]:
-        """The faults since the farm started; the ones first seen now are returned."""
-        if not self._changed(self.server_log):
+        """The faults first seen now (those of the farm's time); the others' names and
+        recovery brought up to date."""
+        size = self._stat()
+        if size == self._size:
             return []
-        faults = mpslog.read_faults(self.server_log)[self.before :]
+        self._size = size
         new: list[FaultSeen] = []
-        for index, fault in enumerate(faults):
-            if index == len(self.seen):
-                self.seen.append(FaultSeen(stamp_time(fault.time)))
-                new.append(self.seen[-1])
-            self.seen[index].pids = set(fault.reported_by) | set(fault.affected)
+        for fault in mpslog.read_faults(self.server_log):
+            key = _key(fault)
+            if key in self.before:
+                continue
+            seen = self.seen.get(key)
+            if seen is None:
+                seen = self.seen[key] = FaultSeen(key, stamp_time(fault.time))
+                new.append(seen)
+            seen.pids = set(fault.reported_by) | set(fault.affected)
+            seen.logged_recovery = fault.recovered
         return new
 
     def unrecovered(self) -> Sequence[FaultSeen]:
-        return [f for f in self.seen if f.recovered_at is None]
+        return [f for f in self.seen.values() if f.recovered_at is None]
+
+
+def _key(fault: mpslog.Fault) -> tuple[str, int, int]:
+    return fault.time, fault.server_pid, (fault.reported_by or [0])[0]

@@ -247,6 +247,8 @@ def watch(
     failed: int | None = None
     with _ExitFds() as fds:
         while True:
+            if more is None and not any(r.running() for r in ranks):
+                break  # fixed ranks, all gone: no signal taken, no tick after the last
             ended_by = _take_signals(ranks, trap, ended_by, terminate)
             pending = [c for c in checks if not c.done]
             if isolated:
@@ -257,10 +259,8 @@ def watch(
                         *([tick()] if tick else [])])  # fmt: skip
             live = [r for r in ranks if r.running()]
             if not live and not (more is not None and ended_by is None and more()):
-                break
-            watched = [fds.of(r) for r in live]
-            fds.prune()
-            _nap(trap.wake_fd, watched, wake)
+                break  # a farm's last task is reaped by the tick above
+            _nap(trap.wake_fd, fds.watch(live), wake)
     if ended_by is not None:
         return 128 + ended_by
     return 0 if isolated else failed if failed is not None else _first_failure(ranks, grace) or 0
@@ -329,10 +329,12 @@ class _ExitFds:
     def __exit__(self, *exc: object) -> None:
         self._close(set(self._fds))
 
-    def prune(self) -> None:
-        """Close the descriptors of ranks not asked for since the last prune."""
+    def watch(self, live: Sequence[Rank]) -> list[int | None]:
+        """The descriptors of ``live``; those of the ranks no longer live are closed."""
+        fds = [self.of(r) for r in live]
         self._close(set(self._fds) - self._asked)
         self._asked.clear()
+        return fds
 
     def _close(self, keys: set[int]) -> None:
         for key in keys:
@@ -349,8 +351,12 @@ def _nap(wake_fd: int, live: list[int | None], wake: float) -> None:
 
 
 def _sleep(fds: list[int], timeout: float) -> None:
+    """poll, not select: a farm may hold descriptors past select's 1024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
     try:
-        select.select(fds, [], [], max(0.0, timeout))
+        poller.poll(max(0.0, timeout) * 1000)
     except InterruptedError:
         pass
 

@@ -5,10 +5,11 @@ tasks. Tasks are numbered from 0 in file order (``MPSWRAP_TASK``). A line with s
 (pipes, redirections, variables, ``&&``, globs) runs under ``/bin/sh -c``; any other line is
 split like a shell would and run directly, so the task's process is the program itself.
 
-Everything a farm writes lives in its directory (``--dir``, default ``<TASKS>.farm`` in the
-current directory): ``logs/NNNN.out`` and ``logs/NNNN.err`` for attempt 1, ``NNNN.A.out`` for
-attempt A; and one state file per share of the tasks (``state.jsonl``, or ``state-IofN.jsonl``
-for share I of N), a JSON line per finished attempt, appended with one write each. A task
+Everything a farm writes lives in its directory (``--dir``, default ``<TASKS>.farm`` beside
+the task list): ``logs/NNNN-HASH.out`` and ``.err`` for attempt 1 (the task's number and
+its command's hash), ``NNNN-HASH.A.out`` for attempt A; and one state file per share of the
+tasks (``state.jsonl``, or ``state-IofN.jsonl`` for share I of N), a JSON line per finished
+attempt, appended with one write each; a lock file per share, held while a farm runs. A task
 whose command has a ``done`` line in any state file of the directory is not run again: the
 key is the command's text (and which occurrence of it), so an edited line runs again and
 reordering lines runs nothing twice.
@@ -45,7 +46,10 @@ DONE, FAILED, FAULT = "done", "failed", "fault"
 #: A state line longer than this was not written by a farm.
 RECORD_LIMIT = 1 << 16
 #: Characters that make a line shell syntax rather than a plain command.
-_SHELL = re.compile(r"[|&;<>()$`*?\[\]{}~\n\\]|\s#|(^|\s)[A-Za-z_][A-Za-z0-9_]*=|^\s*(cd|export)\s")
+_SHELL = re.compile(
+    r"[|&;<>()$`*?\[\]{}~\n\\]|\s#|(^|\s)[A-Za-z_][A-Za-z0-9_]*="
+    r"|^\s*(cd|export|exec|source|\.|ulimit|umask|eval|set|unset|trap|wait|time)(\s|$)"
+)
 _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
@@ -56,6 +60,13 @@ class Task:
     number: int
     command: str
     key: str  # the command's hash and its occurrence: stable when lines move
+
+    @property
+    def log_stem(self) -> str:
+        """``NNNN-<hash>``: its number for people, its key so that a finished task's logs are
+        never another's after the list was edited."""
+        digest, _, occurrence = self.key.partition("-")
+        return f"{self.number:04d}-{digest[:8]}" + ("" if occurrence == "1" else f"-{occurrence}")
 
     @property
     def argv(self) -> list[str]:
@@ -160,8 +171,12 @@ class FarmDir:
                               cause=exc.strerror) from None  # fmt: skip
         return self
 
+    @property
+    def lock_path(self) -> Path:
+        return self.path / f".{self.share.state_name}.lock"
+
     def log_paths(self, task: Task, attempt: int) -> tuple[Path, Path]:
-        stem = f"{task.number:04d}" + ("" if attempt == 1 else f".{attempt}")
+        stem = task.log_stem + ("" if attempt == 1 else f".{attempt}")
         return self.logs / f"{stem}.out", self.logs / f"{stem}.err"
 
     def open_logs(self, task: Task, attempt: int) -> tuple[int, int]:

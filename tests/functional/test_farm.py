@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,9 +78,12 @@ def test_forty_tasks_on_two_gpus_retry_only_the_faulted_and_resume_only_the_fail
     assert _most_at_once(records(rec)) <= 6
     # Logs per task and attempt; the summary names the failed task and its log.
     logs = farm_dir / "logs"
-    assert all((logs / f"{n:04d}.out").exists() for n in range(40))
-    assert "task seven fails" in (logs / "0007.err").read_text()
-    assert (logs / "0020.2.out").exists()
+    first = [
+        p.name for p in logs.iterdir() if re.fullmatch(r"\d{4}-[0-9a-f]{8}(-\d+)?\.out", p.name)
+    ]
+    assert sorted(int(name[:4]) for name in first) == list(range(40))
+    assert "task seven fails" in one(logs.glob("0007-*.err")).read_text()
+    assert one(logs.glob("0020-*.2.out")).exists()
     assert "39 done, 1 failed, 0 not run" in res.stdout, res.stdout
     assert "task 7 (exit 3, failed): echo task seven fails" in res.stdout
     assert "task 7 failed (exit 3)" in res.stderr
@@ -90,6 +94,12 @@ def test_forty_tasks_on_two_gpus_retry_only_the_faulted_and_resume_only_the_fail
     new = state(farm_dir)[len(attempts) :]
     assert [(r["task"], r["status"]) for r in new] == [(7, "failed")]
     assert "39 done before" in again.stdout, again.stdout
+
+
+def one(paths: Any) -> Path:
+    found = list(paths)
+    assert len(found) == 1, found
+    return Path(found[0])
 
 
 def _most_at_once(recs: list[dict[str, Any]]) -> int:
@@ -185,7 +195,14 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
     assert report["recommended"]["mode"] in modes[1:]
     starts = [r for r in records(rec) if r["event"] == "start"]
     assert Counter(r["mode"] for r in starts) == {"non-mps": 3, "mps": 6}
-    assert not (node.root / "cal").exists()  # no copy failed: no logs kept
+    assert not (node.root / "cal").exists()  # no copy failed: what it made is gone
+    mine = node.root / "results"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    res = node.run("calibrate", "--counts", "1", "--repeats", "1", "--dir", str(mine), "--",
+                   node.client, "--seconds", "0.1", timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [p.name for p in mine.iterdir()] == ["keep.txt"]  # only its own runs removed
     table = node.run("calibrate", "--counts", "1", "--repeats", "1", "--", node.client,
                      "--seconds", "0.1", timeout=60)  # fmt: skip
     assert table.returncode == 0, table.stderr
@@ -244,3 +261,47 @@ def test_calibrate_saves_a_plot_and_without_matplotlib_refuses_before_running(
                          capture_output=True, timeout=60)  # fmt: skip
     assert res.returncode == 2 and "mpswrap: --plot needs matplotlib" in res.stderr, res.stderr
     assert "started MPS daemon" not in res.stderr and not png.exists()
+
+
+def test_a_task_that_exits_0_when_the_farm_is_stopped_is_not_recorded_as_done(
+    node: SimNode,
+) -> None:
+    farm_dir, ready = node.root / "farm", node.root / "ready"
+    ready.mkdir()
+    script = (f"import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+              f"sys.exit(0)); open('{ready}/' + os.environ['MPSWRAP_TASK'], 'w').close(); "
+              f"time.sleep(60)")  # fmt: skip
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(f'{sys.executable} -c "{script}"\n' * 2)
+    proc = node.start("farm", "--per-gpu", "1", "--dir", str(farm_dir), str(tasks))
+    wait_for(lambda: len(list(ready.iterdir())) == 2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert state(farm_dir) == [] and "2 not run" in out, out
+
+
+def test_a_second_farm_on_the_same_directory_is_refused(node: SimNode) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(task_line(node, rec, 30) + "\n")
+    first = node.start("farm", "--dir", str(farm_dir), str(tasks))
+    wait_for(lambda: len(records(rec)) == 1)
+    second = node.run("farm", "--dir", str(farm_dir), str(tasks))
+    assert second.returncode == 2, second.stderr
+    assert "mpswrap: another farm runs in this directory" in second.stderr
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGINT
+
+
+def test_a_task_sees_no_rank_of_the_step_that_runs_the_farm(node: SimNode) -> None:
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("env\n")
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
+            "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}  # fmt: skip
+    res = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **step)
+    assert res.returncode == 0, res.stderr
+    seen = one((node.root / "f" / "logs").glob("0000-*.out")).read_text()
+    assert "MPSWRAP_TASK=0" in seen and "MPSWRAP_TASK_ATTEMPT=1" in seen
+    assert not any(f"{name}=" in seen for name in step if name != "SLURM_STEP_ID"), seen

@@ -82,15 +82,17 @@ def test_finished_reads_every_state_file_and_passes_over_lines_that_are_not_reco
 
 
 def _fault(at: float, pids: set[int] | None = None, recovered: float | None = None) -> FaultSeen:
-    return FaultSeen(at, pids or set(), recovered)
+    return FaultSeen(("stamp", 1, 1), at, pids or set(), recovered_at=recovered)
 
 
 @pytest.mark.parametrize(("start", "end", "victim"), [
     (90.0, 100.5, True),   # running when the fault came: its client had the error
     (100.2, 100.3, True),  # started while the server handled it: refused
-    (100.2, 104.0, True),  # started before the server took clients again
+    (100.2, 102.8, True),  # started before the server took clients again, failed then
+    (100.2, 104.0, False), # ran on well past the recovery: it was not refused
     (90.0, 99.5, False),   # failed and gone before the fault
     (102.5, 103.0, False), # started after the server recovered: its failure is its own
+    (90.0, 500.0, False),  # not hit (it never was a client then): it failed much later
 ])  # fmt: skip
 def test_a_failure_is_a_faults_victim_when_it_was_alive_while_the_server_handled_it(
     start: float, end: float, victim: bool
@@ -99,9 +101,15 @@ def test_a_failure_is_a_faults_victim_when_it_was_alive_while_the_server_handled
 
 
 def test_a_named_client_is_a_victim_even_where_the_stamp_does_not_parse() -> None:
-    assert is_victim({5, 6}, 0.0, 1.0, [FaultSeen(None, {6})])
-    assert not is_victim({5}, 0.0, 1.0, [FaultSeen(None, {6})])
+    unparsed = FaultSeen(("?", 1, 6), None, {6})
+    assert is_victim({5, 6}, 0.0, 1.0, [unparsed])
+    assert not is_victim({5}, 0.0, 1.0, [unparsed])
     assert not is_victim({5}, 0.0, 1.0, [])
+
+
+def test_a_pid_named_by_an_old_fault_does_not_make_a_later_task_its_victim() -> None:
+    assert is_victim({7}, 90.0, 500.0, [_fault(100.0, {7}, recovered=102.0)])
+    assert not is_victim({7}, 300.0, 301.0, [_fault(100.0, {7}, recovered=102.0)])
 
 
 def test_a_fault_not_recovered_yet_takes_every_later_failure() -> None:
