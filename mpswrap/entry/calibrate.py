@@ -102,13 +102,13 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
         no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
         try:
             att.announce()
-            slot, limit = _gpu(att, settings, chosen)
+            slot, limit, n_gpus = _gpu(att, settings, chosen)
             cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
-            top = min(limit, top or default_per_gpu(limit, 1, cpus))
+            plan_counts = _counts(counts, top, limit, n_gpus, cpus)
             plan = FarmPlan(0, opts.grace_s(settings), env.node)
             bench = _Bench(opts, att, slot, shlex.join(command), plan, directory, no_mps,
                            existed=os.path.exists(directory))  # fmt: skip
-            code = _measure(bench, list(counts or counts_up_to(top)), repeats, trap, rows)
+            code = _measure(bench, plan_counts, repeats, trap, rows)
         finally:
             try:
                 shutil.rmtree(no_mps, ignore_errors=True)
@@ -123,17 +123,29 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
     return 0 if clean else 1
 
 
+def _counts(counts: Sequence[int] | None, top: int | None, limit: int, n_gpus: int,
+            cpus: int) -> list[int]:  # fmt: skip
+    """The copies to try: as given (within the GPU's client limit), or 1, 2, 4, ... up to
+    ``--max`` or what ``mpswrap farm`` would take by default."""
+    if counts and max(counts) > limit:
+        raise UsageError("--counts asks for more clients than the GPU takes",
+                         thing=str(max(counts)), cause=f"its limit is {limit}")  # fmt: skip
+    return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
+
+
 def _chosen(opts: LaunchOptions, settings: Settings) -> list[GpuInfo] | None:
     return opts.chosen_gpus(load_inventory(settings.gpu_inventory))
 
 
 def _gpu(att: Attachment, settings: Settings,
-         chosen: list[GpuInfo] | None) -> tuple[Slot, int]:  # fmt: skip
-    """The first GPU of the job (or of ``--gpus``) and its client limit less what runs."""
+         chosen: list[GpuInfo] | None) -> tuple[Slot, int, int]:  # fmt: skip
+    """The first GPU of the job (or of ``--gpus``), its client limit less what runs there,
+    and how many GPUs a farm of this job would share the CPUs among."""
     inventory = attached_inventory(att, settings)
-    slot = attached_slots(att, inventory, chosen)[0]
+    slots = attached_slots(att, inventory, chosen)
+    slot = slots[0]
     limit = capacity_limits([slot.uuid], inventory, settings)[slot.uuid]
-    return slot, max(1, limit - att.daemons.clients().get(slot.uuid, 0))
+    return slot, max(1, limit - att.daemons.clients().get(slot.uuid, 0)), len(slots)
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,7 @@ class _Bench:
     no_mps: str  # a pipe directory no daemon listens on
     #: The directories of the runs, created here (the only ones removed when all went well).
     created: list[str] = field(default_factory=list)
-    existed: bool = field(default_factory=lambda: False)
+    existed: bool = False
 
     def env(self, lane: Lane, seat: int, copies: int, threads: str | None) -> dict[str, str]:
         if lane.daemon is None:

@@ -8,6 +8,7 @@ goes to stdout: the totals, a row per GPU, and each failed task with its log.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 import time
@@ -56,6 +57,15 @@ class Progress:
         self.mode = ("bar" if tty else "lines") if mode == "auto" else mode
         self.drawn = 0.0
         self.width = 0
+        if self.mode == "bar":  # mpswrap's own log lines go above the bar, not across it
+            for handler in logging.getLogger("mpswrap").handlers:
+                handler.addFilter(self._clear)
+
+    def _clear(self, record: logging.LogRecord) -> bool:
+        if self.width:
+            self._write("\r" + " " * self.width + "\r")
+            self.width, self.drawn = 0, 0.0
+        return True
 
     def report(self, record: TaskRecord | None, counts: Counts) -> None:
         if self.mode == "off":
@@ -69,6 +79,8 @@ class Progress:
         if self.mode == "bar" and self.width:
             self._write("\n")
             self.width = 0
+        for handler in logging.getLogger("mpswrap").handlers:
+            handler.removeFilter(self._clear)
 
     def _bar(self, text: str) -> None:
         self._write("\r" + text.ljust(self.width))

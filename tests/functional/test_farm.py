@@ -216,6 +216,7 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
     (("farm", "--retries", "-1", "t"), "bad --retries"),
     (("calibrate", "--counts", "0,x", "--", "true"), "bad --counts"),
     (("calibrate", "--"), "no command to calibrate"),
+
 ])  # fmt: skip
 def test_bad_farm_input_is_one_line_and_exit_2(
     node: SimNode, args: tuple[str, ...], says: str
@@ -305,3 +306,14 @@ def test_a_task_sees_no_rank_of_the_step_that_runs_the_farm(node: SimNode) -> No
     seen = one((node.root / "f" / "logs").glob("0000-*.out")).read_text()
     assert "MPSWRAP_TASK=0" in seen and "MPSWRAP_TASK_ATTEMPT=1" in seen
     assert not any(f"{name}=" in seen for name in step if name != "SLURM_STEP_ID"), seen
+
+
+def test_calibrate_refuses_more_copies_than_the_gpu_takes_and_leaves_nothing(
+    node: SimNode,
+) -> None:
+    res = node.run("calibrate", "--counts", "1,49", "--", "true")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[-1] == (
+        "mpswrap: --counts asks for more clients than the GPU takes (49): its limit is 48"
+    )
+    assert not any(node.user_run_dir.glob("*/*"))

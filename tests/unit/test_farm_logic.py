@@ -153,3 +153,36 @@ def test_calibrate_recommends_the_best_clean_mps_configuration() -> None:
 
 def test_durations_read_like_a_clock() -> None:
     assert [duration(s) for s in (0, 42.4, 65, 3600 + 61)] == ["0s", "42s", "1m05s", "1h01m"]
+
+
+def _fault_lines(stamp: str, server: int, pids: list[int]) -> str:
+    head = f"[{stamp} Server {server}] "
+    lines = [f"Client {{PID: {pids[0]}, Context: 1}} encountered a fatal GPU error.",
+             "The following client process have a sticky error set:", *map(str, pids),
+             "Destroy server context on device 0"]  # fmt: skip
+    return "".join(head + line + "\n" for line in lines)
+
+
+def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: object) -> None:
+    """Only the log's end is read: when an old fault drops out of it, a new one must still be
+    new, with its own time and clients."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from mpswrap.job.faultwatch import FaultWatch
+
+    log_dir = Path(str(tmp_path))
+    server_log = log_dir / "server.log"
+    server_log.write_text(_fault_lines("2026-11-24 06:00:00.000", 9, [1, 2]))
+    watch = FaultWatch(SimpleNamespace(dirs=SimpleNamespace(log=log_dir)))  # type: ignore[arg-type]
+    assert watch.refresh() == []  # a fault from before the farm is not the farm's
+    with open(server_log, "a") as log:
+        log.write(_fault_lines("2026-11-24 06:01:00.000", 9, [3, 4]))
+    first = watch.refresh()
+    assert [f.pids for f in first] == [{3, 4}]
+    server_log.write_text(_fault_lines("2026-11-24 06:02:00.500", 9, [5, 6, 7]))  # the rest cut
+    second = watch.refresh()
+    assert [f.pids for f in second] == [{5, 6, 7}]
+    assert second[0].time == stamp_time("2026-11-24 06:02:00.500")
+    assert first[0].pids == {3, 4} and first[0].time == stamp_time("2026-11-24 06:01:00.000")
+    assert watch.refresh() == []  # unchanged: not read again
