@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from .errors import ConfigError, MpswrapError, UsageError
 from .paths import validate_name
 
-__all__ = ["UUID_RE", "GpuRef", "JobEnv", "parse_gpu_list", "parse_int_list"]
+__all__ = [
+    "PLACE_IN_LAUNCH_VARS",
+    "UUID_RE",
+    "GpuRef",
+    "JobEnv",
+    "parse_gpu_list",
+    "parse_int_list",
+]
 
 #: A GPU in Slurm's lists: a gres position (``2``) or a UUID (``GPU-…``, ``MIG-…``).
 GpuRef = int | str
@@ -66,6 +73,16 @@ RANK_VARS = (
     "SLURM_PROCID",
     "RANK",
 )
+#: A process's place in a launch: its rank and local rank, and the sizes and node numbers
+#: beside them (what ``rank``, ``local_rank``, ``local_size`` and ``step_task`` read, and
+#: what frameworks such as PyTorch Lightning read). A process started on its own, as a farm's
+#: task is, must not inherit them from the step that started its starter.
+PLACE_IN_LAUNCH_VARS = frozenset({
+    *RANK_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS,
+    "MPSWRAP_NPROCS", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID",
+})  # fmt: skip
 
 
 def tasks_per_node(spec: str, node_id: int) -> int | None:

@@ -35,7 +35,7 @@ from ..job.job import Attachment, attach
 from ..job.placement import Slot
 from ..job.tasks import DONE, FarmDir, parse_tasks
 from ..jobenv import JobEnv
-from ..mps.gpu import GpuInfo, load_inventory
+from ..mps.gpu import GpuInfo
 from .farm import default_per_gpu
 from .farmview import Progress
 from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
@@ -95,7 +95,7 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
     env = JobEnv(dict(os.environ))
     job = env.job_key(given=opts.job, fresh=f"calibrate-{os.getpid()}")
     assert job is not None
-    chosen = None if opts.gpus is None else _chosen(opts, settings)
+    chosen = opts.nvml_choice(settings)[1]
     rows: list[Calibration] = []
     with SignalTrap() as trap:
         att = attach(settings, env, job, gpus=chosen)
@@ -131,10 +131,6 @@ def _counts(counts: Sequence[int] | None, top: int | None, limit: int, n_gpus: i
         raise UsageError("--counts asks for more clients than the GPU takes",
                          thing=str(max(counts)), cause=f"its limit is {limit}")  # fmt: skip
     return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
-
-
-def _chosen(opts: LaunchOptions, settings: Settings) -> list[GpuInfo] | None:
-    return opts.chosen_gpus(load_inventory(settings.gpu_inventory))
 
 
 def _gpu(att: Attachment, settings: Settings,

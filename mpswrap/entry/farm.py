@@ -30,7 +30,7 @@ from ..job.job import attach
 from ..job.placement import Slot, check_capacity
 from ..job.tasks import FarmDir, Share, Task, TaskRecord, parse_share, parse_tasks, read_tasks
 from ..jobenv import JobEnv
-from ..mps.gpu import Inventory, load_inventory
+from ..mps.gpu import Inventory
 from .farmview import Progress, summary_lines
 from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
 
@@ -104,12 +104,13 @@ def farm(tasks: Sequence[str], *, directory: str = "mpswrap.farm", per_gpu: int 
     """
     opts = LaunchOptions(gpus=gpus, threads=threads)
     farm_opts = FarmOptions(per_gpu, retries, directory, share, progress)
+    _check(farm_opts)
     return farm_tasks(opts, farm_opts, parse_tasks(tasks), directory)
 
 
 def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
                directory: str) -> FarmResult:  # fmt: skip
-    _check(farm_opts)
+    """The farm of checked ``farm_opts`` (``_check``): both callers check before reading."""
     settings = opts.settings()
     opts = replace(opts, verify_attach=opts.verify_mode(settings))
     env = JobEnv(dict(os.environ))
@@ -156,8 +157,7 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
 def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env: JobEnv,
          job: str, todo: list[Task], farm_dir: FarmDir,
          result: FarmResult) -> FarmResult:  # fmt: skip
-    inventory = load_inventory(settings.gpu_inventory) if opts.gpus is not None else None
-    chosen = opts.chosen_gpus(inventory) if inventory is not None else None
+    inventory, chosen = opts.nvml_choice(settings)
     view = Progress(farm_opts.progress)
     plan = FarmPlan(retries=farm_opts.retries, grace=opts.grace_s(settings), node=env.node,
                     shield=not opts.no_shield, verify=opts.verify_attach,

@@ -96,6 +96,16 @@ class LaunchOptions:
     def chosen_gpus(self, inventory: Inventory) -> list[GpuInfo] | None:
         return None if self.gpus is None else resolve_gpus(self.gpus, inventory)
 
+    def nvml_choice(
+        self, settings: Settings, nvml: bool = False
+    ) -> tuple[Inventory | None, list[GpuInfo] | None]:
+        """NVML's inventory where ``--gpus`` (NVML's indices) or the caller (``nvml``) needs
+        it, and the GPUs ``--gpus`` names; else (None, None), and NVML is not loaded."""
+        if self.gpus is None and not nvml:
+            return None, None
+        inventory = load_inventory(settings.gpu_inventory)
+        return inventory, self.chosen_gpus(inventory)
+
     def rank_argv(self, job: str | None) -> list[str]:
         """``python -m mpswrap --opt=value ... --``: the same interpreter on every node. One
         token per option, so that a value such as ``--job stop`` never reads as a command."""
@@ -182,9 +192,7 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     assert job is not None
     rank, size, policy = _local_position(env, settings.gpu_policy)
     # NVML only where NVML's view is asked for: --gpus (its indices), a dry run, user mode.
-    nvml = opts.gpus is not None or opts.dry_run
-    inventory = load_inventory(settings.gpu_inventory) if nvml else None
-    chosen = opts.chosen_gpus(inventory) if inventory else None
+    inventory, chosen = opts.nvml_choice(settings, nvml=opts.dry_run)
     if opts.dry_run and inventory is not None:
         slots = planned_slots(settings, env, job, inventory, chosen)
         return _dry_run(opts, command, slots, env, (rank, size, policy))

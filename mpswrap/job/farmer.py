@@ -4,11 +4,11 @@ daemon, started, watched and ended like the launcher's ranks (``supervise``).
 A task's failure does not touch the others. A failed attempt waits ``FAULT_SETTLE`` seconds
 for its server.log to name a fatal fault (``faultwatch``): if one ended it, the attempt is
 recorded as ``fault`` and the task goes back to the front of the queue while it has retries
-left; else it is recorded as ``failed``. A GPU whose server faulted takes no new task until
-every task running there when the fault was seen has exited (the server refuses clients until
-then), and ``RECOVER_WAIT`` more. On TERM/INT/HUP every running task is ended through the
-ladder (terminate_client first) and no new one starts; those ended are not recorded, so
-running the farm again runs them.
+left; else it is recorded as ``failed``. A GPU whose server faulted takes no new task (the
+server refuses clients meanwhile) until server.log says it recovered or the tasks the fault
+named have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more. On TERM/INT/HUP every
+running task is ended through the ladder (terminate_client first) and no new one starts;
+those ended are not recorded, so running the farm again runs them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .. import _proc
 from .._signals import Guard, SignalTrap
 from ..errors import LayoutError, MpswrapError
+from ..jobenv import PLACE_IN_LAUNCH_VARS
 from ..mps.daemon import Daemon
 from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
 from .placement import Slot
@@ -49,14 +50,6 @@ log = logging.getLogger(__name__)
 FAULT_SETTLE = 1.0
 #: Seconds a GPU waits, once the clients of a fault have exited, before it takes tasks again.
 RECOVER_WAIT = 0.5
-#: A task is a process of its own, not a rank of the step that runs the farm: these would make
-#: frameworks (PyTorch Lightning, an MPI library) take it for one of several ranks.
-STEP_RANK_VARS = frozenset({
-    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
-    "SLURM_STEP_NUM_TASKS", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_NTASKS_PER_NODE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-})  # fmt: skip
 #: Seconds a GPU waits at most for its server to recover from a fault (a client that never
 #: exits keeps it in FAULT): then it takes tasks again, which a server still in FAULT refuses.
 HOLD_MAX = 60.0
@@ -296,7 +289,8 @@ class Farmer:
     # --- one attempt ---------------------------------------------------------------------
     def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
         out, err = self.dir.open_logs(task, number)
-        env = {k: v for k, v in os.environ.items() if k not in STEP_RANK_VARS}
+        # A process of its own, not a rank of the step that runs the farm.
+        env = {k: v for k, v in os.environ.items() if k not in PLACE_IN_LAUNCH_VARS}
         env.update(self.client_env(lane, seat))
         env.update({TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)})
         start = time.time()
