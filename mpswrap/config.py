@@ -97,7 +97,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "opt_in",
         triggers,
-        "gres-mps, feature:mps, comment:mps",
+        "gres-mps, spank, feature:mps, comment:mps",
         "what makes a job opt in (prolog_mode = opt-in)",
     ),
     Field(

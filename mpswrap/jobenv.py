@@ -203,7 +203,9 @@ class JobEnv:
         Slurm's job id, the PMIx namespace (ranks of one ``mpirun``), then ``fresh`` (what the
         caller names a job of its own, e.g. ``run-<pid>``; None: no job is known).
         """
-        pmix = (self._get("PMIX_NAMESPACE") or "").replace("/", "-")[:60]
+        # The namespace as one path component: any character a job id may not hold becomes
+        # '-' (Open MPI 5's PRRTE names ranks' namespaces 'prterun-<host>-<pid>@1').
+        pmix = re.sub(r"[^A-Za-z0-9._-]", "-", self._get("PMIX_NAMESPACE") or "")[:60]
         if given is not None and _DISPLAY_JOB_ID.fullmatch(given):
             raise UsageError(
                 "not a job id mpswrap knows",
@@ -258,16 +260,35 @@ class JobEnv:
     @property
     def mps_percentage(self) -> float | None:
         """Slurm's share of the GPU for a gres/mps job, a percentage in (0, 100]."""
+        value = self.mps_job_percentage
+        if value is not None and value > 100:
+            raise ConfigError(
+                "malformed CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                thing=repr(self._get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")),
+                cause="expected a percentage in (0, 100]",
+            )
+        return value
+
+    @property
+    def mps_job_percentage(self) -> float | None:
+        """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` as Slurm sets it for a gres/mps job: above 100
+        where one job has shares of several GPUs (23.11+, ``MULTIPLE_SHARING_GRES_PJ``)."""
         text = self._get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
         if text is None:
             return None
-        if not re.fullmatch(r"[0-9]{1,3}(\.[0-9]+)?", text) or not 0 < float(text) <= 100:
+        if not re.fullmatch(r"[0-9]{1,5}(\.[0-9]+)?", text) or not float(text) > 0:
             raise ConfigError(
                 "malformed CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                 thing=repr(text),
-                cause="expected a percentage in (0, 100]",
+                cause="expected a positive percentage",
             )
         return float(text)
+
+    @property
+    def mps_request(self) -> str | None:
+        """``--mps[=POLICY]`` of the SPANK plugin (prolog/epilog): the policy, ``default``
+        for a plain ``--mps``; None when the job was submitted without it."""
+        return self._get("SPANK_MPSWRAP_MPS")
 
     @property
     def step_id(self) -> str | None:

@@ -126,8 +126,8 @@ def triggers(text: str) -> tuple[str, ...]:
     items = tuple(t.strip() for t in text.split(",") if t.strip())
     for item in items:
         kind, _, name = item.partition(":")
-        if item != "gres-mps" and (kind not in ("feature", "comment") or not name):
-            raise ValueError("expected a list of gres-mps, feature:<name>, comment:<word>")
+        if item not in ("gres-mps", "spank") and (kind not in ("feature", "comment") or not name):
+            raise ValueError("expected a list of gres-mps, spank, feature:<name>, comment:<word>")
     return items
 
 

@@ -20,15 +20,23 @@ from collections.abc import Sequence
 
 from .. import _proc
 from ..config import Settings, load_settings
-from ..errors import ConfigError, LayoutError, MpswrapError, internal_error, one_line
+from ..errors import ConfigError, LayoutError, MpswrapError, UsageError, internal_error, one_line
 from ..job import state
 from ..job.job import JobDaemons
-from ..job.placement import Slot, place
+from ..job.placement import Slot, place, provision_threads
 from ..jobenv import GpuRef, JobEnv
 from ..mps.daemon import Defaults
 from ..mps.gpu import health_problem
 from ..mps.slurmgpus import default_gres_conf, resolve_slurm_gpus
-from .slurmjob import is_launcher_daemon_step, job_opted_in
+from .slurmjob import (
+    NodeShare,
+    gpu_percentages,
+    holds_part_of_node,
+    is_launcher_daemon_step,
+    job_opted_in,
+    node_share,
+    os_cpus,
+)
 
 __all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
 
@@ -123,14 +131,20 @@ def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
     job, user = env.slurm_job(), _job_user(env)
     inventory = state.node_inventory(settings, env.node)
     found = resolve_slurm_gpus(refs, inventory, default_gres_conf(env.env), env.node)
-    defaults = Defaults.from_settings(settings, active_thread_percentage=env.mps_percentage)
+    # The job's line of `scontrol show job -d`: its CPUs here, its per-GPU gres/mps counts.
+    several = len(found) > 1 and env.mps_job_percentage is not None
+    part = settings.cpu_binding and holds_part_of_node(env)
+    share = node_share(env) if part or several else None
+    base = Defaults.from_settings(settings, task_threads=_task_threads(env))
+    percentages = gpu_percentages(env, share, [position for position, _ in found])
     manifests = JobDaemons(state.admin_layout(settings, env.node, job), settings).start(
         [gpu for _, gpu in found],
         user,
         started_by="prolog",
-        defaults=defaults,
+        defaults=[base.with_percentage(p) for p in percentages],
         shared_parents=True,
         keys=[f"g{position}" for position, _ in found],
+        allowed_cpus=_job_cpus(share),
     )
     for m in manifests:
         log.info(
@@ -142,6 +156,31 @@ def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
             ",".join(map(str, m.cpus)) or "all",
             m.settings or "-",
         )
+
+
+def _job_cpus(share: NodeShare | None) -> frozenset[int] | None:
+    """The OS ids of the job's CPUs on this node (each daemon runs on its GPU's CPUs among
+    them); None, and the GPU's CPUs alone, when Slurm did not say or none of them is here."""
+    if share is None:
+        return None
+    cpus = os_cpus(share.cpu_ids)
+    if not cpus:
+        log.warning("the job's CPU_IDs %s are not CPUs of this machine", share.cpu_ids)
+    return cpus or None
+
+
+def _task_threads(env: JobEnv) -> str | None:
+    """The ``--threads`` policy of ``--mps=POLICY`` (the SPANK plugin checked it at submission;
+    one it did not check is set aside with a warning, never a reason to fail the job)."""
+    policy = env.mps_request
+    if policy in (None, "", "default"):
+        return None
+    try:
+        provision_threads(policy, 1, 0)
+    except UsageError as exc:
+        log.warning("--mps=%s: %s; the tasks get no thread limit", policy, exc.line())
+        return None
+    return policy
 
 
 def _job_user(env: JobEnv) -> _proc.UserIds:
@@ -197,7 +236,8 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     if problems:
         raise problems[0]
     daemons = JobDaemons(state.admin_layout(settings, env.node, env.slurm_job()), settings)
-    slots = daemons.slots(None)  # no NVML here: once per task
+    manifests = daemons.manifests()
+    slots = daemons.slots(None, manifests)  # no NVML here: once per task
     refs = env.step_gpus
     if not slots or not refs or is_launcher_daemon_step(env):
         return {}
@@ -206,7 +246,10 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
         return {}  # a step GPU without a daemon: leave the task as Slurm set it
     size = env.local_size or 1
     policy = "cyclic" if settings.gpu_policy == "cyclic" else "block"
-    found = place([s for s in mine if s], min(env.local_rank or 0, size - 1), size, policy=policy)
+    # The job's --mps=POLICY, as the prolog recorded it (the same on every GPU of the job).
+    threads = next((m.settings.get("task_threads") for m in manifests), None)
+    local = min(env.local_rank or 0, size - 1)
+    found = place([s for s in mine if s], local, size, policy=policy, threads=threads)
     return dict(found.env)
 
 

@@ -1,15 +1,31 @@
-"""What Slurm says about a job beyond plain variables: opt-in triggers and task counts."""
+"""What Slurm says about a job beyond plain variables: opt-in triggers, launcher steps, and
+the job's share of a node (its CPUs, its GPUs' gres/mps shares)."""
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from .. import _proc
-from ..errors import MpswrapError, ProcError
-from ..jobenv import JobEnv
+from ..errors import ConfigError, GpuError, MpswrapError, ProcError
+from ..jobenv import JobEnv, parse_int_list
+from ..mps.slurmgpus import expand_hostlist
 
-__all__ = ["is_launcher_daemon_step", "job_opted_in", "scontrol_job"]
+__all__ = [
+    "NodeShare",
+    "gpu_percentages",
+    "holds_part_of_node",
+    "is_launcher_daemon_step",
+    "job_opted_in",
+    "node_share",
+    "os_cpus",
+    "scontrol_job",
+]
 
 #: Daemons that MPI launchers start with srun, one per node: their children are the ranks,
 #: which must not all inherit one GPU (Open MPI 4 orted, PRRTE prted, MPICH hydra).
@@ -18,19 +34,30 @@ LAUNCHER_DAEMONS = ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy")
 log = logging.getLogger(__name__)
 
 
-def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
-    """``scontrol -o show <what> <id>`` as a dict (bounded; empty on failure)."""
+def _scontrol_text(env: JobEnv, argv: list[str], what: str) -> str | None:
+    """``scontrol ARGV``'s output (bounded); None, with a warning, on failure."""
     run_env = {"PATH": _proc.SAFE_PATH}
     if env.env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
     try:
-        res = _proc.run(["scontrol", "-o", "show", what, ident], env=run_env, timeout=10)
+        res = _proc.run(["scontrol", *argv], env=run_env, timeout=10)
     except ProcError as exc:
         log.warning("cannot query the %s: %s", what, exc.line())
+        return None
+    if res.returncode != 0:
+        log.warning("cannot query the %s: scontrol exited %d", what, res.returncode)
+        return None
+    return str(res.stdout)
+
+
+def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
+    """``scontrol -o show <what> <id>`` as a dict (bounded; empty on failure)."""
+    text = _scontrol_text(env, ["-o", "show", what, ident], what)
+    if text is None:
         return {}
     fields: dict[str, str] = {}
     # Values may contain spaces (Comment=...); split only before "Key=" tokens.
-    for match in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)", res.stdout.strip()):
+    for match in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)", text.strip()):
         fields[match.group(1)] = match.group(2)
     return fields
 
@@ -66,8 +93,11 @@ def _words(text: str) -> set[str]:
 
 
 def job_opted_in(env: JobEnv, triggers: tuple[str, ...]) -> bool:
-    """True if any trigger matches: ``gres-mps``, ``feature:<name>``, ``comment:<word>``."""
-    if "gres-mps" in triggers and env.mps_percentage is not None:
+    """True if any trigger matches: ``gres-mps``, ``spank`` (``--mps`` of mpswrap's SPANK
+    plugin), ``feature:<name>``, ``comment:<word>``."""
+    if "gres-mps" in triggers and env.mps_job_percentage is not None:
+        return True
+    if "spank" in triggers and env.mps_request is not None:
         return True
     wanted_features = {t.split(":", 1)[1] for t in triggers if t.startswith("feature:")}
     wanted_comment = {t.split(":", 1)[1] for t in triggers if t.startswith("comment:")}
@@ -83,3 +113,115 @@ def job_opted_in(env: JobEnv, triggers: tuple[str, ...]) -> bool:
     if wanted_features & _words(features):
         return True
     return bool(wanted_comment & _words(comment))
+
+
+# --- the job's share of this node ------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeShare:
+    """A job's allocation on one node, as ``scontrol show job -d`` details it."""
+
+    #: Slurm's abstract CPU ids (``CPU_IDs=``): by socket, core and thread, not the OS's ids.
+    cpu_ids: tuple[int, ...]
+    #: The job's share of each GPU in percent (gres.conf position → 100 x its count / the
+    #: GPU's count), where Slurm details gres/mps per GPU (23.11+); empty where it does not.
+    mps_shares: dict[int, float]
+
+
+SYSFS_CPU = "/sys/devices/system/cpu"
+#: ``Nodes=node[1-2] CPU_IDs=0-3 Mem=1000 GRES=gpu:2(IDX:0-1),mps:150(...)``
+_DETAIL = re.compile(r"^\s*Nodes=(\S+)\s+CPU_IDs=(\S+)\s+Mem=\S+(?:\s+GRES=(\S*))?", re.MULTILINE)
+
+
+def node_share(env: JobEnv) -> NodeShare | None:
+    """This node's line of ``scontrol show job -d``; None (with a warning) when Slurm does
+    not answer or names no such node. One bounded call, made by the prolog only."""
+    job = _job_id(env)
+    if job is None:
+        return None
+    text = _scontrol_text(env, ["show", "job", "-d", job], "job's allocation")
+    if text is None:
+        return None
+    for match in _DETAIL.finditer(text):
+        nodes, cpu_text, gres = match.groups()
+        try:
+            if env.node not in expand_hostlist(nodes):
+                continue
+            cpus = parse_int_list(cpu_text, "CPU_IDs")
+        except (ConfigError, GpuError) as exc:
+            log.warning("scontrol's job details: %s", exc.line())
+            return None
+        return NodeShare(cpus, mps_shares(gres or ""))
+    log.warning("scontrol's job details name no line for node %s", env.node)
+    return None
+
+
+def mps_shares(gres: str) -> dict[int, float]:
+    """The per-GPU shares in a detail line's ``GRES=``: ``mps:150(100/100,50/100)`` (23.11+:
+    count/GPU's count for every GPU of the node, by position) gives {0: 100.0, 1: 50.0};
+    a total alone (22.05: ``mps:50(IDX:1)``) gives nothing."""
+    match = re.search(r"(?:^|,)mps(?::[^:(,]+)?:\d+\(([^)]*)\)", gres)
+    if not match:
+        return {}
+    shares: dict[int, float] = {}
+    for position, item in enumerate(match.group(1).split(",")):
+        used, sep, count = item.partition("/")
+        if not sep or not used.isdigit() or not count.isdigit() or int(count) == 0:
+            return {}
+        if int(used):
+            shares[position] = 100.0 * int(used) / int(count)
+    return shares
+
+
+def holds_part_of_node(env: JobEnv, sysfs: str = SYSFS_CPU) -> bool:
+    """True where the job may hold only part of this node's CPUs (``SLURM_JOB_CPUS_PER_NODE``
+    names a count below the CPUs here): only then is slurmctld asked which CPUs it holds."""
+    counts = re.findall(r"(\d+)(?:\(x\d+\))?", env.env.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    return any(int(count) < len(_online(sysfs)) for count in counts)
+
+
+def os_cpus(abstract: tuple[int, ...], sysfs: str = SYSFS_CPU) -> frozenset[int]:
+    """Slurm's abstract CPU ids as the OS's: Slurm numbers a node's CPUs by socket, core and
+    thread (hwloc's order), the OS often thread-first. Ids this machine has not are dropped."""
+    order = sorted(_online(sysfs), key=lambda cpu: (*_topology(sysfs, cpu), cpu))
+    return frozenset(order[i] for i in abstract if i < len(order))
+
+
+def _online(sysfs: str) -> tuple[int, ...]:
+    try:
+        return parse_int_list(Path(sysfs, "online").read_text().strip(), "online CPUs")
+    except (OSError, ConfigError):
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def _topology(sysfs: str, cpu: int) -> tuple[int, int, int]:
+    """(package, die, core) of a CPU; zeros where sysfs does not say."""
+    values = []
+    for name in ("physical_package_id", "die_id", "core_id"):
+        try:
+            values.append(int(Path(sysfs, f"cpu{cpu}", "topology", name).read_text()))
+        except (OSError, ValueError):
+            values.append(0)
+    return values[0], values[1], values[2]
+
+
+def gpu_percentages(
+    env: JobEnv, share: NodeShare | None, positions: Sequence[int]
+) -> list[float | None]:
+    """Each GPU's active thread percentage for a gres/mps job, in ``positions``' order.
+
+    Slurm sets one ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for all of a job's GPUs; with shares
+    of several GPUs (23.11+, ``MULTIPLE_SHARING_GRES_PJ``) it is their sum, above 100 where
+    they add up to more than one GPU. Each GPU gets its own share from the job's details
+    instead, between 1 and 100. Without them the one value must be a percentage in (0, 100].
+    """
+    if env.mps_job_percentage is None:
+        return [None] * len(positions)
+    shares = share.mps_shares if share else {}
+    if len(positions) > 1 and all(p in shares for p in positions):
+        return [_percent(shares[p]) for p in positions]
+    return [env.mps_percentage] * len(positions)
+
+
+def _percent(value: float) -> float:
+    """Rounded down to a tenth (shares of a GPU must not add up to more than 100), in [1, 100]."""
+    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))

@@ -120,24 +120,25 @@ class JobDaemons:
         user: _proc.UserIds,
         *,
         started_by: str,
-        defaults: Defaults,
+        defaults: Defaults | Sequence[Defaults],
         shared_parents: bool,
         keys: Sequence[str] | None = None,
         allowed_cpus: frozenset[int] | None = None,
     ) -> list[Manifest]:
-        """Start one daemon per GPU (``keys[i]`` or ``g<i>``); on any failure stop them all.
+        """One daemon per GPU (``keys[i]`` or ``g<i>``), ``defaults`` one or one per GPU.
 
-        All are launched before the first is waited for, so they come up together.
+        All are launched before the first is waited for; on any failure all are stopped.
         """
         keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
+        each = [defaults] * len(gpus) if isinstance(defaults, Defaults) else list(defaults)
         self.check(keys)
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
         try:
-            for key, gpu in zip(keys, gpus, strict=False):
+            for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=False):
                 steps = self.daemon(key).starting(
                     gpu, user, node=self.layout.node, job_id=self.layout.job_id,
-                    started_by=started_by, defaults=defaults, allowed_cpus=allowed_cpus,
+                    started_by=started_by, defaults=gpu_defaults, allowed_cpus=allowed_cpus,
                 )  # fmt: skip
                 next(steps)  # launched, its lock held
                 pending.append(steps)
@@ -152,9 +153,12 @@ class JobDaemons:
         """Running clients per GPU UUID (what a capacity check must count)."""
         return {m.gpu_uuid: len(self.daemon(m.key).clients()) for m in self.manifests()}
 
-    def slots(self, inventory: Inventory | None) -> list[Slot]:
+    def slots(
+        self, inventory: Inventory | None, read: Sequence[Manifest] | None = None
+    ) -> list[Slot]:
         """The job's GPUs as placement sees them (CPUs and memory where known)."""
-        return [Slot.of(self.layout.gpu(m.key), m.gpu_uuid, inventory) for m in self.manifests()]
+        found = self.manifests() if read is None else read  # read: the caller's manifests
+        return [Slot.of(self.layout.gpu(m.key), m.gpu_uuid, inventory) for m in found]
 
     def status(self) -> dict[str, Any]:
         return {

@@ -45,12 +45,15 @@ START_ERR = "mpswrap-start.err"
 
 @dataclass(frozen=True)
 class Defaults:
-    """Settings applied to a daemon before its first client."""
+    """Settings applied to a daemon before its first client, and the ``--threads`` policy
+    the task prolog gives each client of a step (``task_threads``: the job's ``--mps=POLICY``;
+    recorded in the manifest, sent to no daemon)."""
 
     active_thread_percentage: float | None = None
     pinned_mem_limit: str | None = None
     client_priority: int | None = None
     prestart_server: bool = False
+    task_threads: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> Defaults:
@@ -62,6 +65,12 @@ class Defaults:
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return dataclasses.replace(defaults, **given)
+
+    def with_percentage(self, percentage: float | None) -> Defaults:
+        """These defaults with another active thread percentage (None: keep this one)."""
+        if percentage is None:
+            return self
+        return dataclasses.replace(self, active_thread_percentage=percentage)
 
 
 class Daemon:
@@ -261,6 +270,8 @@ class Daemon:
         if defaults.prestart_server:
             control.start_server(user.uid)
             applied["prestart_server"] = True
+        if defaults.task_threads:
+            applied["task_threads"] = defaults.task_threads
         return applied
 
     def _running(self) -> Manifest | None:

@@ -17,6 +17,7 @@ from .gpu import GpuInfo, Inventory, resolve_gpus
 
 __all__ = [
     "default_gres_conf",
+    "expand_hostlist",
     "gres_minors",
     "resolve_gres_positions",
     "resolve_slurm_gpus",
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 
-def _expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str) -> list[str]:
     """Expand ``node[1-3,5],gpu7`` (enough of Slurm's hostlist syntax for gres.conf)."""
     names: list[str] = []
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
@@ -62,9 +63,9 @@ def gres_minors(gres_conf: Path, node: str) -> list[int]:
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         if fields.get("Name") != "gpu" or "File" not in fields:
             continue
-        if "NodeName" in fields and node not in _expand_hostlist(fields["NodeName"]):
+        if "NodeName" in fields and node not in expand_hostlist(fields["NodeName"]):
             continue
-        for path in _expand_hostlist(fields["File"]):
+        for path in expand_hostlist(fields["File"]):
             minors.append(_device_minor(path))
     return minors
 

@@ -35,6 +35,12 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         help="admin config file the hooks read (default: %(default)s)",
     )
     _add_dest(parser)
+    parser.add_argument(
+        "--spank",
+        action="store_true",
+        help="also build the SPANK plugin for sbatch/salloc/srun --mps[=POLICY] (needs cc and "
+        "Slurm's headers: libslurm-dev or slurm-devel)",
+    )
 
 
 def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +62,11 @@ def _add_dest(parser: argparse.ArgumentParser) -> None:
 
 
 def install(args: argparse.Namespace) -> int:
-    """Install the shims as root (install.sh): ``--python``, ``--config``, ``--dest``."""
+    """Install the shims as root (install.sh): ``--python``, ``--config``, ``--dest``, and
+    with ``--spank`` the SPANK plugin."""
     argv = ["--python", args.python, "--config", args.config, "--dest", args.dest]
+    if args.spank:
+        argv.append("--spank")
     return _run_script("install.sh", argv)
 
 

@@ -3,26 +3,32 @@
 # every node, like any other Prolog/Epilog). Usually run as `mpswrap install-hooks`.
 #
 #   install.sh --python /abs/path/to/python [--config /etc/mpswrap/mpswrap.conf]
-#              [--dest /usr/local/libexec/mpswrap]
+#              [--dest /usr/local/libexec/mpswrap] [--spank [--slurm-include DIR]]
 #
 # Installs the shim beside it (hook) as DEST/prolog, DEST/task_prolog and DEST/epilog (the
 # name picks the hook) with the interpreter (@PYTHON@) and the admin config file (@CONFIG@)
 # filled in, root-owned, mode 0755, and prints the slurm.conf lines.  It does not edit slurm.conf.
+# --spank also builds the SPANK plugin (mpswrap_spank.c: sbatch/salloc/srun --mps[=POLICY])
+# with $CC (default cc, else gcc) against the installed Slurm's slurm/spank.h (found under
+# --slurm-include DIR, /usr/include or /usr/local/include) into DEST/mpswrap_spank.so, and
+# prints the plugstack.conf line.
 # Idempotent: running it again replaces the three files (atomically: a job starting at
 # that moment sees the old or the new shim, never half of one).  Undo: uninstall.sh.
 set -euo pipefail
 
 die() { echo "install.sh: ERROR: $*" >&2; exit 1; }
 warn() { echo "install.sh: warning: $*" >&2; }
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-PYTHON="" CONFIG=/etc/mpswrap/mpswrap.conf DEST=/usr/local/libexec/mpswrap
+PYTHON="" CONFIG=/etc/mpswrap/mpswrap.conf DEST=/usr/local/libexec/mpswrap SPANK=0 INCLUDE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) [ $# -ge 2 ] || usage; PYTHON=$2; shift 2 ;;
     --config) [ $# -ge 2 ] || usage; CONFIG=$2; shift 2 ;;
     --dest)   [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
+    --spank)  SPANK=1; shift ;;
+    --slurm-include) [ $# -ge 2 ] || usage; INCLUDE=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "install.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -38,6 +44,15 @@ done
 [ "$(id -u)" = 0 ] || die "run as root: the hooks must be root-owned (slurmd runs them as root)"
 [ -x "$PYTHON" ] || die "$PYTHON is not an executable file"
 [ -r "$HERE/hook" ] || die "$HERE/hook is missing (reinstall mpswrap: the shims ship inside its package)"
+if [ "$SPANK" = 1 ]; then
+  [ -r "$HERE/mpswrap_spank.c" ] || die "$HERE/mpswrap_spank.c is missing (reinstall mpswrap)"
+  if [ -z "${CC:-}" ]; then CC=cc; command -v cc >/dev/null || CC=gcc; fi
+  command -v "$CC" >/dev/null || die "--spank needs a C compiler ($CC not found; e.g. apt-get install gcc)"
+  for dir in $INCLUDE /usr/include /usr/local/include; do
+    if [ -r "$dir/slurm/spank.h" ]; then SPANK_INCLUDE=$dir; break; fi
+  done
+  [ -n "${SPANK_INCLUDE:-}" ] || die "--spank needs Slurm's headers: no slurm/spank.h under ${INCLUDE:+$INCLUDE, }/usr/include or /usr/local/include (Debian: apt-get install libslurm-dev; RHEL: slurm-devel)"
+fi
 
 # Root runs the interpreter, the package and the config on every job: whoever may change one
 # of them, or a directory above it, runs code as root. A level counts as safe when root owns
@@ -118,6 +133,16 @@ if grep -q '@PYTHON@\|@CONFIG@' "$DEST/prolog" "$DEST/task_prolog" "$DEST/epilog
 fi
 echo "install.sh: installed $DEST/prolog, $DEST/task_prolog, $DEST/epilog"
 
+if [ "$SPANK" = 1 ]; then
+  tmp=$(mktemp "$DEST/.mpswrap_spank.XXXXXX")
+  if ! out=$("$CC" -shared -fPIC -O2 -Wall -I"$SPANK_INCLUDE" -o "$tmp" "$HERE/mpswrap_spank.c" 2>&1); then
+    rm -f "$tmp"
+    die "building the SPANK plugin against $SPANK_INCLUDE/slurm/spank.h failed: $out"
+  fi
+  chown root:root "$tmp"; chmod 0755 "$tmp"; mv -f "$tmp" "$DEST/mpswrap_spank.so"
+  echo "install.sh: built $DEST/mpswrap_spank.so against $SPANK_INCLUDE/slurm/spank.h"
+fi
+
 cat <<EOF
 
 Add to slurm.conf (the same on every node and on the controller), then
@@ -131,3 +156,15 @@ PrologFlags=Alloc
 (PrologFlags takes a comma list: if you already set it, add Alloc to it.)
 Check with: scontrol show config | grep -i -e prolog -e epilog
 EOF
+if [ "$SPANK" = 1 ]; then
+  cat <<EOF
+
+For sbatch/salloc/srun --mps, add to plugstack.conf (the file PlugStackConfig names; default
+beside slurm.conf), on every node where jobs are submitted or run, and add "spank" to
+opt_in in $CONFIG:
+
+optional $DEST/mpswrap_spank.so
+
+Check with: sbatch --help | grep -e --mps
+EOF
+fi

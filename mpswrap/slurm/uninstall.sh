@@ -29,8 +29,8 @@ done
 
 if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
   if conf=$(timeout 10 scontrol show config 2>/dev/null) &&
-     grep -E '^(Prolog|Epilog|TaskProlog) ' <<<"$conf" | grep -qF "$DEST/"; then
-    grep -E '^(Prolog|Epilog|TaskProlog) ' <<<"$conf" >&2
+     grep -E '^(Prolog|Epilog|TaskProlog)(\[[0-9]+\])? ' <<<"$conf" | grep -qF "$DEST/"; then
+    grep -E '^(Prolog|Epilog|TaskProlog)(\[[0-9]+\])? ' <<<"$conf" >&2
     die "slurm.conf still points at $DEST: remove those lines and reconfigure first (or --force)"
   fi
 fi
@@ -44,4 +44,11 @@ for f in prolog task_prolog epilog; do
     echo "uninstall.sh: $p is not an mpswrap shim: left alone" >&2
   fi
 done
+# The SPANK plugin (install.sh --spank): plugstack.conf names it "optional", so a job never
+# fails for its absence; the plugin carries its name in plugin_name.
+p=$DEST/mpswrap_spank.so
+if [ -e "$p" ]; then
+  if grep -aq 'mpswrap' "$p"; then rm -f "$p"; echo "uninstall.sh: removed $p (take its line out of plugstack.conf)"
+  else echo "uninstall.sh: $p is not mpswrap's plugin: left alone" >&2; fi
+fi
 if rmdir "$DEST" 2>/dev/null; then echo "uninstall.sh: removed $DEST"; fi

@@ -59,3 +59,32 @@ def test_a_config_file_others_may_write_is_refused(tmp: Path) -> None:
     res = _install(tmp, sys.executable, config)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in (tmp / "hooks").iterdir()) == ["epilog", "prolog", "task_prolog"]
+
+
+@pytest.mark.parametrize(
+    "listing",
+    [
+        pytest.param("Epilog  = {dest}/epilog\nProlog  = {dest}/prolog\n", id="22.05"),
+        pytest.param("Epilog[0]  = {dest}/epilog\nProlog[0]  = {dest}/prolog\n", id="24.11"),
+    ],
+)
+def test_uninstall_refuses_while_slurm_names_a_shim(tmp: Path, listing: str) -> None:
+    """Whatever way the release lists its hooks (24.11: ``Prolog[0]``), a shim slurm.conf
+    still names is not removed: every job on the node would fail its prolog and drain it.
+    Here only the prolog and epilog are mpswrap's (a site's own task prolog)."""
+    dest = tmp / "hooks"
+    bin_dir = tmp / "bin"
+    for path in (dest, bin_dir):
+        path.mkdir()
+    for name in ("prolog", "task_prolog", "epilog"):
+        (dest / name).write_text("#!/bin/sh\n# mpswrap Slurm shim: test\n")
+    config = listing.format(dest=dest) + "TaskProlog              = /usr/local/site/task_prolog\n"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\ncat <<'EOF'\n{config}EOF\n")
+    scontrol.chmod(0o755)
+    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode != 0, res.stdout
+    assert "slurm.conf still points at" in res.stderr, res.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]

@@ -3,7 +3,7 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher attach ladder session faults slurm tmpfs probe
+# ./gpu-out). Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
 # metrics farm teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
@@ -78,6 +78,7 @@ for phase in "${PHASES[@]}"; do
     ladder) pt ladder tests/gpu/test_gpu_teardown.py || rc=1 ;;
     session) pt session tests/gpu/test_gpu_session.py || rc=1 ;;
     slurm) pt slurm tests/gpu/test_gpu_slurm.py || rc=1 ;;
+    share) pt share tests/gpu/test_gpu_slurm_share.py || rc=1 ;;
     tmpfs) pt tmpfs tests/gpu/test_gpu_slurm_tmpfs.py || rc=1 ;;
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;

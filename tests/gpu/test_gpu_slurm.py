@@ -59,9 +59,12 @@ def _make_importable() -> None:
 
 
 @contextmanager
-def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, str]]:
+def slurm_cluster(
+    state_root: str = "/tmp", *, opt_in: str = "comment:mps", spank: bool = False, **knobs: str
+) -> Iterator[dict[str, str]]:
     """One-node Slurm on the real GPU with mpswrap's hooks installed (in ``state_root``, as
-    is the cluster's state); ``knobs`` go to up.sh."""
+    is the cluster's state); ``opt_in`` of the admin file; ``spank``: the SPANK plugin built
+    (``install.sh --spank``) and named in plugstack.conf; ``knobs`` go to up.sh."""
     _install_slurm()
     _make_importable()
     made = _sh(["mktemp", "-d", f"{state_root}/mpswrap-gslurm.XXXX"], check=True)
@@ -70,7 +73,7 @@ def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, 
     (state / ".mpswrap-slurm-state").touch()
     conf = state / "mpswrap.conf"
     conf.write_text(
-        f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = comment:mps\n"
+        f"run_dir = /run/mpswrap\nprolog_mode = opt-in\nopt_in = {opt_in}\n"
         f"prolog_failure = drain\nsyslog = no\nlog_archive = {state / 'mps-logs'}\n"
         f"control_binary = "
         f"{shutil.which('nvidia-cuda-mps-control', path='/usr/local/nvidia/bin')}\n"
@@ -87,6 +90,7 @@ def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, 
             str(conf),
             "--dest",
             str(hooks),
+            *(["--spank"] if spank else []),
         ],
         check=True,
     )
@@ -103,6 +107,7 @@ def slurm_cluster(state_root: str = "/tmp", **knobs: str) -> Iterator[dict[str, 
         PROLOG=str(hooks / "prolog"),
         EPILOG=str(hooks / "epilog"),
         TASK_PROLOG=str(hooks / "task_prolog"),
+        PLUGSTACK=f"optional {hooks / 'mpswrap_spank.so'}\n" if spank else "",
     )
     env.update(knobs)
     up = _sh(

@@ -61,13 +61,16 @@ def why_not_runnable() -> str | None:
         return "needs root (runs slurmctld/slurmd, creates the test users mpsuser, mpsuser2)"
     missing = [
         b
-        for b in ("slurmctld", "slurmd", "munged", "srun", "runuser")
+        for b in ("slurmctld", "slurmd", "munged", "srun", "runuser", "cc")
         if shutil.which(b, path=SAFE_PATH) is None
     ]
+    if not Path("/usr/include/slurm/spank.h").exists():
+        missing.append("slurm/spank.h")
     if missing:
         return (
-            f"needs Slurm and munge ({', '.join(missing)} missing): apt-get install "
-            "slurmctld slurmd slurm-client munge"
+            f"needs Slurm, munge, Slurm's headers and cc for the SPANK plugin "
+            f"({', '.join(missing)} missing): apt-get install slurmctld slurmd slurm-client "
+            "munge libslurm-dev gcc"
         )
     return None
 
@@ -140,7 +143,14 @@ class Cluster:
     """One test cluster in ``state`` (see tests/integration/cluster/up.sh)."""
 
     def __init__(
-        self, state: Path, python: str, isolate: str, *, hooks: bool = True, features: str = ""
+        self,
+        state: Path,
+        python: str,
+        isolate: str,
+        *,
+        hooks: bool = True,
+        features: str = "",
+        knobs: dict[str, str] | None = None,
     ) -> None:
         self.state = state
         self.python = python
@@ -150,6 +160,8 @@ class Cluster:
         self.with_hooks = hooks
         #: ``Features=`` of every node ("" for none).
         self.features = features
+        #: More of up.sh's knobs (e.g. CPUS_PER_NODE, TASK_PLUGIN, CGROUP_CONF, SELECT_PARAMS).
+        self.knobs = dict(knobs or {})
 
     # --- paths ---------------------------------------------------------------------------
     @property
@@ -198,16 +210,24 @@ class Cluster:
             "control_binary": str(self.simbin / "nvidia-cuda-mps-control"),
             "gpu_inventory": str(self.inventory_path),
             "prolog_mode": "opt-in",
-            "opt_in": "gres-mps, feature:mps, comment:mps",
+            "opt_in": "gres-mps, spank, feature:mps, comment:mps",
             "prolog_failure": "drain",
         }
 
     # --- bring-up and teardown -----------------------------------------------------------
     @classmethod
-    def start(cls, python: str | None = None, *, hooks: bool = True, features: str = "") -> Cluster:
+    def start(
+        cls,
+        python: str | None = None,
+        *,
+        hooks: bool = True,
+        features: str = "",
+        knobs: dict[str, str] | None = None,
+    ) -> Cluster:
         """Bring a cluster up. ``python`` runs the hooks (installed into it as an admin
         would): by default this interpreter, or ``MPSWRAP_TEST_PYTHON``. ``hooks=False``: no
-        hooks installed or configured. ``features``: every node's ``Features=``."""
+        hooks installed or configured. ``features``: every node's ``Features=``. ``knobs``:
+        more of up.sh's settings."""
         python = python or os.environ.get("MPSWRAP_TEST_PYTHON") or sys.executable
         for user in (USER, USER2):
             ensure_user(user)
@@ -223,7 +243,7 @@ class Cluster:
             if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
             else "none"
         )
-        cluster = cls(state, python, isolate, hooks=hooks, features=features)
+        cluster = cls(state, python, isolate, hooks=hooks, features=features, knobs=knobs)
         try:
             if hooks:
                 cluster._install_hooks()
@@ -249,6 +269,7 @@ class Cluster:
                 str(self.config_path),
                 "--dest",
                 str(self.hooks),
+                "--spank",  # sbatch/srun --mps[=POLICY], built against this Slurm's spank.h
             ],
             timeout=60,
         )
@@ -268,13 +289,15 @@ class Cluster:
             EPILOG=str(self.hooks / "epilog"),
             TASK_PROLOG=str(self.hooks / "task_prolog"),
             FEATURES=self.features,
+            PLUGSTACK=f"optional {self.hooks / 'mpswrap_spank.so'}\n",
             ISOLATE=self.isolate,
             INSTALL="0",
             # no smoke job yet: the hooks would fail without their config file
             SMOKE="0",
         )
+        env.update(self.knobs)
         if not self.with_hooks:
-            env.update(PROLOG="none", EPILOG="none", PROLOG_FLAGS="")
+            env.update(PROLOG="none", EPILOG="none", PROLOG_FLAGS="", PLUGSTACK="")
             del env["TASK_PROLOG"]
         sh([str(SCRIPTS / "up.sh"), str(self.state)], env=env, timeout=120)
 
@@ -333,6 +356,13 @@ class Cluster:
     def inventory(self) -> list[dict[str, Any]]:
         gpus: list[dict[str, Any]] = json.loads(self.inventory_path.read_text())["gpus"]
         return gpus
+
+    def gpus_local_to(self, cpus: Sequence[int]) -> None:
+        """Make every simulated GPU local to ``cpus`` (the inventory says NUMA halves)."""
+        data = json.loads(self.inventory_path.read_text())
+        for gpu in data["gpus"]:
+            gpu["cpus"] = ",".join(map(str, cpus))
+        self.inventory_path.write_text(json.dumps(data, indent=2) + "\n")
 
     def gres_minor(self, node: str, position: int) -> int:
         """Device minor of the node's position-th ``Name=gpu File=`` line in gres.conf."""

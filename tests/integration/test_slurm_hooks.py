@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import USER, Cluster, read_records, wait_for, why_not_runnable
+from tests.integration.harness import (
+    REPO,
+    USER,
+    Cluster,
+    read_records,
+    sh,
+    wait_for,
+    why_not_runnable,
+)
 
 _skip = why_not_runnable()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -252,3 +260,17 @@ def test_prolog_failure_continue_runs_job_without_mps(cluster: Cluster, workdir:
     assert job.proc is not None and job.proc.returncode == 0, job.output
     assert [s["mode"] for s in _starts(rec, 1, job.output)] == ["non-mps"]
     assert not cluster.drained_nodes()
+
+
+def test_uninstall_refuses_while_slurm_conf_names_the_hooks(cluster: Cluster) -> None:
+    """``uninstall-hooks`` reads ``scontrol show config`` (22.05: ``Prolog  = ...``; 24.11:
+    ``Prolog[0] = ...``) and removes nothing while slurm.conf names the shims."""
+    res = sh(
+        ["bash", str(REPO / "mpswrap" / "slurm" / "uninstall.sh"), "--dest", str(cluster.hooks)],
+        env=cluster.env(),
+        check=False,
+    )
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "slurm.conf still points at" in res.stderr, res.stderr
+    for name in ("prolog", "task_prolog", "epilog", "mpswrap_spank.so"):
+        assert (cluster.hooks / name).exists(), f"{name} was removed"

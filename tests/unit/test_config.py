@@ -14,7 +14,7 @@ def test_defaults_and_sources() -> None:
     s = load_settings(env={}, config_file=None)
     assert s.run_dir == "/run/mpswrap"
     assert s.sources["run_dir"] == "default"
-    assert s.opt_in == ("gres-mps", "feature:mps", "comment:mps")
+    assert s.opt_in == ("gres-mps", "spank", "feature:mps", "comment:mps")
 
 
 def test_precedence_argument_env_file_default(tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_describe_shows_values_as_an_admin_would_write_them() -> None:
     s = load_settings({"pinned_mem_limit": "2g", "health_check": True}, env={})
     rows = {name: (value, source) for name, value, source in s.describe()}
     assert list(rows) == [f.name for f in FIELDS]
-    assert rows["opt_in"] == ("gres-mps, feature:mps, comment:mps", "default")
+    assert rows["opt_in"] == ("gres-mps, spank, feature:mps, comment:mps", "default")
     assert rows["pinned_mem_limit"] == ("2G", "argument")
     assert rows["health_check"] == ("yes", "argument")
     assert rows["syslog"] == ("yes", "default")

@@ -88,3 +88,12 @@ def test_uneven_tasks_per_node_use_this_nodes_count() -> None:
     assert JobEnv({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}).local_size == 1
     assert JobEnv({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "8"}).local_size == 2
     assert JobEnv({"SLURM_TASKS_PER_NODE": "x"}).local_size is None
+
+
+@pytest.mark.parametrize(
+    ("namespace", "key"),
+    [("prterun-vm-24085@1", "prterun-vm-24085-1"), ("ns/1", "ns-1"), ("a b:c", "a-b-c")],
+)
+def test_a_pmix_namespace_is_a_job_key_of_safe_characters(namespace: str, key: str) -> None:
+    """Ranks of one mpirun share its PMIx namespace; Open MPI 5 writes '@' into it."""
+    assert JobEnv({"PMIX_NAMESPACE": namespace}).job_key() == key

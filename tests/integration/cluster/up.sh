@@ -50,6 +50,8 @@
 #                      user for each task; its "export NAME=value" lines reach the task;
 #                      it must be readable and executable by job users)
 #   EXTRA_CONF=        more slurm.conf lines (\n for newlines)
+#   SELECT_PARAMS=CR_Core  SelectTypeParameters= (e.g. CR_Core,MULTIPLE_SHARING_GRES_PJ on
+#                      23.11+: one job may take gres/mps shares of several GPUs of a node)
 #   FEATURES=          Features= of every node (e.g. "mps", for --constraint=mps)
 #   PROCTRACK=, TASK_PLUGIN=  default proctrack/linuxproc and task/none; the cgroup plugins
 #                      need CGROUP_CONF (e.g. with ConstrainDevices=yes) and a cgroup v2 host
@@ -57,7 +59,9 @@
 #                      for a slow prolog; without it srun's launch RPC times
 #                      out after ~2*MessageTimeout (20 s).
 #   PROLOG_TIMEOUT=    PrologEpilogTimeout= seconds (default: unlimited)
-#   CTLD_PORT=         slurmctld port (default: first free port from 6817)
+#   CTLD_PORT=         slurmctld port (default: first free port from PORT_BASE)
+#   PORT_BASE=6817     where the search for free ports starts (a second Slurm version's
+#                      tier on the same machine runs from another base)
 #   SLURMD_PORT=       first slurmd port (default: first free ports after it)
 #   DEBUG_LEVEL=verbose  SlurmctldDebug/SlurmdDebug (info|verbose|debug|debug2)
 #   SMOKE=1            run "srun -N$NODES hostname" at the end (0 = skip)
@@ -66,6 +70,8 @@
 #   CGROUP_CONF=       text of STATE_DIR/etc/cgroup.conf (\n for newlines), e.g.
 #                      "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n" on a cgroup-v2-only
 #                      machine without systemd (see ../notes/gpu-lab.md)
+#   PLUGSTACK=         text of STATE_DIR/etc/plugstack.conf (\n for newlines): SPANK plugins
+#                      (Slurm reads plugstack.conf beside slurm.conf: no slurm.conf line)
 #   JOB_CONTAINER_CONF=  text of STATE_DIR/etc/job_container.conf (\n for newlines), for
 #                      JobContainerType=job_container/tmpfs in EXTRA_CONF (which also needs
 #                      PROLOG_FLAGS=Alloc,Contain)
@@ -169,7 +175,7 @@ pick_port() {  # pick_port START -> first port >= START that nothing listens on
   local p=$1; while port_busy "$p" || [ -n "${TAKEN[$p]:-}" ]; do p=$((p+1)); done
   TAKEN[$p]=1; echo "$p"
 }
-CTLD_PORT=${CTLD_PORT:-$(pick_port 6817)}; TAKEN[$CTLD_PORT]=1
+CTLD_PORT=${CTLD_PORT:-$(pick_port "${PORT_BASE:-6817}")}; TAKEN[$CTLD_PORT]=1
 port_busy "$CTLD_PORT" && die "CTLD_PORT $CTLD_PORT is in use"
 SD_PORTS=(); next=${SLURMD_PORT:-$((CTLD_PORT+1))}
 for ((i=1; i<=NODES; i++)); do p=$(pick_port "$next"); SD_PORTS+=("$p"); next=$((p+1)); done
@@ -327,7 +333,7 @@ SchedulerType=sched/backfill
 # start batch jobs ~1 s after sbatch instead of up to ~3 s (srun starts at once)
 SchedulerParameters=batch_sched_delay=0
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=${SELECT_PARAMS:-CR_Core}
 MpiDefault=none
 # nodes may claim more CPUs/memory than the machine has
 SlurmdParameters=config_overrides
@@ -366,6 +372,7 @@ done
 chmod 0644 "$D/etc/slurm.conf" "$D/etc/gres.conf"
 # cgroup.conf, only when asked (the GPU machine has cgroup v2 only and no systemd)
 if [ -n "${CGROUP_CONF:-}" ]; then printf "%b" "$CGROUP_CONF" >"$D/etc/cgroup.conf"; chmod 0644 "$D/etc/cgroup.conf"; fi
+if [ -n "${PLUGSTACK:-}" ]; then printf "%b" "$PLUGSTACK" >"$D/etc/plugstack.conf"; chmod 0644 "$D/etc/plugstack.conf"; fi
 if [ -n "${JOB_CONTAINER_CONF:-}" ]; then
   printf "%b" "$JOB_CONTAINER_CONF" >"$D/etc/job_container.conf"; chmod 0644 "$D/etc/job_container.conf"
 fi
