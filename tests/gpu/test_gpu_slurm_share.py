@@ -81,7 +81,7 @@ def test_two_jobs_daemons_run_on_their_own_cpus(
     cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
 ) -> None:
     work = Path(cluster["state"]) / "work"
-    command = f"grep Cpus_allowed_list /proc/self/status > {{out}}\\nsrun {CLIENT} --seconds 15"
+    command = f"grep Cpus_allowed_list /proc/self/status > {{out}}\nsrun {CLIENT} --seconds 15"
     jobs = [
         submit(
             cluster, gpu_user, f"cpus{i}", "--mps -n 1 -c 4 --gres=mps:50",
