@@ -112,7 +112,13 @@ FIELDS: tuple[Field, ...] = (
         "drain",
         "drain: fail the epilog if anything of the job survives teardown",
     ),
-    Field("cpu_binding", boolean, "yes", "pin each daemon to its GPU's local CPUs"),
+    Field("cpu_binding", boolean, "yes", "pin each daemon to its GPU's local CPUs among the job's"),
+    Field(
+        "exclusive_process",
+        boolean,
+        "no",
+        "prolog: a job's whole GPUs in compute mode EXCLUSIVE_PROCESS; epilog: the mode found",
+    ),
     Field(
         "prestart_server",
         boolean,
@@ -257,6 +263,7 @@ class Settings:
     prolog_failure: Literal["drain", "continue"]
     epilog_failure: Literal["drain", "continue"]
     cpu_binding: bool
+    exclusive_process: bool
     prestart_server: bool
     active_thread_percentage: float | None
     pinned_mem_limit: str | None

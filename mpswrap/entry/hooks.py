@@ -12,6 +12,7 @@ this job survives. Every failure is one line; a traceback goes only to the debug
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -28,6 +29,7 @@ from ..jobenv import GpuRef, JobEnv
 from ..mps.daemon import Defaults
 from ..mps.gpu import health_problem
 from ..mps.slurmgpus import default_gres_conf, resolve_slurm_gpus
+from .exclusive import make_exclusive, restore_modes
 from .slurmjob import (
     NodeShare,
     gpu_percentages,
@@ -104,8 +106,17 @@ def prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
             raise problems[0]
         _start_job(env, settings, env.job_gpus or ())
     except MpswrapError as exc:
+        _undo_exclusive(env, settings)
         return _prolog_failed(env, settings, exc.line())
     return 0
+
+
+def _undo_exclusive(env: JobEnv, settings: Settings) -> None:
+    """A prolog that failed gives back the compute mode it set (exclusive_process): the job
+    runs without MPS, and EXCLUSIVE_PROCESS would allow one of its processes alone."""
+    if settings.exclusive_process:
+        with contextlib.suppress(MpswrapError):
+            restore_modes(env, settings, env.slurm_job())
 
 
 def _wants_mps(env: JobEnv, settings: Settings) -> bool:
@@ -134,7 +145,9 @@ def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
     # The job's line of `scontrol show job -d`: its CPUs here, its per-GPU gres/mps counts.
     several = len(found) > 1 and env.mps_job_percentage is not None
     part = settings.cpu_binding and holds_part_of_node(env)
-    share = node_share(env) if part or several else None
+    share = node_share(env) if part or several or settings.exclusive_process else None
+    if settings.exclusive_process:
+        make_exclusive(env, settings, share, [gpu for _, gpu in found])
     base = Defaults.from_settings(settings, task_threads=_task_threads(env))
     percentages = gpu_percentages(env, share, [position for position, _ in found])
     manifests = JobDaemons(state.admin_layout(settings, env.node, job), settings).start(
@@ -273,6 +286,7 @@ def epilog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
         log.warning("%s: nothing of a job to tear down", exc.line())
         return 0
     left, uuids = _teardown(env, settings, job)
+    left += restore_modes(env, settings, job)  # exclusive_process: the mode found
     if settings.health_check:
         left += _health_check(uuids, settings)
     if left and settings.epilog_failure == "drain":

@@ -125,6 +125,14 @@ class NodeShare:
     #: The job's share of each GPU in percent (gres.conf position → 100 x its count / the
     #: GPU's count), where Slurm details gres/mps per GPU (23.11+); empty where it does not.
     mps_shares: dict[int, float]
+    #: The line's ``GRES=`` as Slurm wrote it.
+    gres: str = ""
+
+    @property
+    def whole_gpus(self) -> bool:
+        """The job holds its GPUs here whole: gres/gpu, and no share of one (mps, shard)."""
+        shared = re.search(r"(?:^|,)(?:mps|shard)[:(]", self.gres)
+        return bool(re.search(r"(?:^|,)gpu[:(]", self.gres)) and not shared
 
 
 SYSFS_CPU = "/sys/devices/system/cpu"
@@ -150,7 +158,7 @@ def node_share(env: JobEnv) -> NodeShare | None:
         except (ConfigError, GpuError) as exc:
             log.warning("scontrol's job details: %s", exc.line())
             return None
-        return NodeShare(cpus, mps_shares(gres or ""))
+        return NodeShare(cpus, mps_shares(gres or ""), gres or "")
     log.warning("scontrol's job details name no line for node %s", env.node)
     return None
 

@@ -102,7 +102,7 @@ class Inventory:
         if self.source != "nvml":
             return []
         if self._nvml is None:
-            self._nvml = _init_nvml()
+            self._nvml = init_nvml()
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
         procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -186,7 +186,7 @@ def _nvml_gpu(nvml: Any, index: int) -> GpuInfo:
     )
 
 
-def _init_nvml() -> Any:
+def init_nvml() -> Any:
     """pynvml, imported and initialised."""
     try:
         import pynvml as nvml
@@ -200,24 +200,24 @@ def _init_nvml() -> Any:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise _nvml_failed("nvmlInit", exc) from exc
+        raise nvml_failed("nvmlInit", exc) from exc
     return nvml
 
 
-def _nvml_failed(what: str, exc: Exception) -> GpuError:
+def nvml_failed(what: str, exc: Exception) -> GpuError:
     return GpuError("NVML failed", thing=what, cause=str(exc),
                     hint="is the NVIDIA driver loaded? run nvidia-smi")  # fmt: skip
 
 
 def _from_nvml() -> Inventory:
-    nvml = _init_nvml()
+    nvml = init_nvml()
     try:
         count = nvml.nvmlDeviceGetCount()
         gpus = [_nvml_gpu(nvml, i) for i in range(count)]
         driver = nvml.nvmlSystemGetDriverVersion()
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
     except nvml.NVMLError as exc:
-        raise _nvml_failed("device query", exc) from exc
+        raise nvml_failed("device query", exc) from exc
     driver = driver.decode() if isinstance(driver, bytes) else str(driver)
     return Inventory(gpus, driver, cuda, source="nvml", _nvml=nvml)
 
@@ -288,7 +288,7 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     if source != "nvml":
         return None
     try:
-        nvml = _init_nvml()
+        nvml = init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
     except Exception as exc:  # GpuError, or NVML's own error types
         log.debug("no NVML figures for %s: %s", uuid, exc)

@@ -144,7 +144,7 @@ def test_nvml_figures_prefer_the_mps_view(monkeypatch: pytest.MonkeyPatch) -> No
         def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: str) -> list[Proc]:
             return [Proc(11, 2 << 30), Proc(12, 4 << 30)]
 
-    monkeypatch.setattr(gpu, "_init_nvml", Nvml)
+    monkeypatch.setattr(gpu, "init_nvml", Nvml)
     found = gpu.usage("GPU-x", "nvml")
     assert found == {"memory_used_bytes": 5 << 30, "memory_total_bytes": 80 << 30,
                      "utilization_percent": 37,

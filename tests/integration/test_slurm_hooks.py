@@ -274,3 +274,31 @@ def test_uninstall_refuses_while_slurm_conf_names_the_hooks(cluster: Cluster) ->
     assert "slurm.conf still points at" in res.stderr, res.stderr
     for name in ("prolog", "task_prolog", "epilog", "mpswrap_spank.so"):
         assert (cluster.hooks / name).exists(), f"{name} was removed"
+
+
+def _compute_modes(cluster: Cluster) -> dict[str, str]:
+    return {g["uuid"]: g.get("compute_mode", "DEFAULT") for g in cluster.inventory()}
+
+
+def test_exclusive_process_for_whole_gpus_and_back_after_the_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """``exclusive_process = yes`` (simulator only): a job's whole GPU is EXCLUSIVE_PROCESS
+    while it runs and DEFAULT again after its epilog; a gres/mps job's GPU keeps its mode."""
+    marker = workdir / "running"
+    script = f"#!/bin/sh\ntouch {marker}\nsleep 3\n"
+    with cluster.config(exclusive_process="yes"):
+        job = cluster.sbatch(script, "-w", "node1", "--gres=gpu:1", "--comment=mps", cwd=workdir)
+        cluster.wait_started(marker, job)
+        during = _compute_modes(cluster)
+        assert cluster.wait_gone(job) == "COMPLETED"
+        after = _compute_modes(cluster)
+        marker.unlink()
+        shared = cluster.sbatch(script, "-w", "node1", "--gres=mps:50", cwd=workdir)
+        cluster.wait_started(marker, shared)
+        during_shared = _compute_modes(cluster)
+        assert cluster.wait_gone(shared) == "COMPLETED"
+    assert sorted(during.values()) == ["DEFAULT", "EXCLUSIVE_PROCESS"], during
+    assert set(after.values()) == {"DEFAULT"}, after
+    assert set(during_shared.values()) == {"DEFAULT"}, during_shared
+    assert not list(cluster.run_dir.glob("compute-mode.*")), "the kept mode was not removed"

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "mps": (
         "inventory_cache",
         "gpu",
+        "computemode",
         "slurmgpus",
         "cuda",
         "control",
@@ -52,6 +53,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "entry": (
         "launchargs",
         "slurmjob",
+        "exclusive",
         "hooks",
         "launch",
         "local",

@@ -65,7 +65,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, FakeNvm
     fake = FakeNvml()
     monkeypatch.setattr(inventory_cache, "PROC", proc)
     monkeypatch.setattr(gpu, "_from_nvml", fake)
-    monkeypatch.setattr(gpu, "_init_nvml", lambda: fake)
+    monkeypatch.setattr(gpu, "init_nvml", lambda: fake)
     monkeypatch.setattr(gpu, "_CACHE", {})
     return run, fake
 

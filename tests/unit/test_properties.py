@@ -116,6 +116,7 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "prolog_failure": st.sampled_from(["drain", "continue"]).map(lambda t: (t, t)),
     "epilog_failure": st.sampled_from(["drain", "continue"]).map(lambda t: (t, t)),
     "cpu_binding": st.sampled_from([("yes", True), ("OFF", False), ("1", True)]),
+    "exclusive_process": st.sampled_from([("no", False), ("YES", True), ("0", False)]),
     "prestart_server": st.sampled_from([("true", True), ("no", False)]),
     "active_thread_percentage": st.one_of(
         st.just(("none", None)), st.integers(1, 100).map(lambda n: (str(n), float(n)))
