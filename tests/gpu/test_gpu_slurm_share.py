@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mpswrap.jobenv import parse_int_list
 from mpswrap.mps.gpu import load_inventory
 
 from .test_gpu_slurm import (
@@ -99,16 +100,8 @@ def test_two_jobs_daemons_run_on_their_own_cpus(
         print(f"job {jobs[i]}: daemon cpus {daemon}, task Cpus_allowed_list {task}")
         assert len(daemon) == 4, daemon
         assert set(daemon) <= local, (daemon, local)
-        assert _cpu_set(task) == set(daemon), (task, daemon)
+        assert set(parse_int_list(task)) == set(daemon), (task, daemon)
     assert not set(seen[0][0]) & set(seen[1][0]), seen
     for job in jobs:
         _wait_job_gone(cluster, job)
         assert_job_left_nothing(cluster, job, mps_baseline)
-
-
-def _cpu_set(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
