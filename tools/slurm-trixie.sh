@@ -8,8 +8,9 @@
 # kept for the next run; Slurm 24.11, munge, Python 3.13, Open MPI and mpi4py are installed
 # into it with apt, so the host's packages are never touched. The repository is copied in,
 # installed into a venv there, and pytest runs chrooted, with the kernel's /proc, /sys
-# (cgroups) and /dev bound in. Its clusters search for free ports from 7817, so they never
-# take the host tier's ports. Mounts are undone on exit, whatever happens.
+# (cgroups) and /dev bound in, in a mount namespace of the script's own (the host never sees
+# those mounts; they go with the namespace). Its clusters search for free ports from 7817, so
+# they never take the host tier's ports.
 # Debian 12, as root. Env: ROOT, MIRROR, WHEEL (a built wheel for test_admin_guide.py).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -20,14 +21,20 @@ PKGS=(slurmctld slurmd slurm-client munge libslurm-dev gcc libc6-dev python3 pyt
 log() { echo "tools/slurm-trixie.sh: $*" >&2; }
 
 [ "$(id -u)" = 0 ] || { log "run as root"; exit 2; }
+# The rest runs in a mount namespace of its own: its binds of /proc, /sys and /dev never reach
+# the host's mount table and go with the namespace, even when this script is SIGKILLed.
+if [ "${MPSWRAP_TRIXIE_NS:-}" != 1 ]; then
+  exec unshare --mount --propagation private env MPSWRAP_TRIXIE_NS=1 bash "$(readlink -f "$0")" "$@"
+fi
 in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
   HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"; }
 
 MOUNTS=()
 bind() {  # bind SRC into the root at the same path; slave, so unmounting never reaches SRC
   mkdir -p "$ROOT$1"
-  mount --rbind "$1" "$ROOT$1" && mount --make-rslave "$ROOT$1"
+  mount --rbind "$1" "$ROOT$1"
   MOUNTS+=("$ROOT$1")
+  mount --make-rslave "$ROOT$1"
 }
 unbind() {
   local i
@@ -45,7 +52,7 @@ if [ ! -x "$ROOT/usr/sbin/slurmd" ] || [ "$(cat "$ROOT/.mpswrap-pkgs" 2>/dev/nul
   start=$SECONDS
   if [ ! -x "$ROOT/bin/sh" ]; then
     command -v debootstrap >/dev/null || apt-get install -y -q --no-install-recommends debootstrap >/dev/null
-    rm -rf "$ROOT.new"
+    rm -rf --one-file-system "$ROOT.new"
     debootstrap --variant=minbase trixie "$ROOT.new" "$MIRROR" >"$ROOT.log" 2>&1 ||
       { tail -20 "$ROOT.log" >&2; log "debootstrap failed (log: $ROOT.log)"; exit 1; }
     mv "$ROOT.new" "$ROOT"
@@ -65,7 +72,7 @@ log "$(in_root dpkg-query -W -f='slurm ${Version}' slurmd), $(in_root python3 -V
 # The wheels are fetched by the host's pip (its index and certificates), for the root's Python;
 # every pip in the root installs them offline (its /etc/pip.conf), the admin guide's venv too.
 SRC=/opt/mpswrap-ci/src VENV=/opt/mpswrap-ci/venv DIST=/opt/mpswrap-ci/dist
-rm -rf "${ROOT:?}$SRC" "${ROOT:?}$DIST"; mkdir -p "$ROOT$SRC" "$ROOT$DIST"
+rm -rf --one-file-system "${ROOT:?}$SRC" "${ROOT:?}$DIST"; mkdir -p "$ROOT$SRC" "$ROOT$DIST"
 tar -C "$REPO" --exclude=./.git --exclude=__pycache__ --exclude=.head --exclude=.debs -cf - . |
   tar -C "$ROOT$SRC" -xf -
 chmod -R a+rX "$ROOT$SRC"

@@ -2,12 +2,13 @@
 EXCLUSIVE_PROCESS while it runs, so that only its MPS server holds a context on them.
 
 The prolog sets the mode on GPUs the job holds whole (gres/gpu, no gres/mps or shard share:
-other jobs' processes may share those) and keeps the mode it found in
-``<run_dir>/compute-mode.<node>.<GPU UUID>`` (root's, like run_dir). An epilog puts that mode
-back, and removes the file, only when no other job on the node has a daemon for the GPU: the
-last one to leave restores it, also after a prolog that failed once it had set the mode. A
-GPU already EXCLUSIVE_PROCESS is left alone. Tested on the simulator only: the GPU machine's
-compute mode is never changed.
+other jobs' processes may share those). Per node and GPU one root-owned file under run_dir
+(``state.compute_mode_file``) keeps the mode found and the jobs that hold the GPU so. Each
+epilog takes its own job off every such file of its node; the mode found goes back, and the
+file goes, once no job holds the GPU and no other job has a daemon on it. A prolog that fails
+does the same for its job at once. One lock per node spans every read, change and write of
+these files and of the modes. A GPU found EXCLUSIVE_PROCESS already is left alone. Tested on
+the simulator only: the GPU machine's compute mode is never changed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._lock import file_lock
 from ..config import Settings
 from ..errors import MpswrapError
 from ..job import state
@@ -29,55 +31,75 @@ from .slurmjob import NodeShare
 __all__ = ["make_exclusive", "restore_modes"]
 
 log = logging.getLogger(__name__)
+#: The kept file: the mode found, then a job id a line.
+KEPT_LIMIT = 64 << 10
 
 
-def _found_file(settings: Settings, node: str, uuid: str) -> Path:
-    name = f"compute-mode.{validate_name('node name', node)}.{validate_name('GPU UUID', uuid)}"
-    return Path(settings.run_dir) / name
+def _read(kept: Path) -> tuple[str, list[str]] | None:
+    text = read_job_file(kept, KEPT_LIMIT)
+    if text is None:
+        return None
+    lines = text.split()
+    mode = lines[0] if lines and lines[0] in MODES else "DEFAULT"
+    return mode, lines[1:]
 
 
 def make_exclusive(
     env: JobEnv, settings: Settings, share: NodeShare | None, gpus: Sequence[GpuInfo]
 ) -> None:
     """Before the daemons start: EXCLUSIVE_PROCESS on each GPU the job holds whole."""
-    if share is None or not share.whole_gpus:
+    if share is None or not share.whole_gpus or env.mps_job_percentage is not None:
         log.info("compute mode left as it is: the job's GPUs are shared or Slurm did not say")
         return
-    for gpu in gpus:
-        found = get_mode(gpu.uuid, settings.gpu_inventory)
-        if found == EXCLUSIVE:
-            continue
-        kept = _found_file(settings, env.node, gpu.uuid)
-        if read_job_file(kept, 64) is None:  # another job's prolog may have kept it already
-            write_job_file(kept, found + "\n", 0, 0)
-        set_mode(gpu.uuid, EXCLUSIVE, settings.gpu_inventory)
-        log.info("GPU %s: compute mode %s (was %s)", gpu.uuid, EXCLUSIVE, found)
+    job = env.slurm_job()
+    state.create_run_dir(state.admin_layout(settings, env.node, job))
+    with file_lock(state.compute_mode_lock(settings, env.node), settings.start_timeout):
+        for gpu in gpus:
+            kept = state.compute_mode_file(settings, env.node, gpu.uuid)
+            held = _read(kept)
+            if held is None:
+                found = get_mode(gpu.uuid, settings.gpu_inventory)
+                if found == EXCLUSIVE:
+                    continue  # the admin's own: nothing of ours to put back
+                held = (found, [])
+            write_job_file(kept, "\n".join([held[0], *held[1], job]) + "\n", 0, 0)
+            set_mode(gpu.uuid, EXCLUSIVE, settings.gpu_inventory)
+            log.info("GPU %s: compute mode %s (was %s)", gpu.uuid, EXCLUSIVE, held[0])
 
 
 def restore_modes(env: JobEnv, settings: Settings, job: str) -> int:
-    """After teardown: the mode found back on each GPU of this node that a prolog made
-    EXCLUSIVE_PROCESS and no other job's daemon uses (this job's, or one whose prolog failed
-    after setting it); how many GPUs could not be restored."""
-    failed = 0
+    """This job off every kept file of the node; the mode found back where no job holds the
+    GPU and no other job has a daemon on it. How many GPUs could not be restored."""
     prefix = f"compute-mode.{validate_name('node name', env.node)}."
     names = list_dir(Path(settings.run_dir), "cannot read run_dir") or []
-    for uuid in sorted(n[len(prefix) :] for n in names if n.startswith(prefix)):
-        try:
-            kept = _found_file(settings, env.node, uuid)
-            text = read_job_file(kept, 64)
-            if text is None:
-                continue
-            if _used_elsewhere(settings, env.node, job, uuid):
-                log.info("GPU %s: left %s, another job uses it", uuid, EXCLUSIVE)
-                continue
-            mode = text.strip() if text.strip() in MODES else "DEFAULT"
-            set_mode(uuid, mode, settings.gpu_inventory)
-            kept.unlink()
-            log.info("GPU %s: compute mode %s again", uuid, mode)
-        except (MpswrapError, OSError) as exc:
-            log.error("GPU %s: compute mode not restored: %s", uuid, exc)
-            failed += 1
+    uuids = sorted(n[len(prefix) :] for n in names if n.startswith(prefix))
+    if not uuids:
+        return 0
+    failed = 0
+    with file_lock(state.compute_mode_lock(settings, env.node), settings.start_timeout):
+        for uuid in uuids:
+            try:
+                _release(env, settings, job, uuid)
+            except (MpswrapError, OSError) as exc:
+                log.error("GPU %s: compute mode not restored: %s", uuid, exc)
+                failed += 1
     return failed
+
+
+def _release(env: JobEnv, settings: Settings, job: str, uuid: str) -> None:
+    kept = state.compute_mode_file(settings, env.node, uuid)
+    held = _read(kept)
+    if held is None:
+        return
+    mode, holders = held[0], [j for j in held[1] if j != job]
+    if holders or _used_elsewhere(settings, env.node, job, uuid):
+        if holders != held[1]:
+            write_job_file(kept, "\n".join([mode, *holders]) + "\n", 0, 0)
+        log.info("GPU %s: left %s, another job holds it", uuid, EXCLUSIVE)
+        return
+    set_mode(uuid, mode, settings.gpu_inventory)
+    kept.unlink()
+    log.info("GPU %s: compute mode %s again", uuid, mode)
 
 
 def _used_elsewhere(settings: Settings, node: str, job: str, uuid: str) -> bool:

@@ -115,7 +115,7 @@ def _undo_exclusive(env: JobEnv, settings: Settings) -> None:
     """A prolog that failed gives back the compute mode it set (exclusive_process): the job
     runs without MPS, and EXCLUSIVE_PROCESS would allow one of its processes alone."""
     if settings.exclusive_process:
-        with contextlib.suppress(MpswrapError):
+        with contextlib.suppress(MpswrapError, OSError):
             restore_modes(env, settings, env.slurm_job())
 
 
@@ -146,10 +146,10 @@ def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
     several = len(found) > 1 and env.mps_job_percentage is not None
     part = settings.cpu_binding and holds_part_of_node(env)
     share = node_share(env) if part or several or settings.exclusive_process else None
-    if settings.exclusive_process:
-        make_exclusive(env, settings, share, [gpu for _, gpu in found])
     base = Defaults.from_settings(settings, task_threads=_task_threads(env))
     percentages = gpu_percentages(env, share, [position for position, _ in found])
+    if settings.exclusive_process:  # the last step before the daemons: every input checked
+        make_exclusive(env, settings, share, [gpu for _, gpu in found])
     manifests = JobDaemons(state.admin_layout(settings, env.node, job), settings).start(
         [gpu for _, gpu in found],
         user,
@@ -367,6 +367,8 @@ def _failed(hook: str, env: JobEnv, settings: Settings | None, exc: Exception) -
         line = internal_error(exc, TRACEBACK_AT)
         log.debug("%s", line, exc_info=exc)
     if hook == "prolog":
+        if settings is not None:
+            _undo_exclusive(env, settings)
         return _prolog_failed(env, settings, line)
     log.error("%s", line)
     # The epilog may have stopped halfway: something of the job may survive.

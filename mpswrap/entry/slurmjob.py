@@ -4,7 +4,6 @@ the job's share of a node (its CPUs, its GPUs' gres/mps shares)."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -13,11 +12,13 @@ from pathlib import Path
 
 from .. import _proc
 from ..errors import ConfigError, GpuError, MpswrapError, ProcError
-from ..jobenv import JobEnv, parse_int_list
+from ..job.placement import share_percent
+from ..jobenv import JobEnv, parse_int_list, tasks_per_node
 from ..mps.slurmgpus import expand_hostlist
 
 __all__ = [
     "NodeShare",
+    "cpus_here",
     "gpu_percentages",
     "holds_part_of_node",
     "is_launcher_daemon_step",
@@ -142,25 +143,44 @@ _DETAIL = re.compile(r"^\s*Nodes=(\S+)\s+CPU_IDs=(\S+)\s+Mem=\S+(?:\s+GRES=(\S*)
 
 def node_share(env: JobEnv) -> NodeShare | None:
     """This node's line of ``scontrol show job -d``; None (with a warning) when Slurm does
-    not answer or names no such node. One bounded call, made by the prolog only."""
+    not answer, or the answer is not one line for this node that agrees with what slurmd told
+    the prolog. One bounded call, made by the prolog only.
+
+    Job users write text into that answer (``JobName=``, ``Comment=``, paths; newlines too):
+    a line they forge is a second line for the node, or disagrees with slurmd's CPU count,
+    and is never taken."""
     job = _job_id(env)
-    if job is None:
-        return None
-    text = _scontrol_text(env, ["show", "job", "-d", job], "job's allocation")
+    text = _scontrol_text(env, ["show", "job", "-d", job], "job's allocation") if job else None
     if text is None:
         return None
+    found = []
     for match in _DETAIL.finditer(text):
         nodes, cpu_text, gres = match.groups()
         try:
-            if env.node not in expand_hostlist(nodes):
-                continue
-            cpus = parse_int_list(cpu_text, "CPU_IDs")
+            if env.node in expand_hostlist(nodes):
+                found.append(NodeShare(parse_int_list(cpu_text, "CPU_IDs"), {}, gres or ""))
         except (ConfigError, GpuError) as exc:
             log.warning("scontrol's job details: %s", exc.line())
             return None
-        return NodeShare(cpus, mps_shares(gres or ""), gres or "")
-    log.warning("scontrol's job details name no line for node %s", env.node)
-    return None
+    if len(found) != 1 or len(found[0].cpu_ids) != (cpus_here(env) or len(found[0].cpu_ids)):
+        log.warning("scontrol's job details: not one line for node %s that matches the job's "
+                    "%s CPUs here (%d found)", env.node, cpus_here(env), len(found))  # fmt: skip
+        return None
+    return NodeShare(found[0].cpu_ids, mps_shares(found[0].gres), found[0].gres)
+
+
+def cpus_here(env: JobEnv) -> int | None:
+    """The job's CPU count on this node, as slurmd tells the prolog: ``SLURM_JOB_CPUS_PER_NODE``
+    (``8(x2),4``) at this node's place in ``SLURM_JOB_NODELIST``."""
+    spec = env.env.get("SLURM_JOB_CPUS_PER_NODE")
+    nodes = env.env.get("SLURM_JOB_NODELIST") or env.env.get("SLURM_NODELIST")
+    try:
+        names = expand_hostlist(nodes) if nodes else []
+    except GpuError:
+        return None
+    if not spec or env.node not in names:
+        return None
+    return tasks_per_node(spec, names.index(env.node))
 
 
 def mps_shares(gres: str) -> dict[int, float]:
@@ -181,10 +201,10 @@ def mps_shares(gres: str) -> dict[int, float]:
 
 
 def holds_part_of_node(env: JobEnv, sysfs: str = SYSFS_CPU) -> bool:
-    """True where the job may hold only part of this node's CPUs (``SLURM_JOB_CPUS_PER_NODE``
-    names a count below the CPUs here): only then is slurmctld asked which CPUs it holds."""
-    counts = re.findall(r"(\d+)(?:\(x\d+\))?", env.env.get("SLURM_JOB_CPUS_PER_NODE", ""))
-    return any(int(count) < len(_online(sysfs)) for count in counts)
+    """True where the job holds fewer than this node's CPUs, as slurmd says: only then is
+    slurmctld asked which CPUs it holds."""
+    count = cpus_here(env)
+    return count is not None and count < len(_online(sysfs))
 
 
 def os_cpus(abstract: tuple[int, ...], sysfs: str = SYSFS_CPU) -> frozenset[int]:
@@ -222,14 +242,12 @@ def gpu_percentages(
     they add up to more than one GPU. Each GPU gets its own share from the job's details
     instead, between 1 and 100. Without them the one value must be a percentage in (0, 100].
     """
-    if env.mps_job_percentage is None:
+    total = env.mps_job_percentage
+    if total is None:
         return [None] * len(positions)
     shares = share.mps_shares if share else {}
-    if len(positions) > 1 and all(p in shares for p in positions):
-        return [_percent(shares[p]) for p in positions]
+    # Taken only where they are the job's GPUs and add up to Slurm's own value.
+    agree = set(shares) == set(positions) and abs(sum(shares.values()) - total) <= len(shares)
+    if len(positions) > 1 and agree:
+        return [share_percent(shares[p]) for p in positions]
     return [env.mps_percentage] * len(positions)
-
-
-def _percent(value: float) -> float:
-    """Rounded down to a tenth (shares of a GPU must not add up to more than 100), in [1, 100]."""
-    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))

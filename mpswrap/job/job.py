@@ -135,7 +135,7 @@ class JobDaemons:
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
         try:
-            for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=False):
+            for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=True):
                 steps = self.daemon(key).starting(
                     gpu, user, node=self.layout.node, job_id=self.layout.job_id,
                     started_by=started_by, defaults=gpu_defaults, allowed_cpus=allowed_cpus,

@@ -25,6 +25,7 @@ __all__ = [
     "place",
     "plan_positions",
     "provision_threads",
+    "share_percent",
 ]
 
 POLICIES = ("block", "cyclic", "affinity")
@@ -97,7 +98,12 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
             ) from None
         if not 0 < value <= 100:
             raise UsageError("bad --threads", thing=spec, cause="percent must be in (0, 100]")
-    # Round down: shares of one GPU must not add up to more than 100 (6 x 16.7 = 100.2).
+    return share_percent(value)
+
+
+def share_percent(value: float) -> float:
+    """A client's share of a GPU as MPS takes it: in [1, 100], rounded down to a tenth so that
+    the shares of one GPU never add up to more than 100 (6 x 16.7 = 100.2)."""
     return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))
 
 
@@ -106,8 +112,8 @@ def _weights(spec: str) -> list[float]:
         weights = [float(w) for w in spec.split(":")]
     except ValueError:
         raise UsageError("bad --threads weights", thing=spec) from None
-    if not weights or any(w <= 0 for w in weights):
-        raise UsageError("bad --threads weights", thing=spec, cause="weights must be > 0")
+    if not weights or any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise UsageError("bad --threads weights", thing=spec, cause="weights must be numbers > 0")
     return weights
 
 

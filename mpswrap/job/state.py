@@ -67,6 +67,18 @@ def node_inventory(settings: Settings, node: str) -> Inventory:
     return load_inventory(settings.gpu_inventory, kept)
 
 
+def compute_mode_file(settings: Settings, node: str, uuid: str) -> Path:
+    """``<run_dir>/compute-mode.<node>.<GPU UUID>``: the mode a prolog found on a GPU before
+    it made the GPU EXCLUSIVE_PROCESS, and the jobs that hold it so (exclusive_process)."""
+    node, uuid = validate_name("node name", node), validate_name("GPU UUID", uuid)
+    return Path(settings.run_dir) / f"compute-mode.{node}.{uuid}"
+
+
+def compute_mode_lock(settings: Settings, node: str) -> Path:
+    """The lock around every change of a node's compute-mode files and modes."""
+    return Path(settings.run_dir) / f".compute-mode.{validate_name('node name', node)}.lock"
+
+
 def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
     """The root a user-mode start of ``uid`` uses now."""
     if settings.user_run_dir:
@@ -270,13 +282,21 @@ def create(layout: JobLayout, uid: int, gid: int, *, shared_parents: bool) -> Pa
     return _create(layout, uid, gid, shared_parents)
 
 
-def _create(layout: JobLayout, uid: int, gid: int, shared_parents: bool) -> Path:
+def create_run_dir(layout: JobLayout) -> Path:
+    """run_dir of an admin layout, and missing levels above it: root's, 0755."""
     check_dirs(layout.run_dir.parent, layout.trusted)
+    above = list(reversed(layout.run_dir.parents))[1:]  # "/" is there
+    for level in [*above, layout.run_dir]:
+        ensure_shared_dir(level, layout.trusted)
+    return layout.run_dir
+
+
+def _create(layout: JobLayout, uid: int, gid: int, shared_parents: bool) -> Path:
     if shared_parents:
-        above = list(reversed(layout.run_dir.parents))[1:]  # "/" is there
-        for level in [*above, layout.run_dir, layout.node_dir]:
-            ensure_shared_dir(level, layout.trusted)
+        create_run_dir(layout)
+        ensure_shared_dir(layout.node_dir, layout.trusted)
     else:
+        check_dirs(layout.run_dir.parent, layout.trusted)
         for level in (layout.run_dir, layout.node_dir):
             ensure_private_dir(level, uid, gid)
     return ensure_private_dir(layout.job_dir, uid, gid)

@@ -33,6 +33,12 @@ if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
     grep -E '^(Prolog|Epilog|TaskProlog)(\[[0-9]+\])? ' <<<"$conf" >&2
     die "slurm.conf still points at $DEST: remove those lines and reconfigure first (or --force)"
   fi
+  # The SPANK plugin: a plugstack.conf line that names it as "required" would fail every
+  # sbatch and srun once it is gone.
+  stack=$(sed -n 's/^PlugStackConfig *= *//p' <<<"${conf:-}")
+  if [ -n "$stack" ] && [ -r "$stack" ] && grep -v '^[[:space:]]*#' "$stack" | grep -qF "$DEST/mpswrap_spank.so"; then
+    die "$stack still names $DEST/mpswrap_spank.so: take that line out first (or --force)"
+  fi
 fi
 
 for f in prolog task_prolog epilog; do
@@ -44,11 +50,10 @@ for f in prolog task_prolog epilog; do
     echo "uninstall.sh: $p is not an mpswrap shim: left alone" >&2
   fi
 done
-# The SPANK plugin (install.sh --spank): plugstack.conf names it "optional", so a job never
-# fails for its absence; the plugin carries its name in plugin_name.
+# The SPANK plugin (install.sh --spank), known by a message of its own.
 p=$DEST/mpswrap_spank.so
 if [ -e "$p" ]; then
-  if grep -aq 'mpswrap' "$p"; then rm -f "$p"; echo "uninstall.sh: removed $p (take its line out of plugstack.conf)"
+  if grep -aqF 'mpswrap: bad --mps policy' "$p"; then rm -f "$p"; echo "uninstall.sh: removed $p"
   else echo "uninstall.sh: $p is not mpswrap's plugin: left alone" >&2; fi
 fi
 if rmdir "$DEST" 2>/dev/null; then echo "uninstall.sh: removed $DEST"; fi

@@ -62,7 +62,7 @@ def test_whole_gpus_become_exclusive_and_the_last_job_restores_them(setup: Any) 
     make_exclusive(env, settings, WHOLE, [gpu])
     assert get_mode(uuid, str(inventory)) == "EXCLUSIVE_PROCESS"
     kept = Path(settings.run_dir) / f"compute-mode.n1.{uuid}"
-    assert kept.read_text() == "DEFAULT\n"
+    assert kept.read_text().split() == ["DEFAULT", "7"]
     # Another job has a daemon on the GPU: this job's epilog leaves the mode.
     _other_job_on(settings, uuid)
     assert restore_modes(env, settings, "7") == 0
@@ -93,3 +93,20 @@ def test_a_mode_found_other_than_default_is_what_comes_back(setup: Any) -> None:
     assert get_mode(uuid, str(inventory)) == "EXCLUSIVE_PROCESS"
     assert restore_modes(env, settings, "7") == 0
     assert get_mode(uuid, str(inventory)) == "PROHIBITED"
+
+
+def test_a_job_whose_prolog_set_the_mode_holds_it_before_it_has_daemons(setup: Any) -> None:
+    """Job 8's prolog made the GPU exclusive and has no daemon yet when job 7's epilog runs:
+    the kept file names job 8, so job 7's epilog leaves the mode; job 8's puts it back."""
+    env, settings, uuid, inventory = setup
+    gpu = load_inventory(str(inventory)).by_uuid(uuid)
+    other = JobEnv({"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "8"})
+    make_exclusive(env, settings, WHOLE, [gpu])
+    make_exclusive(other, settings, WHOLE, [gpu])
+    kept = Path(settings.run_dir) / f"compute-mode.n1.{uuid}"
+    assert kept.read_text().split() == ["DEFAULT", "7", "8"]
+    assert restore_modes(env, settings, "7") == 0
+    assert get_mode(uuid, str(inventory)) == "EXCLUSIVE_PROCESS"
+    assert kept.read_text().split() == ["DEFAULT", "8"]
+    assert restore_modes(other, settings, "8") == 0
+    assert get_mode(uuid, str(inventory)) == "DEFAULT" and not kept.exists()

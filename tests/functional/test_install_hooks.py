@@ -88,3 +88,27 @@ def test_uninstall_refuses_while_slurm_names_a_shim(tmp: Path, listing: str) -> 
     assert res.returncode != 0, res.stdout
     assert "slurm.conf still points at" in res.stderr, res.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]
+
+
+def test_uninstall_refuses_while_plugstack_names_the_plugin(tmp: Path) -> None:
+    """A plugstack.conf line naming the plugin (as ``required``, every sbatch would fail once
+    it is gone) stops uninstall-hooks; a commented-out line does not."""
+    dest, bin_dir = tmp / "hooks", tmp / "bin"
+    for path in (dest, bin_dir):
+        path.mkdir()
+    plugin = dest / "mpswrap_spank.so"
+    plugin.write_bytes(b"\x7fELF...mpswrap: bad --mps policy '%s'...")
+    stack = tmp / "plugstack.conf"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho 'PlugStackConfig         = {stack}'\n")
+    scontrol.chmod(0o755)
+    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    stack.write_text(f"required {plugin}\n")
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode != 0 and "still names" in res.stderr, res.stderr
+    assert plugin.exists()
+    stack.write_text(f"# required {plugin}\n")
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    assert not plugin.exists() and not dest.exists()

@@ -108,7 +108,16 @@ def test_shares_of_two_gpus_give_each_gpu_its_percentage(shared: Cluster) -> Non
     )
     shared.wait_started(out, job)
     gpus = shared.status(job, "node1")["gpus"]
+    detail = shared.slurm("scontrol", "show", "job", "-d", job).stdout
     assert shared.wait_gone(job) == "COMPLETED"
     assert out.read_text().strip() == "150"  # Slurm's one value for the job
-    settings = sorted(g["settings"].get("active_thread_percentage") for g in gpus)
-    assert settings == [50, 100], json.dumps(gpus, indent=1)
+    # Slurm's own split, by gres position: mps:150(100/100,50/100) -> g0 100, g1 50.
+    pairs = re.search(r"GRES=mps:150\(([^)]*)\)", detail)
+    assert pairs, detail
+    wanted = {
+        f"g{i}": 100 * int(used) / int(total)
+        for i, (used, total) in enumerate(p.split("/") for p in pairs.group(1).split(","))
+    }
+    got = {g["key"]: g["settings"].get("active_thread_percentage") for g in gpus}
+    assert got == wanted, json.dumps(gpus, indent=1)
+    assert sorted(wanted.values()) == [50, 100], detail

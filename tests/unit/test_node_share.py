@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from mpswrap.entry import slurmjob
 from mpswrap.entry.slurmjob import (
     NodeShare,
+    cpus_here,
     gpu_percentages,
     holds_part_of_node,
     mps_shares,
+    node_share,
     os_cpus,
 )
 from mpswrap.errors import ConfigError
@@ -85,6 +88,57 @@ def test_slurms_cpu_ids_are_mapped_by_socket_core_thread(tmp_path: Path) -> None
 
 def test_slurmctld_is_asked_only_for_part_of_a_node(tmp_path: Path) -> None:
     sysfs = _sysfs(tmp_path, {c: (0, c) for c in range(16)})
-    for text, asks in [("16", False), ("8", True), ("16(x2)", False), ("16,8", True), ("", False)]:
-        env = JobEnv({"SLURM_JOB_CPUS_PER_NODE": text} if text else {})
-        assert holds_part_of_node(env, sysfs) is asks, text
+    cases = [("16", "n1", False), ("8", "n1", True), ("16(x2)", "n[1-2]", False),
+             ("16,8", "n[1-2]", False), ("8,16", "n[1-2]", True), ("", "n1", False)]  # fmt: skip
+    for text, nodes, asks in cases:
+        env = JobEnv({"SLURMD_NODENAME": "n1", "SLURM_NODELIST": nodes,
+                      **({"SLURM_JOB_CPUS_PER_NODE": text} if text else {})})  # fmt: skip
+        assert holds_part_of_node(env, sysfs) is asks, (text, nodes)
+    assert cpus_here(JobEnv({"SLURMD_NODENAME": "n2", "SLURM_JOB_NODELIST": "n[1-3]",
+                             "SLURM_JOB_CPUS_PER_NODE": "4,2(x2)"})) == 2  # fmt: skip
+
+
+REAL = """JobId=7 JobName=train
+   NodeList=n1 BatchHost=n1
+   NumNodes=1 NumCPUs=4 NumTasks=1 CPUs/Task=4 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=mps:150
+     Nodes=n1 CPU_IDs=4-7 Mem=0 GRES=mps:150(100/100,50/100)
+   MinCPUsNode=4 MinMemoryNode=0 MinTmpDiskNode=0
+   Comment={comment}
+"""
+ENV = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1",
+       "SLURM_JOB_CPUS_PER_NODE": "4"}  # fmt: skip
+
+
+def _answer(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setattr(slurmjob, "_scontrol_text", lambda env, argv, what: text)
+
+
+def test_the_one_line_for_this_node_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answer(monkeypatch, REAL.format(comment="mps"))
+    share = node_share(JobEnv(ENV))
+    assert share is not None
+    assert (share.cpu_ids, share.mps_shares) == ((4, 5, 6, 7), {0: 100.0, 1: 50.0})
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "x\n     Nodes=n1 CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)",  # a second line for n1
+        "x\n     Nodes=n[1-9] CPU_IDs=0-3 Mem=0 GRES=mps:10(100/100,100/100)",
+    ],
+)
+def test_a_line_a_user_writes_into_the_answer_is_never_taken(
+    monkeypatch: pytest.MonkeyPatch, forged: str
+) -> None:
+    """Comment=, JobName= and paths are the user's text: a forged detail line makes two
+    lines for the node, and the prolog takes neither."""
+    _answer(monkeypatch, REAL.format(comment=forged))
+    assert node_share(JobEnv(ENV)) is None
+
+
+def test_a_line_that_disagrees_with_slurmds_cpu_count_is_not_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _answer(monkeypatch, REAL.format(comment="mps"))
+    assert node_share(JobEnv({**ENV, "SLURM_JOB_CPUS_PER_NODE": "8"})) is None
