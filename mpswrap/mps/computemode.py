@@ -8,12 +8,12 @@ admin asked for it: changing a GPU's compute mode changes it for every job of th
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from .._lock import file_lock
 from ..errors import GpuError
+from ..paths import write_job_file
 from .gpu import init_nvml, nvml_failed
 
 __all__ = ["EXCLUSIVE", "MODES", "get_mode", "set_mode"]
@@ -55,10 +55,8 @@ def set_mode(uuid: str, mode: str, source: str) -> None:
     with file_lock(path.with_name(f".{path.name}.lock"), FILE_LOCK_TIMEOUT):
         data = _read(path)
         _gpu_entry(data, uuid, source)["compute_mode"] = mode
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.chmod(0o644)
-        os.replace(tmp, path)
+        owner = path.stat()
+        write_job_file(path, json.dumps(data, indent=2) + "\n", owner.st_uid, owner.st_gid)
 
 
 def _read(path: Path) -> Any:

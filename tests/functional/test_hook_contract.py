@@ -432,3 +432,21 @@ def test_a_filelock_timeout_is_a_one_line_mpswrap_error(tmp_path: Path) -> None:
     assert isinstance(caught.value, MpswrapError) and isinstance(caught.value, TimeoutError)
     assert caught.value.line() == f"lock busy ({path}): another process held it for 0.2 s"
     assert type(caught.value.__cause__).__module__.startswith("filelock")
+
+
+@pytest.mark.parametrize(("policy", "share"), [("40", "40"), ("nan:1", None), ("1:inf", None)])
+def test_a_policy_that_reaches_the_prolog_without_the_plugin_never_fails_the_job(
+    node: SimNode, hooks: Path, policy: str, share: str | None
+) -> None:
+    """``SPANK_MPSWRAP_MPS`` comes from the plugin, which refuses bad policies, but anyone may
+    submit through another client: a bad one is one warning line, the daemons start as for
+    a plain ``--mps``, and the job user's tasks get no share; a good one reaches each task."""
+    env = slurmd_env(node, "prolog", SPANK_MPSWRAP_MPS=policy)
+    res = run(hooks / "prolog", env)
+    expect("prolog-started", "prolog", res)
+    assert ("the tasks get no thread limit" in res.stderr) is (share is None), res.stderr
+    task = run(hooks / "task_prolog", task_env(node), user=ensure_test_user())
+    expect("task-exports", "task_prolog", task)
+    found = dict(ln.removeprefix("export ").split("=", 1) for ln in task.stdout.splitlines())
+    assert found.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == share, found
+    end(node, hooks)
