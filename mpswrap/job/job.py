@@ -3,9 +3,8 @@
 Every entry point (the Slurm hooks, ``mpswrap start|stop|status``, the launcher, ``mpswrap
 run``, ``session()``) starts and tears down through ``JobDaemons``, so all do it the same way.
 
-User-mode ownership: the first local rank starts the daemons under the job's owner lock;
-every owner (a per-rank supervisor, ``mpswrap run``, a ``session()`` process) holds a
-reference file ``refs/<pid>-<start time>``; the last owner to release stops the daemons. A
+User-mode ownership (``job.owners``): the first local rank starts the daemons under the job's
+owner lock; every owner holds a reference; the last owner to release stops the daemons. A
 watchdog (``job.watchdog``) stops them when every owner died without releasing; the Slurm
 epilog sweeps whatever is still left. Per-rank supervisors hold a reference to the prolog's
 daemons too (never stopped by them), so that the last rank of a node is known there as well:
@@ -17,8 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +30,10 @@ from ..mps.gpu import GpuInfo, Inventory, load_inventory
 from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
 from ..mps.slurmgpus import visible_gpus
-from ..paths import JobLayout, read_job_file
+from ..paths import JobLayout
 from ..removal import remove_tree
 from . import state, summary
+from .owners import OWNER_LOCK, add_ref, counted_ref, ensure_watchdog, live_refs
 from .placement import Slot
 from .summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
 
@@ -45,16 +44,11 @@ __all__ = [
     "Teardown",
     "attach",
     "leave",
-    "live_refs",
     "log_teardown",
     "release",
 ]
 
 log = logging.getLogger(__name__)
-
-OWNER_LOCK = ".owner.lock"
-WATCHDOG_PID = "watchdog.pid"
-_WATCHDOGS: list[Any] = []  # their Popen objects: they outlive the call that started them
 
 
 @dataclass
@@ -254,7 +248,7 @@ def attach(
     manifests = admin.live_manifests()
     if manifests:
         return Attachment(
-            admin, manifests, "prolog", _counted_ref(admin.layout) if counted else None
+            admin, manifests, "prolog", counted_ref(admin.layout) if counted else None
         )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     if gpus is None:
@@ -267,8 +261,8 @@ def attach(
             gpus, user, started_by="user", shared_parents=False,
             defaults=defaults or Defaults.from_settings(settings),
         )  # fmt: skip
-        ref = _add_ref(daemons.layout)
-        _ensure_watchdog(daemons.layout)
+        ref = add_ref(daemons.layout)
+        ensure_watchdog(daemons.layout, manifests)
     return Attachment(daemons, manifests, "user", ref)
 
 
@@ -328,73 +322,3 @@ def log_teardown(done: Teardown | None, context: str) -> None:
     """Leftovers of a teardown as errors, naming what and where."""
     for item in done.problems() if done else []:
         log.error("%s: left behind: %s", context, item)
-
-
-def _add_ref(layout: JobLayout) -> Path:
-    me = _proc.identify(os.getpid())
-    assert me is not None
-    layout.refs_dir.mkdir(mode=0o700, exist_ok=True)
-    ref = layout.refs_dir / f"{me.pid}-{me.start_time:.3f}"
-    ref.touch()
-    return ref
-
-
-def _counted_ref(layout: JobLayout) -> Path | None:
-    """A reference to the prolog's daemons; None (and a warning) where the job directory
-    takes none: the rank then runs as if alone on its node. Without the owner lock: a ref
-    made while the last rank sums up belongs to the next summary, and the rank, which may run
-    for days, does not load filelock (4 MiB) before its program ends. Only in a job directory
-    of this process's own user: root (``srun --jobid`` into a user's job) never writes there."""
-    try:
-        if os.lstat(layout.job_dir).st_uid != os.geteuid():
-            log.debug("summary: %s is another user's: this rank is not counted", layout.job_dir)
-            return None
-        return _add_ref(layout)
-    except OSError as exc:
-        log.warning("summary: this rank is not counted with the node's others (%s)", exc)
-        return None
-
-
-def live_refs(layout: JobLayout) -> list[_proc.ProcId]:
-    """Owners whose reference is live (same PID and start time); stale ones are removed."""
-    try:
-        refs = list(layout.refs_dir.iterdir())
-    except FileNotFoundError:
-        return []
-    live = []
-    for ref in refs:
-        owner = _owner_of(ref)
-        if owner is not None and _proc.is_alive(owner):
-            live.append(owner)
-        elif owner is not None:
-            ref.unlink(missing_ok=True)
-    return live
-
-
-def _owner_of(ref: Path) -> _proc.ProcId | None:
-    pid_text, _, start_text = ref.name.partition("-")
-    try:
-        return _proc.ProcId(int(pid_text), float(start_text))
-    except ValueError:
-        return None
-
-
-def _ensure_watchdog(layout: JobLayout) -> None:
-    pid_file = layout.job_dir / WATCHDOG_PID
-    pid_text, _, start_text = (read_job_file(pid_file, 64) or "").partition(" ")
-    with contextlib.suppress(ValueError):
-        if _proc.is_alive(_proc.ProcId(int(pid_text), float(start_text))):
-            return
-    argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(layout.job_dir)]
-    env: Mapping[str, str] = {
-        **{k: v for k, v in os.environ.items() if k.startswith(("MPSWRAP_", "PATH", "HOME"))},
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    # stdio away from the caller's: srun and test runners wait for EOF on their pipes.
-    child = _proc.spawn(
-        argv, env=env, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL, ignore_signals=_proc.SHIELDED
-    )
-    _WATCHDOGS.append(child)
-    ident = _proc.identify(child.pid)
-    if ident:
-        pid_file.write_text(f"{ident.pid} {ident.start_time}")

@@ -1,6 +1,9 @@
 """The owner watchdog: stops a job's user-mode daemons once every owner has gone.
 
-Started by the first owner (``job.attach``) as ``python -m mpswrap.job.watchdog JOB_DIR``.
+Started by the first owner (``job.owners.ensure_watchdog``) as
+``python -m mpswrap.job.watchdog JOB_DIR SEEN``, SEEN being what that owner saw (JSON: the
+directory's device and inode, the daemons' and the live owners' identities), so that it has
+them even if the directory goes before it looks.
 Owners that die without releasing (``MPI_Abort``, SIGKILL, the OOM killer) leave stale
 references; once none is live for ``WATCH_GRACE`` seconds, the watchdog stops the daemons. If
 the job directory goes away under running daemons (a tmp cleaner, a logout removing
@@ -10,20 +13,23 @@ gone too, it ends the daemons and their servers by identity.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _lock, _proc
 from ..config import Settings, load_settings
 from ..errors import MpswrapError
 from ..paths import JobLayout
-from .job import OWNER_LOCK, JobDaemons, live_refs
+from .job import JobDaemons
+from .owners import OWNER_LOCK, live_refs
 
-__all__ = ["watchdog"]
+__all__ = ["Seen", "watchdog"]
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +38,34 @@ WATCH_INTERVAL = 0.5
 WATCH_GRACE = 2.0
 
 
-def watchdog(job_dir: Path) -> int:
+@dataclass(frozen=True)
+class Seen:
+    """What the owner that started the watchdog saw of the job."""
+
+    #: The directory by identity (device, inode): a lock taken by a rank's teardown may make
+    #: its path again after a cleaner removed it, but the daemons' sockets went with the first.
+    dir: tuple[int, int]
+    daemons: list[_proc.ProcId]
+    owners: list[_proc.ProcId]
+
+    @classmethod
+    def from_json(cls, text: str) -> Seen:
+        data = json.loads(text)
+        dev, ino = data["dir"]
+        return cls(
+            (int(dev), int(ino)),
+            [_proc.ProcId(**p) for p in data["daemons"]],
+            [_proc.ProcId(**p) for p in data["owners"]],
+        )
+
+
+def watchdog(job_dir: Path, seen: Seen) -> int:
     """Stop the user-mode daemons of ``job_dir`` once every owner has gone."""
     layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name)
     settings = load_settings()
     gone_since: float | None = None
-    daemons: list[_proc.ProcId] = []
-    owners: list[_proc.ProcId] = []
-    # The directory by identity: a lock taken by a rank's teardown may make its path again
-    # after a cleaner removed it, but the daemons' sockets went with the first one.
-    ident = _identity(layout.job_dir)
-    while ident is not None and _identity(layout.job_dir) == ident:
+    daemons, owners = seen.daemons, seen.owners
+    while _identity(layout.job_dir) == seen.dir:
         daemons = _daemons_of(layout, settings) or daemons
         live = live_refs(layout)
         owners = live or owners
@@ -95,4 +118,4 @@ def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(watchdog(Path(sys.argv[1])))
+    sys.exit(watchdog(Path(sys.argv[1]), Seen.from_json(sys.argv[2])))

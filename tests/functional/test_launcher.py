@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
+from mpswrap import _proc
 from tests.simenv import SimNode, ensure_test_user
 
 pytestmark = pytest.mark.functional
@@ -238,6 +239,36 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     proc.communicate(timeout=60)
     _, alive = psutil.wait_procs(daemons, timeout=15)
     assert not alive, f"daemons outlived their job directory: {alive}"
+
+
+def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(
+    tmp_path: Path,
+) -> None:
+    """The cleaner may win the race with the watchdog's start: what its starter saw is enough."""
+    job_dir = tmp_path / "run" / "node" / "late"
+    job_dir.mkdir(parents=True)
+    st = job_dir.stat()
+    with subprocess.Popen(["sleep", "60"]) as daemon, subprocess.Popen(["sleep", "60"]) as owner:
+        try:
+            seen = {
+                "dir": [st.st_dev, st.st_ino],
+                "daemons": [_proc.identify(daemon.pid).to_json()],  # type: ignore[union-attr]
+                "owners": [_proc.identify(owner.pid).to_json()],  # type: ignore[union-attr]
+            }
+            shutil.rmtree(job_dir)
+            argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(job_dir), json.dumps(seen)]
+            with subprocess.Popen(argv) as watchdog:
+                try:
+                    time.sleep(1)
+                    assert daemon.poll() is None, "the daemon was ended while an owner lived"
+                    owner.kill()
+                    assert watchdog.wait(timeout=30) == 0
+                    assert daemon.wait(timeout=10) == -signal.SIGKILL
+                finally:
+                    watchdog.kill()
+        finally:
+            daemon.kill()
+            owner.kill()
 
 
 def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from mpswrap.paths import JobLayout
 
 pytestmark = [
     pytest.mark.functional,
-    # owner._ensure_watchdog drops the watchdog's Popen while it runs (by design: it outlives
+    # owners.ensure_watchdog drops the watchdog's Popen while it runs (by design: it outlives
     # the owner); its __del__ warns. Remove once owner keeps a reference.
     pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning"),
 ]

@@ -44,6 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "placement",
         "verify",
         "summary",
+        "owners",
         "supervise",
         "job",
         "watchdog",
