@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from .conftest import as_user, base_env
+from .conftest import as_user, base_env, leftovers
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -102,6 +105,54 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
     assert not job.exists(), "job directory left behind"
     assert not psutil.pid_exists(daemon.pid) or daemon.status() == psutil.STATUS_ZOMBIE
     assert not psutil.pid_exists(server.pid)
+    left = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+        text=True,
+        capture_output=True,
+    ).stdout.split()
+    assert not left, left
+
+
+def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """A tmp cleaner removes a user-mode job directory under the real daemon and server (no
+    socket is left to quit them through); once the job's rank is gone, the owner watchdog ends
+    them by identity, and nothing is left on the GPU."""
+    env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run")})
+    argv = ["runuser", "-u", gpu_user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+            sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1", "--",
+            sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]  # fmt: skip
+    proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "torch-client" in line:
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(120), "".join(lines)
+        job = shared_tmp / "run" / os.uname().nodename.split(".")[0] / "gone"
+        daemons = [json.loads(m.read_text())["daemon_pid"] for m in job.glob("g*/manifest.json")]
+        servers = [c.pid for d in daemons for c in psutil.Process(d).children()]
+        print(f"daemons {daemons}, servers {servers}")
+        assert daemons and servers
+        shutil.rmtree(job)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=10)
+    print("".join(lines)[-3000:])
+    assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
     left = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
         text=True,
