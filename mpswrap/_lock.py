@@ -70,9 +70,10 @@ def maybe_locked(path: Path | None, timeout: float) -> Iterator[None]:
     """Hold the lock on ``path`` if it can be had within ``timeout``; else go on without it.
 
     For locks that only space out work (control commands of many ranks' ladders): such work
-    must never fail for want of the lock.
+    must never fail for want of the lock. Nor is a directory made for it: where the lock's
+    directory is gone (a cleaner removed the job's), taking it would make that path again.
     """
-    if path is None:
+    if path is None or not path.parent.is_dir():
         yield
         return
     held = file_lock(path, timeout=timeout)

@@ -236,9 +236,13 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     assert daemons and all(d.is_running() for d in daemons)
     shutil.rmtree(job_dir)
     signal_tree(proc, signal.SIGTERM)
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     _, alive = psutil.wait_procs(daemons, timeout=15)
     assert not alive, f"daemons outlived their job directory: {alive}"
+    # The rank's teardown neither made the directory again nor claimed a teardown it left to
+    # the watchdog.
+    assert not job_dir.exists()
+    assert "teardown not run (job directory gone)" in err, err
 
 
 def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(

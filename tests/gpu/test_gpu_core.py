@@ -123,36 +123,41 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
     argv = ["runuser", "-u", gpu_user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
             sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1", "--",
             sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]  # fmt: skip
-    proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
     lines: list[str] = []
     started = threading.Event()
+    job = shared_tmp / "run" / os.uname().nodename.split(".")[0] / "gone"
+    with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True) as proc:  # fmt: skip
 
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "torch-client" in line:
-                started.set()
+        def read() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                if "torch-client" in line:
+                    started.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert started.wait(120), "".join(lines)
-        job = shared_tmp / "run" / os.uname().nodename.split(".")[0] / "gone"
-        daemons = [json.loads(m.read_text())["daemon_pid"] for m in job.glob("g*/manifest.json")]
-        servers = [c.pid for d in daemons for c in psutil.Process(d).children()]
-        print(f"daemons {daemons}, servers {servers}")
-        assert daemons and servers
-        shutil.rmtree(job)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        reader.join(timeout=10)
-    print("".join(lines)[-3000:])
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            assert started.wait(120), "".join(lines)
+            daemons = [
+                json.loads(m.read_text())["daemon_pid"] for m in job.glob("g*/manifest.json")
+            ]
+            servers = [c.pid for d in daemons for c in psutil.Process(d).children()]
+            print(f"daemons {daemons}, servers {servers}")
+            assert daemons and servers
+            shutil.rmtree(job)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            reader.join(timeout=10)
+    output = "".join(lines)
+    print(output[-3000:])
     assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
+    assert not job.exists(), "the rank's teardown made the job directory again"
+    assert "teardown not run (job directory gone)" in output
     left = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
         text=True,
