@@ -10,6 +10,7 @@ takes a lock. Its errors do not leave this module: a lock not had in time is ``L
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,7 +74,7 @@ def maybe_locked(path: Path | None, timeout: float) -> Iterator[None]:
     must never fail for want of the lock. Nor is a directory made for it: where the lock's
     directory is gone (a cleaner removed the job's), taking it would make that path again.
     """
-    if path is None or not path.parent.is_dir():
+    if path is None or not os.path.isdir(path.parent):
         yield
         return
     held = file_lock(path, timeout=timeout)

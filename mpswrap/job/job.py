@@ -33,7 +33,7 @@ from ..mps.slurmgpus import visible_gpus
 from ..paths import JobLayout
 from ..removal import remove_tree
 from . import state, summary
-from .owners import OWNER_LOCK, add_ref, counted_ref, ensure_watchdog, live_refs
+from .owners import OWNER_LOCK, add_ref, counted_ref, dir_identity, ensure_watchdog, live_refs
 from .placement import Slot
 from .summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
 
@@ -256,13 +256,16 @@ def attach(
     daemons.check([f"g{i}" for i in range(len(gpus))])  # before anything is created
     user = _proc.lookup_user()
     state.create(daemons.layout, user.uid, user.gid, shared_parents=False)
+    dir_id = dir_identity(daemons.layout.job_dir)  # the directory the daemons' sockets go in
+    if dir_id is None:
+        raise LayoutError("job directory removed as it was made", thing=str(daemons.layout.job_dir))
     with _lock.file_lock(daemons.layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
         manifests = daemons.start(
             gpus, user, started_by="user", shared_parents=False,
             defaults=defaults or Defaults.from_settings(settings),
         )  # fmt: skip
         ref = add_ref(daemons.layout)
-        ensure_watchdog(daemons.layout, manifests)
+        ensure_watchdog(daemons.layout, dir_id, manifests)
     return Attachment(daemons, manifests, "user", ref)
 
 

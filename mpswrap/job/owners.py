@@ -2,8 +2,9 @@
 that acts for the owners that die without releasing.
 
 An owner (a per-rank supervisor, ``mpswrap run``, a ``session()`` process) holds a reference
-file ``refs/<pid>-<start time>`` in the job directory, made and dropped under ``OWNER_LOCK``.
-The first owner starts the watchdog (``job.watchdog``, a process of its own).
+file ``refs/<pid>-<start time>`` in the job directory; a user-mode owner makes and drops it
+under ``OWNER_LOCK``. The first owner starts the watchdog (``job.watchdog``, a process of its
+own); a later one starts it again if the recorded one is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import _proc
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
 
-__all__ = ["OWNER_LOCK", "add_ref", "counted_ref", "ensure_watchdog", "live_refs"]
+__all__ = ["OWNER_LOCK", "add_ref", "counted_ref", "dir_identity", "ensure_watchdog", "live_refs"]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,19 @@ def _owner_of(ref: Path) -> _proc.ProcId | None:
         return None
 
 
-def ensure_watchdog(layout: JobLayout, manifests: Sequence[Manifest]) -> None:
+def dir_identity(path: Path) -> tuple[int, int] | None:
+    """A directory by device and inode (None if it is gone): a path made again after a
+    cleaner removed it is another directory, without the daemons' sockets."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def ensure_watchdog(
+    layout: JobLayout, dir_id: tuple[int, int], manifests: Sequence[Manifest]
+) -> None:
     """Start the job's watchdog unless a live one is recorded. It is handed what this owner
     has seen (the directory's identity, the daemons, the live owners): a cleaner that removes
     the directory before the watchdog has looked at it then still leaves it something to end."""
@@ -88,9 +101,8 @@ def ensure_watchdog(layout: JobLayout, manifests: Sequence[Manifest]) -> None:
     with contextlib.suppress(ValueError):
         if _proc.is_alive(_proc.ProcId(int(pid_text), float(start_text))):
             return
-    st = os.stat(layout.job_dir)
     seen = {
-        "dir": [st.st_dev, st.st_ino],
+        "dir": list(dir_id),
         "daemons": [m.daemon.to_json() for m in manifests],
         "owners": [o.to_json() for o in live_refs(layout)],
     }
@@ -105,5 +117,6 @@ def ensure_watchdog(layout: JobLayout, manifests: Sequence[Manifest]) -> None:
     )
     _WATCHDOGS.append(child)
     ident = _proc.identify(child.pid)
-    if ident:
-        pid_file.write_text(f"{ident.pid} {ident.start_time}")
+    with contextlib.suppress(OSError):  # the directory gone: the watchdog knows it by SEEN
+        if ident:
+            pid_file.write_text(f"{ident.pid} {ident.start_time}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -27,7 +26,7 @@ from ..config import Settings, load_settings
 from ..errors import MpswrapError
 from ..paths import JobLayout
 from .job import JobDaemons
-from .owners import OWNER_LOCK, live_refs
+from .owners import OWNER_LOCK, dir_identity, live_refs
 
 __all__ = ["Seen", "watchdog"]
 
@@ -58,14 +57,21 @@ class Seen:
             [_proc.ProcId(**p) for p in data["owners"]],
         )
 
+    @classmethod
+    def now(cls, layout: JobLayout, settings: Settings) -> Seen:
+        """What is there now: for a watchdog started by hand, without SEEN."""
+        return cls(dir_identity(layout.job_dir) or (-1, -1), _daemons_of(layout, settings),
+                   live_refs(layout))  # fmt: skip
 
-def watchdog(job_dir: Path, seen: Seen) -> int:
+
+def watchdog(job_dir: Path, seen_text: str | None = None) -> int:
     """Stop the user-mode daemons of ``job_dir`` once every owner has gone."""
     layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name)
     settings = load_settings()
+    seen = Seen.from_json(seen_text) if seen_text else Seen.now(layout, settings)
     gone_since: float | None = None
     daemons, owners = seen.daemons, seen.owners
-    while _identity(layout.job_dir) == seen.dir:
+    while dir_identity(layout.job_dir) == seen.dir:
         daemons = _daemons_of(layout, settings) or daemons
         live = live_refs(layout)
         owners = live or owners
@@ -73,30 +79,35 @@ def watchdog(job_dir: Path, seen: Seen) -> int:
             gone_since = None
         elif gone_since is None:
             gone_since = time.monotonic()
-        elif time.monotonic() - gone_since >= WATCH_GRACE and _stop_if_ownerless(layout, settings):
+        elif time.monotonic() - gone_since >= WATCH_GRACE and _stop_if_ownerless(
+            layout, seen, settings
+        ):
             return 0
         time.sleep(WATCH_INTERVAL)
     daemons = [d for d in daemons if _proc.is_alive(d)]
-    while daemons and any(_proc.is_alive(o) for o in owners):
+    while daemons and (any(_proc.is_alive(o) for o in owners) or _users_left(layout, daemons)):
         time.sleep(WATCH_INTERVAL)
     _kill_orphaned(daemons)
     return 0
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _stop_if_ownerless(layout: JobLayout, settings: Settings) -> bool:
+def _stop_if_ownerless(layout: JobLayout, seen: Seen, settings: Settings) -> bool:
+    """Stop the daemons through their sockets unless an owner is back, or the directory went
+    (the lock would make its path again: the caller's loop then sees another directory)."""
+    if dir_identity(layout.job_dir) != seen.dir:
+        return False
     with _lock.file_lock(layout.job_dir / OWNER_LOCK, timeout=30):
-        if live_refs(layout):
+        if dir_identity(layout.job_dir) != seen.dir or live_refs(layout):
             return False
         JobDaemons(layout, settings).stop()
         return True
+
+
+def _users_left(layout: JobLayout, daemons: list[_proc.ProcId]) -> bool:
+    """Processes besides the daemons and their servers that still name the job directory:
+    clients of an owner that joined after the watchdog's start (SEEN does not name it)."""
+    ours = {d.pid for d in daemons} | {s.pid for d in daemons for s in _proc.children_of(d.pid)}
+    return any(p.pid not in ours for p in _proc.procs_mentioning(f"{layout.job_dir}/"))
 
 
 def _daemons_of(layout: JobLayout, settings: Settings) -> list[_proc.ProcId]:
@@ -118,4 +129,4 @@ def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(watchdog(Path(sys.argv[1]), Seen.from_json(sys.argv[2])))
+    sys.exit(watchdog(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))

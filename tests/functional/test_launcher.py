@@ -1,11 +1,13 @@
 """The launcher as users run it (``python -m mpswrap ...``) against the MPS simulator.
 
 Every test runs real processes in a private directory and fails if any daemon, server or
-client of that directory survives it (``finish_sim_node``).
+client of that directory survives it (``finish_sim_node``); the watchdog's own test reaps its
+stand-in processes itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -248,31 +250,35 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
 def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(
     tmp_path: Path,
 ) -> None:
-    """The cleaner may win the race with the watchdog's start: what its starter saw is enough."""
+    """The cleaner may win the race with the watchdog's start: what its starter saw is enough.
+    It waits for the owners it was told of, and for the clients of any that joined later (no
+    reference of theirs is left to read): only then does it kill the daemon."""
     job_dir = tmp_path / "run" / "node" / "late"
     job_dir.mkdir(parents=True)
     st = job_dir.stat()
-    with subprocess.Popen(["sleep", "60"]) as daemon, subprocess.Popen(["sleep", "60"]) as owner:
-        try:
-            seen = {
-                "dir": [st.st_dev, st.st_ino],
-                "daemons": [_proc.identify(daemon.pid).to_json()],  # type: ignore[union-attr]
-                "owners": [_proc.identify(owner.pid).to_json()],  # type: ignore[union-attr]
-            }
-            shutil.rmtree(job_dir)
-            argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(job_dir), json.dumps(seen)]
-            with subprocess.Popen(argv) as watchdog:
-                try:
-                    time.sleep(1)
-                    assert daemon.poll() is None, "the daemon was ended while an owner lived"
-                    owner.kill()
-                    assert watchdog.wait(timeout=30) == 0
-                    assert daemon.wait(timeout=10) == -signal.SIGKILL
-                finally:
-                    watchdog.kill()
-        finally:
-            daemon.kill()
-            owner.kill()
+    joined = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=f"{job_dir}/g0/pipe")
+    with contextlib.ExitStack() as stack:
+        daemon, owner, client = (
+            stack.enter_context(subprocess.Popen(["sleep", "60"], env=env))
+            for env in (os.environ, os.environ, joined)
+        )
+        for proc in (daemon, owner, client):
+            stack.callback(proc.kill)
+        seen = {
+            "dir": [st.st_dev, st.st_ino],
+            "daemons": [_proc.identify(daemon.pid).to_json()],  # type: ignore[union-attr]
+            "owners": [_proc.identify(owner.pid).to_json()],  # type: ignore[union-attr]
+        }
+        shutil.rmtree(job_dir)
+        argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(job_dir), json.dumps(seen)]
+        watchdog = stack.enter_context(subprocess.Popen(argv))
+        stack.callback(watchdog.kill)
+        for gone in (owner, client):
+            time.sleep(2)
+            assert daemon.poll() is None and watchdog.poll() is None, f"killed before {gone.pid}"
+            gone.kill()
+        assert watchdog.wait(timeout=30) == 0
+        assert daemon.wait(timeout=10) == -signal.SIGKILL
 
 
 def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> None:

@@ -30,8 +30,8 @@ from mpswrap.paths import JobLayout
 
 pytestmark = [
     pytest.mark.functional,
-    # owners.ensure_watchdog drops the watchdog's Popen while it runs (by design: it outlives
-    # the owner); its __del__ warns. Remove once owner keeps a reference.
+    # The watchdog outlives its owner by design: its Popen, kept in owners._WATCHDOGS, warns
+    # when it is collected at exit with the watchdog still running.
     pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning"),
 ]
 

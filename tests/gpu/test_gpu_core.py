@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,7 +147,11 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
             print(f"daemons {daemons}, servers {servers}")
             assert daemons and servers
             shutil.rmtree(job)
-            os.killpg(proc.pid, signal.SIGTERM)
+            # Every process under runuser, as Slurm signals a step's: runuser itself, signalled,
+            # would SIGKILL its child 2 s later, before the rank has said what it did.
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
