@@ -8,7 +8,9 @@ Owners that die without releasing (``MPI_Abort``, SIGKILL, the OOM killer) leave
 references; once none is live for ``WATCH_GRACE`` seconds, the watchdog stops the daemons. If
 the job directory goes away under running daemons (a tmp cleaner, a logout removing
 ``$XDG_RUNTIME_DIR``), no socket is left to quit them through: once the owners it saw are
-gone too, it ends the daemons and their servers by identity.
+gone too, and no other process names the directory (clients of an owner that joined after
+the watchdog's start, whose reference went with the directory), it ends the daemons and their
+servers by identity.
 """
 
 from __future__ import annotations
