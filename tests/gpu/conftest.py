@@ -59,12 +59,26 @@ def shared_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def user_argv(user: str, argv: list[str], env: dict[str, str]) -> list[str]:
+    """argv run as ``user`` with exactly ``env`` (runuser keeps what env -i passes)."""
+    return ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+
+
 def as_user(
     user: str, argv: list[str], env: dict[str, str], **kw: object
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv as ``user`` with exactly ``env`` (runuser keeps what env -i passes)."""
-    full = ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+    """Run argv as ``user`` with exactly ``env``, to its end."""
+    full = user_argv(user, argv, env)
     return subprocess.run(full, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+
+
+def gpu_processes() -> list[str]:
+    """The PIDs of the compute processes on the GPU, as nvidia-smi lists them."""
+    return subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+        text=True,
+        capture_output=True,
+    ).stdout.split()
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:

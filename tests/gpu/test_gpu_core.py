@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import as_user, base_env, leftovers
+from .conftest import as_user, base_env, gpu_processes, leftovers, user_argv
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -45,19 +45,9 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         CUDA_MPS_LOG_DIRECTORY=str(log),
         CUDA_VISIBLE_DEVICES=manifest["gpu_uuid"],
     )
-    full = [
-        "runuser",
-        "-u",
-        gpu_user,
-        "--",
-        "env",
-        "-i",
-        *[f"{k}={v}" for k, v in client_env.items()],
-        sys.executable,
-        str(HERE / "torch_client.py"),
-        "--seconds",
-        "120",
-    ]
+    full = user_argv(
+        gpu_user, [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"], client_env
+    )
     clients = [
         subprocess.Popen(full, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for _ in range(4)
@@ -106,11 +96,7 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
     assert not job.exists(), "job directory left behind"
     assert not psutil.pid_exists(daemon.pid) or daemon.status() == psutil.STATUS_ZOMBIE
     assert not psutil.pid_exists(server.pid)
-    left = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-        text=True,
-        capture_output=True,
-    ).stdout.split()
+    left = gpu_processes()
     assert not left, left
 
 
@@ -121,9 +107,9 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
     socket is left to quit them through); once the job's rank is gone, the owner watchdog ends
     them by identity, and nothing is left on the GPU."""
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run")})
-    argv = ["runuser", "-u", gpu_user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
-            sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1", "--",
-            sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]  # fmt: skip
+    argv = user_argv(gpu_user, [sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1",
+                                "--", sys.executable, str(HERE / "torch_client.py"),
+                                "--seconds", "120"], env)  # fmt: skip
     lines: list[str] = []
     started = threading.Event()
     job = shared_tmp / "run" / os.uname().nodename.split(".")[0] / "gone"
@@ -163,9 +149,5 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
     assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
     assert not job.exists(), "the rank's teardown made the job directory again"
     assert "teardown not run (job directory gone)" in output
-    left = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-        text=True,
-        capture_output=True,
-    ).stdout.split()
+    left = gpu_processes()
     assert not left, left

@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from .conftest import new_mps
+from .conftest import gpu_processes, new_mps
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
@@ -165,8 +165,8 @@ def assert_job_left_nothing(
     ``baseline``, no drained node."""
     assert not Path("/run/mpswrap/node1", job).exists()
     assert not new_mps(baseline)
-    left = _sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]).stdout
-    assert not left.split(), left
+    left = gpu_processes()
+    assert not left, left
     drained = _sh(["sinfo", "-h", "-N", "-o", "%N %t %E"], env=_slurm_env(cluster)).stdout
     assert "drain" not in drained, drained
 
