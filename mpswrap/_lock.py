@@ -3,22 +3,26 @@
 filelock is imported when a lock is first made, not with mpswrap: with what it brings
 (secrets, hashlib, decimal, platform, threading) it cost every per-rank supervisor 4.6 MiB
 and some milliseconds (docs/benchmarks.md), and a rank that joins the prolog's daemons never
-takes a lock. Its errors do not leave this module: a lock not had in time is ``LockTimeout``
-(a ``TimeoutError``), a lock file that cannot be opened a ``LayoutError`` (an ``OSError``).
+takes a lock. Root's hooks take ``RootLock`` instead: a plain ``flock`` on a file only root
+can reach, never one in a directory a job user owns. Errors do not leave this module: a lock
+not had in time is ``LockTimeout`` (a ``TimeoutError``), a lock file that cannot be opened a
+``LayoutError`` (an ``OSError``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ._wait import backoff
 from .errors import LayoutError, LockTimeout
 
-__all__ = ["FileLock", "file_lock", "maybe_locked"]
+__all__ = ["FileLock", "RootLock", "file_lock", "maybe_locked"]
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +54,84 @@ class FileLock:
             cause = exc.strerror or str(exc)
             raise LayoutError("cannot take lock", thing=str(self.path), cause=cause) from exc
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Release; ``remove`` is for ``RootLock``'s callers: this file goes with the
+        job directory it is in."""
         self._lock.release()
 
     def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+#: Open flags of a root lock: never through a link, never blocking on a FIFO.
+_ROOT_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class RootLock:
+    """An exclusive lock of root's hooks on a file in a directory only root can write
+    (``<run_dir>/.locks``): no job user can open, replace or hold it, so none can make a
+    teardown wait for it or fail on it.
+
+    ``prepare`` makes that directory; where it cannot (a run_dir an admin left unsafe), root
+    goes on without the lock and says so: it only orders root's own hooks, whose steps are
+    idempotent. The file may be removed on release (the job is gone): a waiter that then
+    gets the lock of the removed file sees that the path names another file, or none, and
+    takes the lock again, so two holders never hold two different files of one path.
+    """
+
+    def __init__(self, path: Path, timeout: float, prepare: Callable[[], None]) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._prepare = prepare
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            self._prepare()
+        except LayoutError as exc:
+            log.warning("%s: going on without root's lock", exc.line())
+            return
+        for _ in backoff(self.timeout, cap=0.05):
+            self._fd = self._try()
+            if self._fd is not None:
+                return
+        raise LockTimeout(
+            "lock busy", thing=str(self.path), cause=f"another hook held it for {self.timeout:g} s"
+        )
+
+    def _try(self) -> int | None:
+        """The locked descriptor of the file the path names now, or None."""
+        try:
+            fd = os.open(self.path, _ROOT_OPEN, 0o600)
+        except OSError as exc:
+            raise LayoutError("cannot take lock", thing=str(self.path), cause=exc.strerror) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.fstat(fd)
+            now = os.stat(self.path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except OSError:
+            pass  # held elsewhere, or removed by its holder meanwhile: try again
+        os.close(fd)
+        return None
+
+    def release(self, remove: bool = False) -> None:
+        if self._fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RootLock:
         self.acquire()
         return self
 

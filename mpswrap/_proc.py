@@ -398,3 +398,23 @@ def procs_mentioning(marker: str) -> list[ProcId]:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def procs_with_env(name: str) -> list[tuple[ProcId, str]]:
+    """This user's processes that have the variable ``name``, with its value (the tag a
+    supervisor gives a rank is inherited by everything the rank starts). The caller and its
+    ancestors are skipped."""
+    import psutil
+
+    found = []
+    skip, uid = _self_and_ancestors(), os.geteuid()
+    for proc in psutil.process_iter(["pid", "uids", "create_time"]):
+        if proc.info["pid"] in skip or not proc.info["uids"] or proc.info["uids"].real != uid:
+            continue
+        try:
+            value = proc.environ().get(name)
+            if value is not None and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append((ProcId(proc.info["pid"], proc.info["create_time"]), value))
+        except (psutil.Error, OSError):
+            continue
+    return found

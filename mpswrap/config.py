@@ -1,8 +1,10 @@
 """Settings with explicit precedence: argument > ``MPSWRAP_*`` > admin file > default.
 
 The admin file (``MPSWRAP_CONFIG`` or ``/etc/mpswrap/mpswrap.conf``) holds ``key = value``
-lines; ``#`` starts a comment. Unknown keys and bad values are errors that name the valid
-choices. ``Settings.describe()`` shows every resolved value and where it came from.
+lines; ``#`` starts a comment. Root reads it only while no other user can change it or a
+directory above it (``trust``): else it is a problem, and every value keeps its default.
+Unknown keys and bad values are errors that name the valid choices. ``Settings.describe()``
+shows every resolved value and where it came from.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, cast
 
+from . import trust
 from .errors import ConfigError
 from .values import (
     Parser,
@@ -34,7 +37,7 @@ from .values import (
     triggers,
 )
 
-__all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "load_settings"]
+__all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "admin_file", "load_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ _NOT_SETTINGS = {
     "MPSWRAP_LOCAL_SIZE",
     "MPSWRAP_JOB",
     "MPSWRAP_DEBUG",
+    "MPSWRAP_TREE",
 }
 
 
@@ -327,16 +331,23 @@ def _show(value: object) -> str:
     return "none" if value is None else str(value)
 
 
+def admin_file(env: Mapping[str, str], config_file: str | None = None) -> str:
+    """The admin file's path: ``config_file``, else ``MPSWRAP_CONFIG``, else the default."""
+    return config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
+
+
 def _file_layer(
     env: Mapping[str, str], config_file: str | None, problems: list[ConfigError] | None
 ) -> Iterator[tuple[str, str, str]]:
     """(name, text, where) for each line of the admin file, when there is one to read."""
-    path = config_file or env.get("MPSWRAP_CONFIG") or DEFAULT_CONFIG_FILE
+    path = admin_file(env, config_file)
     explicit = bool(config_file or env.get("MPSWRAP_CONFIG"))
     # Only a file someone named must exist; the default location is optional.
     if not explicit and not os.path.exists(path):
         return
     try:
+        if trust.is_root() and os.path.exists(path):  # else reading it says what is wrong
+            trust.check_root_file(path, "admin config file")
         lines = read_config_file(Path(path), problems)
     except ConfigError as exc:
         _problem(exc, problems)

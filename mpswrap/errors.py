@@ -22,6 +22,7 @@ __all__ = [
     "LockTimeout",
     "MpswrapError",
     "ProcError",
+    "TrustError",
     "UsageError",
     "internal_error",
     "one_line",
@@ -134,6 +135,10 @@ class ConfigError(MpswrapError, ValueError):
     """A setting is unknown or has a bad value."""
 
     exit_code = 2
+
+
+class TrustError(ConfigError):
+    """A file root would read or run can be changed by a user other than root."""
 
 
 class LayoutError(MpswrapError, OSError):

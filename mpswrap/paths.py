@@ -24,6 +24,7 @@ from pathlib import Path
 from .errors import LayoutError
 
 __all__ = [
+    "ROOT_ONLY",
     "SOCKET_PATH_MAX",
     "GpuDirs",
     "JobLayout",
@@ -56,6 +57,8 @@ _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _STRICT_HINT = "run_dir must lie below directories only root (user mode: you) can write"
+#: Who may own a directory root keeps its own state in.
+ROOT_ONLY = frozenset({0})
 
 
 def validate_name(kind: str, value: str) -> str:

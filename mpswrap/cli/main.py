@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import __version__
-from ..config import load_settings
+from .. import __version__, trust
+from ..config import Settings, admin_file, load_settings
 from ..entry import launchargs
-from ..errors import MpswrapError, UsageError, internal_error
+from ..errors import ConfigError, MpswrapError, TrustError, UsageError, internal_error
 from ..job.placement import provision_threads
 from .farmcmd import add_parsers
 from .logs import debug_env, setup_logging
@@ -218,14 +218,45 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    rows = load_settings(config_file=args.config).describe()
+    """The resolved settings; on stderr, a warning for each file root's hooks refuse to read
+    or run (a bad key or value still fails the command: install-hooks relies on that)."""
+    problems: list[ConfigError] = []
+    settings = load_settings(config_file=args.config, problems=problems)
+    for problem in problems:
+        if not isinstance(problem, TrustError):
+            raise problem
+    rows = settings.describe()
     if args.json:
         print(json.dumps({n: {"value": v, "source": s} for n, v, s in rows}, indent=1))
     else:
         width = max(len(n) for n, _, _ in rows)
         for name, value, source in rows:
             print(f"{name:<{width}}  {value:<40}  ({source})")
+    for line in _untrusted(settings, args.config):
+        print(f"mpswrap: warning: {line}", file=sys.stderr)
     return 0
+
+
+def _untrusted(settings: Settings, config_file: str | None) -> list[str]:
+    """The admin file and control program, where a user other than root may change them:
+    root's hooks then neither read nor run them (``trust``), whoever asks."""
+    from ..mps.control import locate_binary
+
+    found = []
+    path = admin_file(os.environ, config_file)
+    level = trust.changeable_level(path) if os.path.exists(path) else None
+    if level:
+        found.append(f"root ignores the admin config file {path}: {level} can be changed by "
+                     "a user other than root")  # fmt: skip
+    try:
+        binary: str | None = locate_binary(settings.control_binary)
+    except MpswrapError:
+        binary = None  # not installed here: nothing to judge
+    level = trust.changeable_level(binary) if binary else None
+    if level:
+        found.append(f"root will not run the MPS control program {binary}: {level} can be "
+                     "changed by a user other than root")  # fmt: skip
+    return found
 
 
 def _cmd_manage(args: argparse.Namespace) -> int:

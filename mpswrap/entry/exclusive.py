@@ -19,13 +19,13 @@ from pathlib import Path
 
 from .._lock import file_lock
 from ..config import Settings
-from ..errors import MpswrapError
+from ..errors import LayoutError, MpswrapError
 from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv
 from ..mps.computemode import EXCLUSIVE, MODES, get_mode, set_mode
 from ..mps.gpu import GpuInfo
-from ..paths import list_dir, read_job_file, validate_name, write_job_file
+from ..paths import ROOT_ONLY, check_dirs, list_dir, read_job_file, validate_name, write_job_file
 from .slurmjob import NodeShare
 
 __all__ = ["make_exclusive", "restore_modes"]
@@ -71,7 +71,12 @@ def restore_modes(env: JobEnv, settings: Settings, job: str) -> int:
     """This job off every kept file of the node; the mode found back where no job holds the
     GPU and no other job has a daemon on it. How many GPUs could not be restored."""
     prefix = f"compute-mode.{validate_name('node name', env.node)}."
-    names = list_dir(Path(settings.run_dir), "cannot read run_dir") or []
+    try:  # root's own files: only below directories no one else can change
+        check_dirs(Path(settings.run_dir), ROOT_ONLY)
+        names = list_dir(Path(settings.run_dir), "cannot read run_dir") or []
+    except LayoutError as exc:
+        log.warning("compute modes: none read: %s", exc.line())
+        return 0
     uuids = sorted(n[len(prefix) :] for n in names if n.startswith(prefix))
     if not uuids:
         return 0

@@ -186,8 +186,8 @@ def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env
             code = 128 + early[0] if early else farmer.run(trap)
         finally:
             view.close()
-            finish(att, farmer.outcomes if farmer else [], f"farm {job}")
-    return _result(result, farmer, code, farm_dir)
+            left = finish(att, farmer.outcomes if farmer else [], f"farm {job}")
+    return _result(result, farmer, code or int(left > 0), farm_dir)
 
 
 def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:

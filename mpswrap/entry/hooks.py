@@ -21,7 +21,15 @@ from collections.abc import Sequence
 
 from .. import _proc
 from ..config import Settings, load_settings
-from ..errors import ConfigError, LayoutError, MpswrapError, UsageError, internal_error, one_line
+from ..errors import (
+    ConfigError,
+    LayoutError,
+    MpswrapError,
+    TrustError,
+    UsageError,
+    internal_error,
+    one_line,
+)
 from ..job import state
 from ..job.job import JobDaemons
 from ..job.placement import Slot, place, provision_threads
@@ -38,6 +46,7 @@ from .slurmjob import (
     job_opted_in,
     node_share,
     os_cpus,
+    scontrol,
 )
 
 __all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
@@ -100,6 +109,9 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
 def prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
     """Start the job's daemons; 1 only under prolog_failure = drain, when that failed."""
     try:
+        for problem in problems:  # root read none of an admin file others can change
+            if isinstance(problem, TrustError):
+                raise problem  # every job: its settings (prolog_mode too) are unknown
         if not _wants_mps(env, settings):
             return 0
         if problems:  # a broken admin file matters from here on: this job wants MPS
@@ -212,9 +224,9 @@ def _job_user(env: JobEnv) -> _proc.UserIds:
 
 def _drain(env: JobEnv, reason: str) -> None:
     """Name the cause in the node's drain reason; Slurm drains it anyway when we exit 1."""
-    argv = ["scontrol", "update", f"NodeName={env.node}", "State=DRAIN", f"Reason={reason}"]
+    argv = ["update", f"NodeName={env.node}", "State=DRAIN", f"Reason={reason}"]
     try:
-        res = _proc.run(argv, env={"PATH": _proc.SAFE_PATH, **_slurm_conf(env)}, timeout=10)
+        res = scontrol(env, argv)
     except MpswrapError as exc:
         problem = exc.line()
     else:
@@ -222,11 +234,6 @@ def _drain(env: JobEnv, reason: str) -> None:
             return
         problem = f"scontrol exited {res.returncode}: {one_line(res.stderr)[-200:]}"
     log.warning("could not set the drain reason %r: %s", reason, problem)
-
-
-def _slurm_conf(env: JobEnv) -> dict[str, str]:
-    conf = env.env.get("SLURM_CONF")
-    return {"SLURM_CONF": conf} if conf else {}
 
 
 # --- task prolog ----------------------------------------------------------------------
@@ -279,7 +286,8 @@ def epilog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
     """The ladder for the prolog's daemons and every user-mode one of the job's user; 1 only
     under epilog_failure = drain, when something of this job survives."""
     for problem in problems:  # tear down with what could be read: the defaults for the rest
-        log.warning("%s (its default is used)", problem.line())
+        used = "the defaults are used" if isinstance(problem, TrustError) else "its default is used"
+        log.warning("%s (%s)", problem.line(), used)
     try:
         job = env.slurm_job()
     except MpswrapError as exc:  # then the prolog started nothing under it either
@@ -295,9 +303,11 @@ def epilog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
 
 
 def _teardown(env: JobEnv, settings: Settings, job: str) -> tuple[int, list[str]]:
-    """Stop every layout of the job; (how many things survive, the GPUs it had)."""
-    left, uuids = 0, []
-    for layout in state.job_layouts(settings, env.node, job, _epilog_uid(env)):
+    """Stop every layout of the job; (how many of its processes survive, the GPUs it had).
+    Files left (a tree refused, a directory the job's user keeps) are named, never counted:
+    only what of this job still runs may drain the node."""
+    left, uuids, uid = 0, [], _epilog_uid(env)
+    for layout in state.job_layouts(settings, env.node, job, uid):
         daemons = JobDaemons(layout, settings)
         try:
             uuids += [m.gpu_uuid for m in daemons.manifests()]
@@ -306,16 +316,18 @@ def _teardown(env: JobEnv, settings: Settings, job: str) -> tuple[int, list[str]
         except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
             log.warning("%s", exc.line())
         try:
-            done = daemons.stop()
+            done = daemons.stop(uid=None if uid < 0 else uid)
         except MpswrapError as exc:  # e.g. a lock held elsewhere: the job's state stays
             log.error("left behind after teardown: %s (%s)", layout.job_dir, exc.line())
             left += 1
             continue
         for line in done.summary():
             log.info("%s", line)
-        for item in done.problems():
+        for item in done.files():
+            log.warning("left behind after teardown (nothing of the job runs there): %s", item)
+        for item in done.survivors():
             log.error("left behind after teardown: %s", item)
-        left += len(done.problems())
+        left += len(done.survivors())
     return left, uuids
 
 

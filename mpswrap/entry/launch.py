@@ -217,26 +217,28 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
                 verify_timeout=opts.verify_timeout, start=start,
                 name=f"rank {rank if env.rank is None else env.rank}",
             ))  # fmt: skip
-            return outcomes[0].code
         finally:
-            finish(att, outcomes, "rank")
+            left = finish(att, outcomes, "rank")
+    return outcomes[0].code or int(left > 0)
 
 
-def finish(att: Attachment, outcomes: Sequence[Outcome], context: str) -> None:
+def finish(att: Attachment, outcomes: Sequence[Outcome], context: str) -> int:
     """Leave the job's daemons: log what their teardown left behind and, from the node's
-    last owner, print the node's summary (none where no program ran). On the prolog's
-    daemons there is no teardown to lose: the summary never fails such a rank."""
+    last owner, print the node's summary (none where no program ran); how many processes
+    of the job survived the teardown (a run that would exit 0 then exits 1). On the
+    prolog's daemons there is no teardown to lose: the summary never fails such a rank."""
     try:
         done = leave(att, outcomes)
     except (MpswrapError, OSError) as exc:
         if att.mode == "user":
             raise
         log.warning("summary: this rank's outcome not recorded (%s)", exc)
-        return
+        return 0
     log_teardown(done.teardown, context)
     node = done.summary()
     if node is not None and node.outcomes:
         emit(node)
+    return len(done.teardown.survivors()) if done.teardown else 0
 
 
 def _shown(env: Mapping[str, str]) -> str:

@@ -85,9 +85,9 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
             code, outcomes = _run_ranks(att, opts, command, nprocs, trap=trap, start=start,
                                         place_rank=functools.partial(place_in, slots),
                                         grace=opts.grace_s(settings))  # fmt: skip
-            return code
         finally:
-            finish(att, outcomes, f"job {job}")
+            left = finish(att, outcomes, f"job {job}")
+    return code or int(left > 0)
 
 
 def _checked_slots(att: Attachment, inventory: Inventory, n: int, settings: Settings) -> list[Slot]:

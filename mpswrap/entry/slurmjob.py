@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _proc
-from ..errors import ConfigError, GpuError, MpswrapError, ProcError
+from .. import _proc, trust
+from ..errors import ConfigError, GpuError, MpswrapError
 from ..job.placement import share_percent
 from ..jobenv import JobEnv, parse_int_list, tasks_per_node
 from ..mps.slurmgpus import expand_hostlist
@@ -25,6 +25,7 @@ __all__ = [
     "job_opted_in",
     "node_share",
     "os_cpus",
+    "scontrol",
     "scontrol_job",
 ]
 
@@ -34,15 +35,25 @@ LAUNCHER_DAEMONS = ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy")
 
 log = logging.getLogger(__name__)
 
+#: Seconds for one scontrol call.
+SCONTROL_TIMEOUT = 10.0
 
-def _scontrol_text(env: JobEnv, argv: list[str], what: str) -> str | None:
-    """``scontrol ARGV``'s output (bounded); None, with a warning, on failure."""
+
+def scontrol(env: JobEnv, argv: list[str]) -> _proc.Result:
+    """``scontrol ARGV`` (bounded), found on the safe PATH, for the cluster slurmd names
+    (``SLURM_CONF``); as root only an scontrol no other user can change (``trust``)."""
     run_env = {"PATH": _proc.SAFE_PATH}
     if env.env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
+    binary = trust.program("scontrol", _proc.SAFE_PATH)
+    return _proc.run([binary, *argv], env=run_env, timeout=SCONTROL_TIMEOUT)
+
+
+def _scontrol_text(env: JobEnv, argv: list[str], what: str) -> str | None:
+    """``scontrol ARGV``'s output (bounded); None, with a warning, on failure."""
     try:
-        res = _proc.run(["scontrol", *argv], env=run_env, timeout=10)
-    except ProcError as exc:
+        res = scontrol(env, argv)
+    except MpswrapError as exc:
         log.warning("cannot query the %s: %s", what, exc.line())
         return None
     if res.returncode != 0:

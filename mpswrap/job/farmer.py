@@ -32,6 +32,7 @@ from .summary import Outcome
 from .supervise import (
     VERIFY_FAILED,
     Rank,
+    end_leftovers,
     end_ranks,
     exit_code,
     guard_ranks,
@@ -206,6 +207,7 @@ class Farmer:
         end_ranks(self.ranks, sig, self.plan.grace)
 
     def _reap(self, now: float) -> None:
+        end_leftovers(self.ranks)  # a task's tree ends with it
         for attempt in [a for a in self.live if not a.rank.running()]:
             self.live.remove(attempt)
             self.ranks.remove(attempt.rank)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _lock, _proc
+from .. import _lock, _proc, trust
 from ..config import Settings
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
@@ -57,16 +57,29 @@ class Teardown:
 
     job_dir: Path
     gpus: list[StopReport] = field(default_factory=list)
+    #: What may still run: processes that survived, GPUs whose ladder could not run.
     left: list[str] = field(default_factory=list)
+    #: Files that could not be removed, and a tree not entered: nothing of the job runs there.
+    kept: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return all(r.clean for r in self.gpus) and not self.left
+        return all(r.clean for r in self.gpus) and not self.left and not self.kept
+
+    def survivors(self) -> list[str]:
+        """What of the job may still run, each naming what and where: the one thing that
+        fails a teardown (the epilog's exit code, a run's). Files a user can keep from
+        being removed are their own damage, never a reason to drain a node."""
+        gpus = [f"{r.key}: {item}" for r in self.gpus for item in r.leftovers]
+        return gpus + self.left
+
+    def files(self) -> list[str]:
+        """What could not be removed, or was not entered: no process of the job runs there."""
+        return [f"{r.key}: {item}" for r in self.gpus for item in r.paths] + self.kept
 
     def problems(self) -> list[str]:
-        """What survived, each naming what and where."""
-        gpus = [f"{r.key}: {item}" for r in self.gpus for item in r.leftovers + r.paths]
-        return gpus + self.left
+        """Everything left behind: the survivors, then the files."""
+        return self.survivors() + self.files()
 
     def summary(self) -> list[str]:
         """One line per GPU: what its ladder did."""
@@ -74,7 +87,7 @@ class Teardown:
 
     def lines(self) -> list[str]:
         out = [line for report in self.gpus for line in report.lines()]
-        return out + [f"LEFT BEHIND: {item}" for item in self.left]
+        return out + [f"LEFT BEHIND: {item}" for item in self.left + self.kept]
 
 
 @dataclass
@@ -85,7 +98,12 @@ class JobDaemons:
     settings: Settings
 
     def daemon(self, key: str) -> Daemon:
+        """The daemon of GPU ``key``. Root's lock lives where only root writes (``state.
+        root_lock``), and root takes no lock of the ranks': both would be files in a directory
+        the job user owns, which that user could replace, hold or remove."""
         lay = self.layout
+        if trust.is_root() and lay.owner != 0:  # not a tree of root's own (its user mode)
+            return Daemon(lay.gpu(key), state.root_lock(self.settings, lay, key), self.settings)
         return Daemon(lay.gpu(key), lay.lock_path(key), self.settings, lay.ranks_lock_path(key))
 
     def keys(self) -> list[str]:
@@ -162,15 +180,17 @@ class JobDaemons:
             "gpus": [self.daemon(key).status() for key in self.keys()],
         }
 
-    def stop(self, only_started_by: str | None = None) -> Teardown:
+    def stop(self, only_started_by: str | None = None, uid: int | None = None) -> Teardown:
         """The ladder for every GPU, then the job directory goes if nothing survived. A tree
-        that is not safe to enter (``state.check_safe``) is refused, named in ``left``, and
-        what runs there is ended without entering it."""
+        that is not safe to enter (``state.check_safe``) is refused, named in ``kept``, and
+        the processes of the job's user (``uid``, else the layout's owner) that run there are
+        ended without entering it."""
         done = Teardown(self.layout.job_dir)
         try:
             state.check_safe(self.layout)
         except LayoutError as exc:
-            done.left += [exc.line(), *self._end_unreachable()]
+            done.kept.append(exc.line())
+            done.left += self._end_unreachable(self.layout.owner if uid is None else uid)
             return done
         for key in self.keys():
             daemon = self.daemon(key)
@@ -183,19 +203,23 @@ class JobDaemons:
                 done.left.append(f"{key}: {exc.line()}")
         if done.clean and not self.keys():
             problem = remove_tree(self.layout.job_dir)
-            done.left += [problem] if problem else []
+            done.kept += [problem] if problem else []
             # The node directory goes once empty: a prolog that loses it to us between making
             # it and its job directory makes it again (state.create).
             with contextlib.suppress(OSError):
                 os.rmdir(self.layout.node_dir)
         return done
 
-    def _end_unreachable(self) -> list[str]:
+    def _end_unreachable(self, uid: int | None) -> list[str]:
         """The daemons, servers and clients of a tree we must not enter, found by the job
-        directory their environment names (the pipe directory of each) and ended by signal;
-        never root's processes. What survives, for the report."""
-        found = _proc.procs_mentioning(f"{self.layout.job_dir}/")
-        found = [p for p in found if _proc.uid_of(p) not in (0, None)]
+        directory their environment names (the pipe directory of each) and ended by signal:
+        only processes of the job's user ``uid`` (unknown: any but root's), as anyone may
+        name any path. What survives, for the report."""
+        named = _proc.procs_mentioning(f"{self.layout.job_dir}/")
+        found = [p for p in named if _proc.uid_of(p) == uid or (uid is None and _proc.uid_of(p))]
+        for other in (p for p in named if p not in found):
+            log.warning("not this job's: %s, of uid %s, names %s", _proc.describe(other),
+                        _proc.uid_of(other), self.layout.job_dir)  # fmt: skip
         if found:
             log.warning("%s not entered: ending %s, found by their environment",
                         self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip

@@ -21,10 +21,12 @@ import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from .._lock import RootLock
 from ..config import Settings
 from ..errors import LayoutError
 from ..mps.gpu import Inventory, load_inventory
 from ..paths import (
+    ROOT_ONLY,
     GpuDirs,
     JobLayout,
     check_dirs,
@@ -44,6 +46,7 @@ __all__ = [
     "jobs_on_node",
     "node_inventory",
     "outcomes_dir",
+    "root_lock",
     "user_layout",
     "user_roots",
 ]
@@ -77,6 +80,25 @@ def compute_mode_file(settings: Settings, node: str, uuid: str) -> Path:
 def compute_mode_lock(settings: Settings, node: str) -> Path:
     """The lock around every change of a node's compute-mode files and modes."""
     return Path(settings.run_dir) / f".compute-mode.{validate_name('node name', node)}.lock"
+
+
+#: Root's locks, below run_dir: a directory only root can write (never a job user's).
+ROOT_LOCKS = ".locks"
+
+
+def root_lock(settings: Settings, layout: JobLayout, key: str) -> RootLock:
+    """The start/stop lock root takes on one GPU's daemon of ``layout`` (admin or user mode):
+    ``<run_dir>/.locks/<node>.<job>.<key>[.u<uid>].lock``, mode 0700 directory of root's."""
+    owner = "" if layout.owner is None else f".u{layout.owner}"
+    name = f"{layout.node}.{layout.job_id}.{layout.gpu(key).key}{owner}.lock"
+    admin = admin_layout(settings, layout.node, layout.job_id)
+    locks = admin.run_dir / ROOT_LOCKS
+
+    def prepare() -> None:
+        create_run_dir(admin)
+        ensure_shared_dir(locks, ROOT_ONLY, mode=0o700)
+
+    return RootLock(locks / name, settings.start_timeout * 4, prepare)
 
 
 def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:

@@ -7,7 +7,9 @@ catches those signals and runs the ladder: ``terminate_client`` through the rank
 the rank and its descendants, then the signal itself (a program that installed its own
 handler still sees it), then SIGKILL after the grace period. SIGUSR1/SIGUSR2 are forwarded
 untouched. Exit code: the rank's, or 128+signal when it died of one or was ended because of
-one; never 0 because a signal arrived.
+one; never 0 because a signal arrived. A rank's tree ends with it: what it left running
+(which inherited the shield) is ended through the ladder once it exits, and anything that
+survives that makes the exit code 1 where it would have been 0.
 
 ``watch`` is the one wait loop, for one rank (``srun mpswrap ./app``), N ranks
 (``mpswrap run -n N``) and a launcher (``mpswrap srun ...``).
@@ -15,6 +17,7 @@ one; never 0 because a signal arrived.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import select
@@ -23,13 +26,14 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
 from .._wait import pidfd, wait_child, wait_gone
 from ..errors import ProcError
 from ..mps.daemon import Daemon
+from ..mps.ladder import end_by_signal
 from .summary import Outcome
 from .verify import Verifier
 
@@ -37,6 +41,7 @@ __all__ = [
     "VERIFY_FAILED",
     "Rank",
     "check_program",
+    "end_leftovers",
     "end_ranks",
     "exit_code",
     "guard_ranks",
@@ -58,6 +63,9 @@ VERIFY_GRACE = 2.0
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
 #: How often the wait loop looks at the ranks when nothing wakes it.
 IDLE_WAKE = 1.0
+#: The variable that tags a rank and everything it starts (``end_leftovers``).
+TREE_VAR = "MPSWRAP_TREE"
+_TAGS = itertools.count()
 
 
 @dataclass
@@ -72,6 +80,12 @@ class Rank:
     ended: int = 0
     #: Its clients ended with their server (``shutdown_server -f``): clients all the same.
     dropped: int = 0
+    #: The value of ``TREE_VAR`` in its environment, which all it starts inherits ("": none).
+    tag: str = ""
+    #: What it left running once it exited has been ended (``end_leftovers``).
+    swept: bool = False
+    #: What it left that survived even SIGKILL.
+    left: list[_proc.ProcId] = field(default_factory=list)
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts)."""
@@ -119,15 +133,45 @@ def spawn_rank(
 ) -> Rank:
     """Start one client: shielded, in our process group, in the caller's directory."""
     check_program(argv, env)
+    tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
     proc = _proc.spawn(
-        argv, env=env,
+        argv, env={**env, TREE_VAR: tag},
         new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
         ignore_signals=_proc.SHIELDED if shield else (), stdin=stdin, stdout=stdout,
         stderr=stderr, cwd=None,
     )  # fmt: skip
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
-    return Rank(proc, ident, daemon, name)
+    return Rank(proc, ident, daemon, name, tag=tag)
+
+
+def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
+    """End what ranks that have exited left running; what survives even SIGKILL.
+
+    A rank's program starts with TERM, INT and HUP ignored (the shield), and POSIX passes
+    ignored signals on through fork and exec: a child it put in the background would shrug
+    off ``kill`` and outlive the rank, naming the job's pipe directory. So once a rank has
+    exited, every process that carries its tag is ended as Slurm ends a step's: its MPS
+    clients through terminate_client, then SIGTERM, then SIGKILL.
+    """
+    done = [r for r in ranks if r.tag and not r.swept and not r.running()]
+    for rank in done:
+        rank.swept = True
+    tags = {r.tag: r for r in done}
+    found = [(p, tags[v]) for p, v in _proc.procs_with_env(TREE_VAR) if v in tags] if tags else []
+    if not found:
+        return []
+    for rank in {id(r): r for _, r in found}.values():
+        mine = [p for p, r in found if r is rank]
+        log.warning("%s exited and left %s running: ending them",
+                    rank.name, ", ".join(map(_proc.describe, mine)))  # fmt: skip
+        if rank.daemon is not None:
+            rank.daemon.end_clients({p.pid for p in mine})
+    left = end_by_signal([p for p, _ in found if _proc.is_alive(p)])
+    for proc, rank in ((p, r) for p, r in found if p in left):
+        log.error("%s: still running after SIGKILL: %s", rank.name, _proc.describe(proc))
+        rank.left.append(proc)
+    return left
 
 
 def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
@@ -247,6 +291,7 @@ def watch(
     failed: int | None = None
     with _ExitFds() as fds:
         while True:
+            end_leftovers(ranks)
             if more is None and not any(r.running() for r in ranks):
                 break  # fixed ranks, all gone: no signal taken, no tick after the last
             ended_by = _take_signals(ranks, trap, ended_by, terminate)
@@ -261,9 +306,18 @@ def watch(
             if not live and not (more is not None and ended_by is None and more()):
                 break  # a farm's last task is reaped by the tick above
             _nap(trap.wake_fd, fds.watch(live), wake)
+    return _exit_code(ranks, ended_by, failed, isolated, grace)
+
+
+def _exit_code(ranks: Sequence[Rank], ended_by: int | None, failed: int | None,
+               isolated: bool, grace: float) -> int:  # fmt: skip
+    """128+signal after a terminating signal, else (not isolated) the first failure's, else
+    1 where something a rank left survived, else 0."""
+    end_leftovers(ranks)
     if ended_by is not None:
         return 128 + ended_by
-    return 0 if isolated else failed if failed is not None else _first_failure(ranks, grace) or 0
+    code = failed if failed is not None else _first_failure(ranks, grace)
+    return 0 if isolated else code or int(any(r.left for r in ranks))
 
 
 def _take_signals(ranks: Sequence[Rank], trap: SignalTrap, ended_by: int | None,

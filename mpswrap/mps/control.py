@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _proc, _wait
+from .. import _proc, _wait, trust
 from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
 from ..paths import GpuDirs
@@ -44,7 +44,17 @@ BUSY_RETRY = 2.0
 
 
 def find_binary(name: str) -> str:
-    """Absolute path of the control program: a path as given, else PATH and NVIDIA's dirs."""
+    """Absolute path of the control program: a path as given, else PATH and NVIDIA's dirs.
+    Root runs it only where no other user can change it or a directory above it (``trust``):
+    else a TrustError names the level."""
+    found = locate_binary(name)
+    if trust.is_root():
+        trust.check_root_file(found, "MPS control program")
+    return found
+
+
+def locate_binary(name: str) -> str:
+    """The control program's absolute path, trusted or not (``find_binary`` checks it)."""
     if os.path.isabs(name):
         if os.access(name, os.X_OK) and os.path.isfile(name):
             return name

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _proc, _wait
-from .._lock import file_lock
+from .._lock import RootLock, file_lock
 from ..config import Settings
 from ..errors import ControlError, DaemonError, MpswrapError
 from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
@@ -77,18 +77,25 @@ class Daemon:
     """The daemon of one GPU directory (``<job>/<key>``), started or found there."""
 
     def __init__(
-        self, dirs: GpuDirs, lock: Path, settings: Settings, ranks_lock: Path | None = None
+        self,
+        dirs: GpuDirs,
+        lock: Path | RootLock,
+        settings: Settings,
+        ranks_lock: Path | None = None,
     ) -> None:
         self.dirs = dirs
         self.settings = settings
-        self._lock_path = lock
+        self._lock_at = lock
         #: Taken around control commands that ranks send (their ladders, many at once).
         self.ranks_lock = ranks_lock
 
     @functools.cached_property
-    def _lock(self) -> FileLock:
-        """The start/stop lock, made on first use (start and stop take it; queries do not)."""
-        return file_lock(self._lock_path, timeout=self.settings.start_timeout * 4)
+    def _lock(self) -> FileLock | RootLock:
+        """The start/stop lock, made on first use (start and stop take it; queries do not):
+        root's own (``RootLock``), or the job user's file in its job directory."""
+        if isinstance(self._lock_at, RootLock):
+            return self._lock_at
+        return file_lock(self._lock_at, timeout=self.settings.start_timeout * 4)
 
     @property
     def control(self) -> Control:
@@ -104,6 +111,16 @@ class Daemon:
 
     def _ladder(self) -> Ladder:
         return Ladder(self.dirs, self.control, self.settings, self.ranks_lock)
+
+    def _stop_ladder(self) -> Ladder:
+        """The ladder of a stop: without a control program root may run (or none at all),
+        everything of the daemon is still ended, by signal."""
+        try:
+            control = self.control
+        except MpswrapError as exc:
+            log.warning("%s: ending the daemon by signal: %s", self.dirs.key, exc.line())
+            return Ladder(self.dirs, None, self.settings, self.ranks_lock)
+        return Ladder(self.dirs, control, self.settings, self.ranks_lock)
 
     # --- start ------------------------------------------------------------------------
     def starting(
@@ -356,8 +373,14 @@ class Daemon:
         report = StopReport(self.dirs.key)
         if not os.path.lexists(self.dirs.root):  # a symlink in its place has a ladder too
             return report
-        with self._lock:
-            return self._ladder().stop(report)
+        lock = self._lock
+        lock.acquire()
+        try:  # another hook of the job may have stopped it while we waited: a no-op then
+            if os.path.lexists(self.dirs.root):
+                self._stop_ladder().stop(report)
+        finally:  # root's lock file goes with the daemon it guarded
+            lock.release(remove=not os.path.lexists(self.dirs.root))
+        return report
 
     def end_clients(self, pids: set[int]) -> StopReport:
         """End those of ``pids`` that are clients here (a rank's ladder): terminate_client,

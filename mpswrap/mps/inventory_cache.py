@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LayoutError
-from ..paths import open_dir, write_job_file
+from ..paths import ROOT_ONLY, open_dir, write_job_file
 
 __all__ = ["fingerprint", "read", "write"]
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
 LIMIT = 256 * 1024  # bytes: a node's inventory with its fingerprint is a few KiB per GPU
-ROOT_ONLY = frozenset({0})
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

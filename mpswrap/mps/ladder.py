@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _proc, _wait
+from .. import _proc, _wait, trust
 from .._lock import maybe_locked
 from ..config import Settings
-from ..errors import ControlError, MpswrapError
-from ..paths import GpuDirs, read_job_file
+from ..errors import ControlError, LayoutError, MpswrapError
+from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
 from ..removal import remove_tree
 from . import record
 from .control import Control
@@ -94,7 +94,8 @@ class Ladder:
     """The ladder for the daemon of ``dirs``, spoken to through ``control``."""
 
     dirs: GpuDirs
-    control: Control
+    #: None: no control program root may run (``trust``): everything is ended by signal.
+    control: Control | None
     settings: Settings
     #: Taken around the control commands: ranks' ladders run many at once.
     ranks_lock: Path | None = None
@@ -102,11 +103,17 @@ class Ladder:
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)
 
+    @property
+    def _commands(self) -> Control:
+        """The control program, for the steps that run only where there is one."""
+        assert self.control is not None
+        return self.control
+
     def stop(self, report: StopReport) -> StopReport:
         """The whole ladder (the caller holds the daemon's start/stop lock)."""
         dirs = self.dirs
         link = next((p for p in (dirs.root, dirs.pipe, dirs.log) if os.path.islink(p)), None)
-        if link is None:
+        if link is None and self.control is not None:
             daemon, servers = self._identify(report)
             log.debug("%s: stopping daemon %s, servers %s", dirs.key, daemon and daemon.pid,
                       [s.pid for s in servers])  # fmt: skip
@@ -120,12 +127,13 @@ class Ladder:
                 _wait.wait_gone([*ended, *servers], self.settings.quit_timeout)
         else:
             # Planted by the directory's owner: commands and reads would reach whatever it
-            # points at. What names this pipe directory in its environment (the daemon, its
-            # servers, a client still attached) is ended by signal instead.
-            report.notes.append(f"refusing a path that is not a plain directory ({link})")
+            # points at (or no control program may run). What names this pipe directory in
+            # its environment (the daemon, its servers, a client) is ended by signal instead.
+            if link is not None:
+                report.notes.append(f"refusing a path that is not a plain directory ({link})")
             daemon, servers = None, _proc.procs_mentioning(str(dirs.pipe))
         self._force([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
-        report.leftovers += [_proc.describe(p) for p in _proc.procs_mentioning(str(dirs.pipe))]
+        self._sweep(report)
         if link is None:
             report.log_terminations = terminations(dirs.server_log)
             report.log_faults = len(read_faults(dirs.server_log))
@@ -157,6 +165,24 @@ class Ladder:
         report.forced += [p.pid for p in owned]
         report.leftovers += [_proc.describe(p) for p in end_by_signal(owned)]
 
+    def _sweep(self, report: StopReport) -> None:
+        """What still names this pipe directory once the daemon is gone. The job user's
+        processes (a rank's child that outlived it, a client nobody could terminate) are
+        ended by signal, as Slurm ends a job's processes, and reported only if they survive
+        that. Another user's are noted and left alone: anyone may name any path, so they
+        are never this job's to end or to blame."""
+        found = [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if _proc.is_alive(p)]
+        mine = self._owned(found, report)
+        if not mine:
+            return
+        log.info("%s: ending %s, still naming %s", self.dirs.key,
+                 ", ".join(map(_proc.describe, mine)), self.dirs.pipe)  # fmt: skip
+        report.killed += [p.pid for p in mine]
+        end_by_signal(mine)
+        owners = {_proc.uid_of(p) for p in mine}  # the job user's, as _owned found them
+        again = [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if _proc.is_alive(p)]
+        report.leftovers += [_proc.describe(p) for p in again if _proc.uid_of(p) in owners]
+
     def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
         return self._end_clients(report, only)
 
@@ -173,12 +199,18 @@ class Ladder:
         except MpswrapError:
             manifest = None
         try:
+            if trust.is_root():  # root writes and prunes there: no one else may swap a level
+                check_dirs(Path(archive), ROOT_ONLY)
             os.makedirs(archive, mode=0o755, exist_ok=True)
+            if trust.is_root():
+                check_dirs(Path(archive), ROOT_ONLY)
             record.prune(Path(archive), self.settings.log_archive_days)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
                 _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
             found = record.record_of(self.dirs, manifest, report.ended())
             record.write_record(Path(archive), prefix, found)
+        except LayoutError as exc:
+            report.notes.append(f"not archiving logs: {exc.line()}")
         except OSError as exc:
             report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 
@@ -198,9 +230,11 @@ class Ladder:
         of retries. Waiting for the clients to exit is not serialised.
         """
         clients: list[_proc.ProcId] = []
+        if self.control is None:
+            return []
         with maybe_locked(self.ranks_lock, self.settings.terminate_timeout * 4):
             try:
-                listing = self.control.clients()
+                listing = self._commands.clients()
             except ControlError as exc:
                 report.notes.append(f"cannot list servers: {exc.cause}")
                 return []
@@ -224,7 +258,7 @@ class Ladder:
     def _terminate(self, server: int, pid: int, report: StopReport) -> list[_proc.ProcId]:
         ident = _proc.identify(pid)
         try:
-            self.control.terminate_client(server, pid)
+            self._commands.terminate_client(server, pid)
             report.terminated.append(pid)
         except ControlError as exc:
             report.notes.append(f"terminate_client {pid}: {exc.cause}")
@@ -239,9 +273,9 @@ class Ladder:
         rest go one by one then."""
         idents = [i for i in map(_proc.identify, pids) if i]
         try:
-            if not set(self.control.client_list(server)) <= ending:
+            if not set(self._commands.client_list(server)) <= ending:
                 raise ControlError("not sent", cause="the server has clients that are not ending")
-            self.control.shutdown_server(server, force=True)
+            self._commands.shutdown_server(server, force=True)
         except ControlError as exc:
             report.notes.append(f"shutdown_server {server}: {exc.cause}")
             for pid in pids:  # one by one after all, past the window
@@ -261,12 +295,15 @@ class Ladder:
         except OSError:
             return []
         mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
-        report.notes += [f"not signalling {p.pid}: not uid {owner}" for p in procs if p not in mine]
+        for proc in (p for p in procs if p not in mine):
+            log.warning("%s: not this job's: %s, of uid %s, names %s", self.dirs.key,
+                        _proc.describe(proc), _proc.uid_of(proc), self.dirs.pipe)  # fmt: skip
+            report.notes.append(f"not signalling {proc.pid}: not uid {owner}")
         return mine
 
     def _quit(self, report: StopReport) -> None:
         try:
-            self.control.quit(force_after=self.settings.quit_timeout)
+            self._commands.quit(force_after=self.settings.quit_timeout)
         except ControlError as exc:
             report.notes.append(f"quit: {exc.cause}")
 

@@ -89,6 +89,18 @@ echo "install.sh: using mpswrap from $out"
 
 PKG=$(dirname "$out")
 refuse_changeable "the mpswrap package" "$PKG"
+# What the shims check again on every prolog and epilog: each level of the interpreter, the
+# file it links to, and the package (the package's own files are searched whole).
+trusted_levels() {
+  local p
+  for p in "$@"; do
+    while :; do echo "$p"; [ "$p" = / ] && break; p=$(dirname "$p"); done
+  done | sort -u | tr '\n' ' '
+}
+TRUSTED=$(trusted_levels "$PYTHON" "$(readlink -f "$PYTHON")" "$PKG")
+for p in $TRUSTED; do
+  [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "'$p' has characters other than A-Z a-z 0-9 / . _ + -"
+done
 bad=$(find "$PKG" \( ! -user 0 -o -perm /022 \) ! -type l -print -quit)
 [ -z "$bad" ] || die "the mpswrap package has $bad, which a user other than root can change; the hooks run it as root"
 # The task prolog runs as the job's user: interpreter and package must be readable by all.
@@ -120,15 +132,17 @@ chmod 0755 "$DEST"
 # sed replacement text: escape & and the | delimiter (the allowed characters have neither,
 # but keep it correct if the check above is ever relaxed).
 esc() { printf '%s' "$1" | sed 's/[&|\\]/\\&/g'; }
-py_esc=$(esc "$PYTHON"); conf_esc=$(esc "$CONFIG")
+py_esc=$(esc "$PYTHON"); conf_esc=$(esc "$CONFIG"); pkg_esc=$(esc "$PKG")
+trusted_esc=$(esc "${TRUSTED% }")
 for f in prolog task_prolog epilog; do
   tmp=$(mktemp "$DEST/.$f.XXXXXX")
-  sed -e "s|@PYTHON@|$py_esc|g" -e "s|@CONFIG@|$conf_esc|g" "$HERE/hook" >"$tmp"
+  sed -e "s|@PYTHON@|$py_esc|g" -e "s|@CONFIG@|$conf_esc|g" -e "s|@PACKAGE@|$pkg_esc|g" \
+      -e "s|@TRUSTED@|$trusted_esc|g" "$HERE/hook" >"$tmp"
   chown root:root "$tmp"
   chmod 0755 "$tmp"
   mv -f "$tmp" "$DEST/$f"
 done
-if grep -q '@PYTHON@\|@CONFIG@' "$DEST/prolog" "$DEST/task_prolog" "$DEST/epilog"; then
+if grep -q '@PYTHON@\|@CONFIG@\|@PACKAGE@\|@TRUSTED@' "$DEST/prolog" "$DEST/task_prolog" "$DEST/epilog"; then
   die "placeholders left in $DEST (this is a bug)"
 fi
 echo "install.sh: installed $DEST/prolog, $DEST/task_prolog, $DEST/epilog"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mpswrap._proc import SAFE_PATH
 from mpswrap.config import FIELDS
 from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
 
@@ -78,6 +80,8 @@ def _prolog(gpus: str, **env: str) -> dict[str, str]:
 
 #: The prolog's line for SLURM_JOB_GPUS=x; the test node has no Slurm controller, so the drain
 #: call that follows times out.
+#: The scontrol a hook runs: found on the hooks' fixed PATH, named by its absolute path.
+_SCONTROL = shutil.which("scontrol", path=SAFE_PATH) or "scontrol"
 _GPUS_X = "malformed SLURM_JOB_GPUS ('x'): expected GPU numbers like 0,2-3 or GPU UUIDs"
 
 
@@ -110,7 +114,7 @@ CASES: tuple[Case, ...] = (
     Case("job-gpus-malformed-drain", "environment", ("prolog",),
          "mpswrap: prolog: job 101 node n1: " + _GPUS_X + "\n"
          "mpswrap: prolog: job 101 node n1: could not set the drain reason "
-         f'"mpswrap prolog: {_GPUS_X}": timed out (scontrol update NodeName=n1 State=DRAIN '
+         f'"mpswrap prolog: {_GPUS_X}": timed out ({_SCONTROL} update NodeName=n1 State=DRAIN '
          f"Reason=mpswrap prolog: {_GPUS_X}): no answer in 10 s", 1,
          env=_prolog("x", MPSWRAP_PROLOG_FAILURE="drain"), hook=True),
     Case("job-gpus-not-in-gres", "environment", ("prolog",),

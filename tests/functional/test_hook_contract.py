@@ -82,12 +82,20 @@ def install_shims(
         )
         wrapper.chmod(0o755)
         python = str(wrapper)
-    source = (Path(REPO) / "mpswrap" / "slurm" / "hook").read_text()
+    package = Path(pythonpath) / "mpswrap"
+    source = (package / "slurm" / "hook").read_text()
     source = source.replace("@PYTHON@", python).replace("@CONFIG@", str(conf(node)))
+    levels = {str(p) for f in (python, os.path.realpath(python), package) for p in _levels(f)}
+    source = source.replace("@PACKAGE@", str(package)).replace("@TRUSTED@", " ".join(levels))
     for shim in (dest / n for n in HOOK_NAMES.values()):
         shim.write_text(source)
         shim.chmod(0o755)
     return dest
+
+
+def _levels(path: str | Path) -> list[Path]:
+    """``path`` and every directory above it, as install.sh lists them for the shim."""
+    return [Path(path), *Path(path).parents]
 
 
 def conf(node: SimNode) -> Path:
@@ -231,21 +239,22 @@ def test_a_lock_held_elsewhere_is_one_line_within_its_timeout(
     node: SimNode, hooks: Path, policy: str, case: str
 ) -> None:
     admin_config(node, prolog_failure=policy, start_timeout="1")  # locks wait 4 x 1 s
-    user = pwd.getpwnam(ensure_test_user())
-    job = admin_job(node)
-    job.mkdir(parents=True)
-    os.chown(job, user.pw_uid, user.pw_gid)
-    job.chmod(0o700)
-    held = _lock.file_lock(job / ".g0.lock", timeout=1)
-    with held:  # another mpswrap process starting or stopping GPU 0 of this job
+    with root_lock(node, "g0") as held:  # another root hook starting or stopping GPU 0
         began = time.monotonic()
         res = run(hooks / "prolog", slurmd_env(node, "prolog"))
         took = time.monotonic() - began
     expect(case, "prolog", res)
-    line = f"mpswrap: prolog: job 101 node n1: lock busy ({job}/.g0.lock): another process held it"
+    line = f"mpswrap: prolog: job 101 node n1: lock busy ({held.path}): another hook held it"
     assert res.stderr.splitlines()[0].startswith(line), res.stderr
     assert took < 30, took
     end(node, hooks)
+
+
+def root_lock(node: SimNode, key: str) -> _lock.RootLock:
+    """Root's start/stop lock of GPU ``key`` of job 101 on n1, as another root hook takes it:
+    in run_dir's root-only ``.locks``, never in the job user's directory."""
+    path = node.run_dir / ".locks" / f"n1.101.{key}.lock"
+    return _lock.RootLock(path, 1, lambda: path.parent.mkdir(parents=True, exist_ok=True))
 
 
 # --- task prolog -----------------------------------------------------------------------------
@@ -319,11 +328,11 @@ def test_a_gpu_whose_lock_is_held_elsewhere_survives_and_fails_the_epilog_only_u
 ) -> None:
     start(node, hooks)
     admin_config(node, epilog_failure=policy, start_timeout="1")  # locks wait 4 x 1 s
-    with _lock.file_lock(admin_job(node) / ".g0.lock", timeout=1):  # another mpswrap's
+    with root_lock(node, "g0") as held:  # another root hook's
         res = run(hooks / "epilog", slurmd_env(node, "epilog"))
     expect(case, "epilog", res)
     (line,) = [ln for ln in res.stderr.splitlines() if "left behind" in ln]
-    assert f"lock busy ({admin_job(node)}/.g0.lock)" in line, res.stderr
+    assert f"lock busy ({held.path})" in line, res.stderr
     # g0 survived, and the epilog says so; the job's other GPU was still torn down.
     assert sorted(manifests(admin_job(node))) == ["g0"]
     end(node, hooks)
@@ -450,3 +459,28 @@ def test_a_policy_that_reaches_the_prolog_without_the_plugin_never_fails_the_job
     found = dict(ln.removeprefix("export ").split("=", 1) for ln in task.stdout.splitlines())
     assert found.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == share, found
     end(node, hooks)
+
+
+@pytest.mark.parametrize("level", ["interpreter", "package file", "package directory"])
+def test_the_shim_runs_no_interpreter_or_package_another_user_can_change(
+    node: SimNode, level: str
+) -> None:
+    """install.sh checked them; a mode or owner changed after it is caught on every prolog and
+    epilog, before root runs anything of them: one line naming the level, and the contract."""
+    admin_config(node, prolog_failure="continue", epilog_failure="drain")
+    site = node.root / "site"
+    shutil.copytree(
+        Path(REPO) / "mpswrap", site / "mpswrap", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    hooks = install_shims(node, pythonpath=str(site))
+    changed = {"interpreter": hooks / "python", "package file": site / "mpswrap" / "config.py",
+               "package directory": site / "mpswrap" / "mps"}[level]  # fmt: skip
+    os.chown(changed, pwd.getpwnam(ensure_test_user()).pw_uid, -1)
+    for shim, case in (("prolog", "prolog-failed-continue"), ("epilog", "epilog-left-drain")):
+        res = run(hooks / shim, slurmd_env(node, shim))
+        expect(case, shim, res)
+        assert res.stderr.splitlines() == [
+            f"mpswrap: {shim}: not running {hooks / 'python'} as root: a user other than root "
+            f"can change {changed} (fix it, then run mpswrap install-hooks)"
+        ], res.stderr
+    assert not admin_job(node).exists()

@@ -168,8 +168,9 @@ def test_the_epilog_refuses_a_swapped_shared_level_and_still_ends_the_daemon(
 ) -> None:
     """After the prolog, a level above the job directory is left to the other user, who swaps
     the level below it for a link into the sentinel. The epilog must not enter: it names the
-    level, leaves the job's tree (so exits 1 under epilog_failure = drain) and ends the
-    daemon it cannot reach through the tree, found by its environment."""
+    level and ends the daemon it cannot reach through the tree, found by its environment.
+    Nothing of the job runs any more, so it exits 0: the tree it could not remove is named,
+    never a reason to drain (the other user would otherwise drain the node at will)."""
     start = site.hook("prolog")
     assert start.returncode == 0, start.stderr
     pids = _daemons(site)
@@ -183,7 +184,7 @@ def test_the_epilog_refuses_a_swapped_shared_level_and_still_ends_the_daemon(
     assert time.monotonic() - took < PROMPT
     assert tree(site.sentinel) == before, "the epilog acted through the other user's link"
     assert _refused(res.stderr, site.level(level)), res.stderr
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == 0, res.stderr
     assert all(gone(pid) for pid in pids), f"daemon left running: {res.stderr}"
 
 

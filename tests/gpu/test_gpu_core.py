@@ -151,3 +151,27 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
     assert "teardown not run (job directory gone)" in output
     left = gpu_processes()
     assert not left, left
+
+
+def test_a_client_a_rank_left_in_the_background_ends_with_it(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """The rank (a shell) starts a real PyTorch client in the background and exits once it is
+    on the GPU. The client inherited the rank's shield (TERM ignored): mpswrap ends it with
+    its rank, through terminate_client (the client reports the MPS error), and the run exits 0
+    with nothing left, on the GPU or of MPS."""
+    env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run")})
+    out = shared_tmp / "client.out"
+    script = (f"{sys.executable} {HERE / 'torch_client.py'} --seconds 120 >{out} 2>&1 & "
+              f"until grep -q started {out}; do sleep 0.2; done")  # fmt: skip
+    argv = [sys.executable, "-m", "mpswrap", "run", "-n", "1", "--job", "bg", "--", "sh", "-c",
+            script]  # fmt: skip
+    res = as_user(gpu_user, argv, env, timeout=300)
+    print(res.stdout[-2000:], res.stderr[-3000:])
+    assert res.returncode == 0, res.stderr
+    assert "left" in res.stderr and "running: ending them" in res.stderr, res.stderr
+    assert "teardown clean" in res.stderr, res.stderr
+    assert "CUDA error" in out.read_text(), out.read_text()  # terminate_client reached it
+    assert not leftovers(shared_tmp, mps_baseline), "the rank's client outlived it"
+    left = gpu_processes()
+    assert not left, left

@@ -16,6 +16,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "": (
         "errors",
         "paths",
+        "trust",
         "removal",
         "values",
         "config",
@@ -77,7 +78,8 @@ OWNERS = {
     "pynvml": {"mps.gpu"},
     "mpi4py": {"entry.session"},
 }
-MAX_MODULE_LINES = 400
+#: A level a concept-sized module never meets: a module past it holds a second concept.
+MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 40
 
 
