@@ -143,26 +143,45 @@ class Daemon:
         """
         self.dirs.check_socket_length()
         binary = find_binary(self.settings.control_binary)
-        with self._lock:
+        origin = {"node": node, "job_id": job_id, "started_by": started_by}
+        lock = self._lock
+        lock.acquire()
+        try:
             current = self._running()
             if current is not None:
                 log.info("daemon for %s already running (pid %d)", gpu.uuid, current.daemon_pid)
                 yield
                 return current
             self._prepare(user)
-            launched: _proc.Popen[str] | None = None
-            try:
-                cpus = self._cpus(gpu, allowed_cpus)
-                launched = self._launch(gpu, user, binary, cpus)
-                yield
-                self._wait_detached(launched, gpu, binary)
-                origin = {"node": node, "job_id": job_id, "started_by": started_by}
-                return self._started(gpu, user, binary, cpus, origin=origin, defaults=defaults)
-            except BaseException:
-                if launched is not None and launched.returncode is None:
-                    self._detached(launched)  # closed before the second step: reap '-d'
-                self._ladder().stop(StopReport(self.dirs.key))
-                raise
+            cpus = self._cpus(gpu, allowed_cpus)
+            new = self._start_new(gpu, user, binary, cpus=cpus, origin=origin, defaults=defaults)
+            return (yield from new)
+        finally:  # root's lock file goes where its daemon failed to start
+            lock.release(remove=not os.path.lexists(self.dirs.root))
+
+    def _start_new(
+        self,
+        gpu: GpuInfo,
+        user: _proc.UserIds,
+        binary: str,
+        *,
+        cpus: list[int],
+        origin: dict[str, str],
+        defaults: Defaults,
+    ) -> Generator[None, None, Manifest]:
+        """``starting`` for a daemon not running yet (its lock held): launch, then finish;
+        on any failure, or closed in between, stop what was launched."""
+        launched: _proc.Popen[str] | None = None
+        try:
+            launched = self._launch(gpu, user, binary, cpus)
+            yield
+            self._wait_detached(launched, gpu, binary)
+            return self._started(gpu, user, binary, cpus, origin=origin, defaults=defaults)
+        except BaseException:
+            if launched is not None and launched.returncode is None:
+                self._detached(launched)  # closed before the second step: reap '-d'
+            self._ladder().stop(StopReport(self.dirs.key))
+            raise
 
     def _prepare(self, user: _proc.UserIds) -> None:
         """Clear what a crashed daemon left; make the private directories."""

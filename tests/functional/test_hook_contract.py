@@ -82,7 +82,7 @@ def install_shims(
         )
         wrapper.chmod(0o755)
         python = str(wrapper)
-    package = Path(pythonpath) / "mpswrap"
+    package = Path(pythonpath.split(os.pathsep, maxsplit=1)[0]) / "mpswrap"  # what the shim imports
     source = (package / "slurm" / "hook").read_text()
     source = source.replace("@PYTHON@", python).replace("@CONFIG@", str(conf(node)))
     levels = {str(p) for f in (python, os.path.realpath(python), package) for p in _levels(f)}

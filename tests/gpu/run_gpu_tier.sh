@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out). Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
+# metrics farm trust teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
@@ -83,6 +83,7 @@ for phase in "${PHASES[@]}"; do
     faults) pt faults tests/gpu/test_gpu_faults.py || rc=1 ;;
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
+    trust) pt trust tests/gpu/test_gpu_trust.py || rc=1 ;;
     farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--parts calibrate"
       # Bytecode for PyTorch, as an installed one has: without it each task's import compiles
       # torch again (14-16 s a task alone on 2026-11-24, where PYTHONDONTWRITEBYTECODE is set).

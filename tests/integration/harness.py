@@ -594,10 +594,13 @@ class Cluster:
         return found
 
     def job_dirs(self) -> list[Path]:
-        """Whatever lies below ``run_dir/<node>/``: job directories the epilog must remove."""
+        """Whatever lies below ``run_dir/<node>/``: job directories the epilog must remove;
+        and root's lock files of jobs (``run_dir/.locks``), which go with them."""
         if not self.run_dir.exists():
             return []
-        return sorted(p for node in self.run_dir.iterdir() if node.is_dir() for p in node.iterdir())
+        nodes = [p for p in self.run_dir.iterdir() if p.is_dir() and p.name != ".locks"]
+        locks = self.run_dir / ".locks"
+        return sorted([*(p for node in nodes for p in node.iterdir()), *locks.glob("*")])
 
     def leftovers(self) -> tuple[list[psutil.Process], list[Path]]:
         return self._processes(self._daemon_pids()), self.job_dirs()

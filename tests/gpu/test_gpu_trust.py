@@ -1,0 +1,95 @@
+"""gpu tier: root trusts only root, on the real driver. The hooks run as slurmd runs them
+(root, the job's variables), without a Slurm.
+
+After the prolog, the admin file names an MPS control program that another user can change
+(a copy in their directory). Root must not run it: the epilog sends no control command and
+ends the job's real daemon, its server and a busy PyTorch client by signal. Nothing of the job
+may be left, and the GPU must serve the next client."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import base_env, gpu_processes, leftovers, user_argv
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).resolve().parent
+NVIDIA_BIN = "/usr/local/nvidia/bin"
+
+
+def _hook(env: dict[str, str], hook: str) -> subprocess.CompletedProcess[str]:
+    context = {"prolog": "prolog_slurmd", "epilog": "epilog_slurmd"}[hook]
+    return subprocess.run([sys.executable, "-m", "mpswrap", hook], text=True, capture_output=True,
+                          env=dict(env, SLURM_SCRIPT_CONTEXT=context), timeout=180)  # fmt: skip
+
+
+def _wait_for_line(path: Path, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = path.read_text() if path.exists() else ""
+        if text in found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path} after {timeout:g} s")
+
+
+def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_signal(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    user = pwd.getpwnam(gpu_user)
+    binary = shutil.which("nvidia-cuda-mps-control", path=f"{NVIDIA_BIN}:{os.environ['PATH']}")
+    assert binary
+    conf = shared_tmp / "mpswrap.conf"
+    settings = f"run_dir = {shared_tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
+    conf.write_text(settings)
+    env = dict(os.environ, MPSWRAP_CONFIG=str(conf), SLURM_JOB_ID="tr28",
+               SLURM_JOB_UID=str(user.pw_uid), SLURM_JOB_GID=str(user.pw_gid),
+               SLURM_JOB_USER=gpu_user, SLURMD_NODENAME="node1", SLURM_JOB_GPUS="0",
+               SLURM_CONF=str(shared_tmp / "slurm.conf"))  # fmt: skip
+    started = _hook(env, "prolog")
+    assert started.returncode == 0, started.stderr
+    gpu_dir = shared_tmp / "run" / "node1" / "tr28" / "g0"
+    manifest = json.loads((gpu_dir / "manifest.json").read_text())
+    out = shared_tmp / "client.out"
+    client_env = base_env({"CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+                           "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
+                           "CUDA_VISIBLE_DEVICES": manifest["gpu_uuid"]})  # fmt: skip
+    argv = [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]
+    with out.open("w") as sink:
+        client = subprocess.Popen(user_argv(gpu_user, argv, client_env), stdout=sink,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        _wait_for_line(out, "started")
+        theirs = shared_tmp / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, user.pw_uid, user.pw_gid)
+        copy = Path(shutil.copy2(binary, theirs / "nvidia-cuda-mps-control"))
+        conf.write_text(settings + f"control_binary = {copy}\n")
+        took = time.monotonic()
+        done = _hook(env, "epilog")
+        took = time.monotonic() - took
+        print(done.stderr, f"epilog took {took:.2f} s", sep="\n")
+        assert done.returncode == 0, done.stderr
+        assert "ending the daemon by signal" in done.stderr, done.stderr
+        assert "MPS control program can be changed by a user other than root" in done.stderr
+        client.wait(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    print(out.read_text()[-2000:])
+    assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
+    assert not gpu_dir.parent.exists()
+    assert not gpu_processes(), gpu_processes()
+    after = subprocess.run(user_argv(gpu_user, [*argv[:2], "--seconds", "2"], base_env()),
+                           text=True, capture_output=True, timeout=180)  # fmt: skip
+    assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr
