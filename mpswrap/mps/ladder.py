@@ -99,6 +99,8 @@ class Ladder:
     settings: Settings
     #: Taken around the control commands: ranks' ladders run many at once.
     ranks_lock: Path | None = None
+    #: Other users' processes already named in a warning (each is named once).
+    _named: set[_proc.ProcId] = field(default_factory=set, init=False, repr=False)
 
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)
@@ -295,7 +297,8 @@ class Ladder:
         except OSError:
             return []
         mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
-        for proc in (p for p in procs if p not in mine):
+        for proc in (p for p in procs if p not in mine and p not in self._named):
+            self._named.add(proc)
             log.warning("%s: not this job's: %s, of uid %s, names %s", self.dirs.key,
                         _proc.describe(proc), _proc.uid_of(proc), self.dirs.pipe)  # fmt: skip
             report.notes.append(f"not signalling {proc.pid}: not uid {owner}")
