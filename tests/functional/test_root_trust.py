@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -40,15 +39,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the hooks as root, real users"),
 ]
 REFUSED = "can be changed by a user other than root"
-
-
-@pytest.fixture
-def node() -> Iterator[SimNode]:
-    sim = make_sim_node(gpus=2)
-    admin_config(sim)
-    yield sim
-    left = finish_sim_node(sim)
-    assert not left, f"left behind: {left}"
+# ``node``: tests/conftest.py's simulated node of two GPUs; each test writes its admin file.
 
 
 def _user(name: str) -> pwd.struct_passwd:
