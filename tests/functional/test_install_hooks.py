@@ -61,6 +61,24 @@ def test_a_config_file_others_may_write_is_refused(tmp: Path) -> None:
     assert sorted(p.name for p in (tmp / "hooks").iterdir()) == ["epilog", "prolog", "task_prolog"]
 
 
+def test_a_control_program_others_may_change_is_named_at_install(tmp: Path) -> None:
+    """The hooks would refuse to run it (docs/security.md): install-hooks says so now, and
+    installs (the admin may be about to move it)."""
+    user = ensure_test_user()
+    theirs = tmp / "theirs"
+    theirs.mkdir()
+    shutil.chown(theirs, user)
+    control = Path(shutil.copy(sys.executable, theirs / "nvidia-cuda-mps-control"))
+    config = tmp / "mpswrap.conf"
+    config.write_text(f"control_binary = {control}\n")
+    config.chmod(0o644)
+    res = _install(tmp, sys.executable, config)
+    assert res.returncode == 0, res.stderr
+    warning = (f"mpswrap: warning: root will not run the MPS control program {control}: "
+               f"{theirs} (owned by uid")  # fmt: skip
+    assert warning in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize(
     "listing",
     [
