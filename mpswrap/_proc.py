@@ -400,10 +400,10 @@ def procs_mentioning(marker: str) -> list[ProcId]:
     return found
 
 
-def procs_with_env(name: str) -> list[tuple[ProcId, str]]:
-    """This user's processes that have the variable ``name``, with its value (the tag a
-    supervisor gives a rank is inherited by everything the rank starts). The caller and its
-    ancestors are skipped."""
+def procs_with_env(name: str, *more: str) -> list[tuple[ProcId, dict[str, str]]]:
+    """This user's processes that have the variable ``name``, with its value and those of
+    ``more`` they have (the tag a supervisor gives a rank is inherited by everything the
+    rank starts). The caller and its ancestors are skipped."""
     import psutil
 
     found = []
@@ -412,9 +412,10 @@ def procs_with_env(name: str) -> list[tuple[ProcId, str]]:
         if proc.info["pid"] in skip or not proc.info["uids"] or proc.info["uids"].real != uid:
             continue
         try:
-            value = proc.environ().get(name)
-            if value is not None and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append((ProcId(proc.info["pid"], proc.info["create_time"]), value))
+            env = proc.environ()
+            if name in env and proc.status() != psutil.STATUS_ZOMBIE:
+                values = {k: env[k] for k in (name, *more) if k in env}
+                found.append((ProcId(proc.info["pid"], proc.info["create_time"]), values))
         except (psutil.Error, OSError):
             continue
     return found

@@ -18,6 +18,7 @@ from .paths import validate_name
 
 __all__ = [
     "PLACE_IN_LAUNCH_VARS",
+    "TREE_VAR",
     "UUID_RE",
     "GpuRef",
     "JobEnv",
@@ -83,6 +84,11 @@ PLACE_IN_LAUNCH_VARS = frozenset({
     "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID",
 })  # fmt: skip
+
+
+#: Tags a rank and everything it starts, so that the rank's whole tree ends with it
+#: (``job.supervise.end_leftovers``); never passed to a process that is not the rank's.
+TREE_VAR = "MPSWRAP_TREE"
 
 
 def tasks_per_node(spec: str, node_id: int) -> int | None:

@@ -50,6 +50,8 @@ def changeable_level(path: str | Path) -> str | None:
         except OSError as exc:
             return f"{level} ({exc.strerror or exc})"
         if stat.S_ISLNK(st.st_mode):
+            if st.st_uid != 0:  # in a sticky directory its owner may replace it
+                return f"{level} (a link owned by uid {st.st_uid})"
             links += 1
             if links > MAX_LINKS:
                 return f"{level} (more than {MAX_LINKS} symbolic links)"

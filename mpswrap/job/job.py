@@ -14,6 +14,7 @@ it prints the node's summary (``job.summary``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -188,11 +189,14 @@ class JobDaemons:
         done = Teardown(self.layout.job_dir)
         try:
             state.check_safe(self.layout)
-        except LayoutError as exc:
+            keys = self.keys()
+        except LayoutError as exc:  # unsafe, or (root) not to be listed: a user's FUSE mount
+            if exc.fields.get("errno") == errno.EACCES and not trust.is_root():
+                raise  # not ours to see: another user's job
             done.kept.append(exc.line())
             done.left += self._end_unreachable(self.layout.owner if uid is None else uid)
             return done
-        for key in self.keys():
+        for key in keys:
             daemon = self.daemon(key)
             manifest = _manifest_or_none(daemon) if only_started_by else None
             if manifest and manifest.started_by != only_started_by:
@@ -213,10 +217,12 @@ class JobDaemons:
     def _end_unreachable(self, uid: int | None) -> list[str]:
         """The daemons, servers and clients of a tree we must not enter, found by the job
         directory their environment names (the pipe directory of each) and ended by signal:
-        only processes of the job's user ``uid`` (unknown: any but root's), as anyone may
-        name any path. What survives, for the report."""
+        only processes of the job's user ``uid`` (unknown: the job directory's owner; never
+        root's or another user's), as anyone may name any path. What survives, for the
+        report."""
         named = _proc.procs_mentioning(f"{self.layout.job_dir}/")
-        found = [p for p in named if _proc.uid_of(p) == uid or (uid is None and _proc.uid_of(p))]
+        uid = _dir_owner(self.layout.job_dir) if uid is None else uid
+        found = [p for p in named if uid not in (None, 0) and _proc.uid_of(p) == uid]
         for other in (p for p in named if p not in found):
             log.warning("not this job's: %s, of uid %s, names %s", _proc.describe(other),
                         _proc.uid_of(other), self.layout.job_dir)  # fmt: skip
@@ -225,6 +231,13 @@ class JobDaemons:
                         self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip
         left = end_by_signal(found)
         return [f"process {_proc.describe(p)} still running" for p in left]
+
+
+def _dir_owner(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
 
 
 def _manifest_or_none(daemon: Daemon) -> Manifest | None:

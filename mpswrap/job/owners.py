@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc
+from ..jobenv import TREE_VAR
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
 
@@ -108,7 +109,11 @@ def ensure_watchdog(
     }
     argv = [sys.executable, "-m", "mpswrap.job.watchdog", str(layout.job_dir), json.dumps(seen)]
     env: Mapping[str, str] = {
-        **{k: v for k, v in os.environ.items() if k.startswith(("MPSWRAP_", "PATH", "HOME"))},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("MPSWRAP_", "PATH", "HOME")) and k != TREE_VAR
+        },  # not a rank's
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
     # stdio away from the caller's: srun and test runners wait for EOF on their pipes.

@@ -21,6 +21,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from .. import trust
 from .._lock import RootLock
 from ..config import Settings
 from ..errors import LayoutError
@@ -167,13 +168,18 @@ def job_layouts(
 
 def _present(layout: JobLayout) -> bool:
     """The job has a directory there, or its tree is unsafe to look into (whoever acts on
-    the layout then refuses, naming the level, and ends what runs there); a tree we may not
-    even search is none of ours."""
+    the layout then refuses, naming the level, and ends what runs there). A tree a user may
+    not even search is none of theirs; root is refused only by what a user mounted there
+    (FUSE), which hides the job from no one: it is unsafe, so present."""
     try:
         check_safe(layout)
     except LayoutError as exc:
-        return exc.fields.get("errno") != errno.EACCES
-    return os.path.lexists(layout.job_dir)
+        return exc.fields.get("errno") != errno.EACCES or trust.is_root()
+    try:
+        os.lstat(layout.job_dir)
+    except OSError as exc:
+        return exc.errno != errno.ENOENT and trust.is_root()
+    return True
 
 
 #: Where user-mode roots of every user are (root's listing): the uid is in the path.

@@ -32,6 +32,7 @@ from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
 from .._wait import pidfd, wait_child, wait_gone
 from ..errors import ProcError
+from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
 from ..mps.ladder import end_by_signal
 from .summary import Outcome
@@ -59,12 +60,12 @@ log = logging.getLogger(__name__)
 VERIFY_FAILED = 69
 #: Seconds from SIGTERM to SIGKILL for ranks ended because one is no MPS client.
 VERIFY_GRACE = 2.0
+#: The Slurm job a process belongs to, as Slurm sets it in every process of the job.
+JOB_VAR = "SLURM_JOB_ID"
 #: Exit codes of a program that cannot be started, as shells and srun report them.
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
 #: How often the wait loop looks at the ranks when nothing wakes it.
 IDLE_WAKE = 1.0
-#: The variable that tags a rank and everything it starts (``end_leftovers``).
-TREE_VAR = "MPSWRAP_TREE"
 _TAGS = itertools.count()
 
 
@@ -84,6 +85,8 @@ class Rank:
     tag: str = ""
     #: What it left running once it exited has been ended (``end_leftovers``).
     swept: bool = False
+    #: Its Slurm job: a job submitted from it (sbatch passes the environment) is not its own.
+    job: str | None = None
     #: What it left that survived even SIGKILL.
     left: list[_proc.ProcId] = field(default_factory=list)
 
@@ -142,7 +145,19 @@ def spawn_rank(
     )  # fmt: skip
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
-    return Rank(proc, ident, daemon, name, tag=tag)
+    return Rank(proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR))
+
+
+def _left_by(done: Sequence[Rank]) -> list[tuple[_proc.ProcId, Rank]]:
+    """The processes that carry an exited rank's tag, of the rank's own Slurm job: a job
+    submitted from the rank inherits the tag with the rest of its environment."""
+    tags = {r.tag: r for r in done}
+    found = []
+    for proc, env in _proc.procs_with_env(TREE_VAR, JOB_VAR) if tags else []:
+        rank = tags.get(env[TREE_VAR])
+        if rank is not None and env.get(JOB_VAR) == rank.job:
+            found.append((proc, rank))
+    return found
 
 
 def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
@@ -157,8 +172,7 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
     done = [r for r in ranks if r.tag and not r.swept and not r.running()]
     for rank in done:
         rank.swept = True
-    tags = {r.tag: r for r in done}
-    found = [(p, tags[v]) for p, v in _proc.procs_with_env(TREE_VAR) if v in tags] if tags else []
+    found = _left_by(done)
     if not found:
         return []
     for rank in {id(r): r for _, r in found}.values():

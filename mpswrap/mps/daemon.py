@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _proc, _wait
+from .. import _proc, _wait, trust
 from .._lock import RootLock, file_lock
 from ..config import Settings
-from ..errors import ControlError, DaemonError, MpswrapError
+from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
 from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
 from .control import Control, client_status, daemon_env, find_binary
 from .gpu import GpuInfo
@@ -104,7 +104,25 @@ class Daemon:
             self.dirs.pipe,
             self.dirs.log,
             timeout=self.settings.command_timeout,
+            user=self._commander(),
         )
+
+    def _commander(self) -> _proc.UserIds | None:
+        """Who sends the control commands: as root, the owner of the job directory. The pipe
+        directory is theirs, and a socket in it may be their link to another user's daemon:
+        sent as them, the kernel keeps the command out of that user's 0700 directory."""
+        if not trust.is_root():
+            return None
+        try:
+            owner = os.lstat(self.dirs.root.parent).st_uid
+        except FileNotFoundError:
+            return None  # the whole tree is gone: no socket to reach anything through
+        except OSError as exc:
+            raise LayoutError(
+                "cannot tell whose daemon this is", thing=str(self.dirs.root.parent),
+                cause=exc.strerror or str(exc),
+            ) from exc  # fmt: skip
+        return None if owner == 0 else _proc.lookup_user(owner)
 
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)
@@ -390,15 +408,15 @@ class Daemon:
     def stop(self) -> StopReport:
         """The teardown ladder; harmless when nothing is running or nothing exists."""
         report = StopReport(self.dirs.key)
-        if not os.path.lexists(self.dirs.root):  # a symlink in its place has a ladder too
+        if not _there(self.dirs.root):  # a symlink in its place has a ladder too
             return report
         lock = self._lock
         lock.acquire()
         try:  # another hook of the job may have stopped it while we waited: a no-op then
-            if os.path.lexists(self.dirs.root):
+            if _there(self.dirs.root):
                 self._stop_ladder().stop(report)
         finally:  # root's lock file goes with the daemon it guarded
-            lock.release(remove=not os.path.lexists(self.dirs.root))
+            lock.release(remove=not _there(self.dirs.root))
         return report
 
     def end_clients(self, pids: set[int]) -> StopReport:
@@ -419,6 +437,18 @@ def finish(steps: Generator[None, None, Manifest]) -> Manifest:
         manifest: Manifest = done.value
         return manifest
     raise AssertionError("Daemon.starting yields once")  # pragma: no cover
+
+
+def _there(path: Path) -> bool:
+    """Whether ``path`` is there: anything but "no such file" counts, a link or a mount that
+    refuses us (a user's FUSE mount refuses even root) included."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -184,6 +184,41 @@ def test_another_users_process_naming_a_job_path_is_never_ended_or_blamed(node: 
             squatter.communicate(timeout=30)
 
 
+def test_a_link_to_another_jobs_control_socket_never_carries_roots_commands(
+    node: SimNode,
+) -> None:
+    """The job's user replaces the control socket in their pipe directory by a link to another
+    user's job's socket (the node directory is readable, job ids easy to guess). Root sends
+    its commands as the job's user, so the kernel refuses the other user's 0700 directory:
+    the other job's daemon and client are untouched, and the epilog ends its own daemon."""
+    user, other = ensure_test_user(), ensure_other_user()
+    admin_config(node, epilog_failure="drain")
+    assert slurm_hook(node, "prolog", job="102", user=other, gpus="0").returncode == 0
+    theirs = admin_job(node, "102") / "g0"
+    client = spawn_as(other, [node.client, "--seconds", "120"],
+                      CUDA_MPS_PIPE_DIRECTORY=str(theirs / "pipe"),
+                      CUDA_MPS_LOG_DIRECTORY=str(theirs / "log"))  # fmt: skip
+    try:
+        assert client.stdout is not None
+        assert "mode=mps" in client.stdout.readline()
+        assert slurm_hook(node, "prolog", gpus="0").returncode == 0
+        pids = _daemons(node)
+        control = admin_job(node) / "g0" / "pipe" / "control"
+        link = f"rm -f {control} && ln -s {theirs / 'pipe' / 'control'} {control}"
+        assert as_user(user, ["sh", "-c", link]).returncode == 0
+        log_before = (theirs / "log" / "control.log").read_text()
+        end = slurm_hook(node, "epilog", gpus="0")
+        assert end.returncode == 0, end.stderr
+        assert all(gone(pid) for pid in pids)
+        assert client.poll() is None, "the other job's client was ended"
+        assert (theirs / "log" / "control.log").read_text() == log_before, "root reached it"
+    finally:
+        client.kill()
+        client.communicate(timeout=30)
+    assert slurm_hook(node, "epilog", job="102", user=other, gpus="0").returncode == 0
+    _nothing_of_the_job(node)
+
+
 # --- root's locks ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", [".g0.lock", ".g1.lock", ".g0.ranks.lock"])
 @pytest.mark.parametrize("kind", ["link", "directory", "fifo"])
@@ -311,12 +346,17 @@ def _sleeping(user: str, seconds: str) -> list[int]:
 
 
 # --- fuzzing: hostile state around the hooks -----------------------------------------------------
+#: Where the job's user plants a link, a directory or a FIFO: root's old lock files, the
+#: ranks' lock, the daemon's control socket.
+PLANTED = (".g0.lock", ".g1.lock", ".g0.ranks.lock", "g0/pipe/control")
+
+
 @st.composite
 def hostile(draw: st.DrawFn) -> dict[str, object]:
     return {
         "config": draw(st.sampled_from(["ok", "0666", "other's", "0664"])),
         "plant": draw(st.sampled_from(["none", "link", "directory", "fifo"])),
-        "where": draw(st.sampled_from([".g0.lock", ".g1.lock", ".g0.ranks.lock"])),
+        "where": draw(st.sampled_from(PLANTED)),
         "squatter": draw(st.booleans()),
         "epilogs": draw(st.integers(min_value=1, max_value=2)),
     }
@@ -325,9 +365,9 @@ def hostile(draw: st.DrawFn) -> dict[str, object]:
 @FUZZ
 @given(case=hostile())
 def test_any_hostile_state_keeps_the_hooks_contract(case: dict[str, object]) -> None:
-    """Config mode and owner, a planted lock, another user's process naming the job's pipe,
-    overlapping epilogs: every hook exits 0 (nothing of the job survives), root never runs
-    the other user's program, and never ends their process."""
+    """Config mode and owner, a planted lock or control socket, another user's process naming
+    the job's pipe, overlapping epilogs: every hook exits 0 (nothing of the job survives),
+    root never runs the other user's program, and never ends their process."""
     node = make_sim_node(gpus=2)
     squatters: list[subprocess.Popen[str]] = []
     try:

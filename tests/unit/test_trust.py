@@ -89,6 +89,19 @@ def test_a_link_is_followed_only_from_a_directory_that_passed(root: Path) -> Non
     assert trust.changeable_level(theirs / "back") == f"{theirs} (owned by uid {NOBODY})"
 
 
+def test_a_link_another_user_owns_is_named_even_in_a_sticky_directory(root: Path) -> None:
+    """In a sticky directory a user may not replace root's entries, but their own link, yes."""
+    sticky = root / "shared"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    _file(root / "real")
+    (sticky / "ctl").symlink_to(root / "real")
+    os.chown(sticky / "ctl", NOBODY, -1, follow_symlinks=False)
+    assert (
+        trust.changeable_level(sticky / "ctl") == f"{sticky / 'ctl'} (a link owned by uid {NOBODY})"
+    )
+
+
 def test_relative_links_and_dot_dot_resolve_as_the_kernel_does(root: Path) -> None:
     (root / "a" / "b").mkdir(parents=True)
     _file(root / "a" / "conf")
