@@ -72,13 +72,20 @@ def as_user(
     return subprocess.run(full, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
 
 
-def gpu_processes() -> list[str]:
-    """The PIDs of the compute processes on the GPU, as nvidia-smi lists them."""
-    return subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-        text=True,
-        capture_output=True,
-    ).stdout.split()
+def gpu_processes(timeout: float = SETTLE) -> list[str]:
+    """The PIDs of the compute processes on the GPU, as nvidia-smi lists them, once it lists
+    none or after ``timeout`` seconds: the driver lists a process that was just killed (an
+    MPS server ended by a watchdog) until it has torn down its context."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            text=True,
+            capture_output=True,
+        ).stdout.split()
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:

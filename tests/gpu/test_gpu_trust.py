@@ -89,7 +89,8 @@ def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_
     print(out.read_text()[-2000:])
     assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
     assert not gpu_dir.parent.exists()
-    assert not gpu_processes(), gpu_processes()
+    left = gpu_processes()
+    assert not left, left
     after = subprocess.run(user_argv(gpu_user, [*argv[:2], "--seconds", "2"], base_env()),
                            text=True, capture_output=True, timeout=180)  # fmt: skip
     assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr
