@@ -246,16 +246,20 @@ def _untrusted(settings: Settings, config_file: str | None) -> list[str]:
     path = admin_file(os.environ, config_file)
     level = trust.changeable_level(path) if os.path.exists(path) else None
     if level:
-        found.append(f"root ignores the admin config file {path}: {level} can be changed by "
-                     "a user other than root")  # fmt: skip
+        found.append(
+            f"root ignores the admin config file {path}: {level} can be changed by "
+            "a user other than root"
+        )
     try:
         binary: str | None = locate_binary(settings.control_binary)
     except MpswrapError:
         binary = None  # not installed here: nothing to judge
     level = trust.changeable_level(binary) if binary else None
     if level:
-        found.append(f"root will not run the MPS control program {binary}: {level} can be "
-                     "changed by a user other than root")  # fmt: skip
+        found.append(
+            f"root will not run the MPS control program {binary}: {level} can be "
+            "changed by a user other than root"
+        )
     return found
 
 

@@ -224,8 +224,12 @@ class JobDaemons:
         uid = _dir_owner(self.layout.job_dir) if uid is None else uid
         found = [p for p in named if uid not in (None, 0) and _proc.uid_of(p) == uid]
         for other in (p for p in named if p not in found):
-            log.warning("not this job's: %s, of uid %s, names %s", _proc.describe(other),
-                        _proc.uid_of(other), self.layout.job_dir)  # fmt: skip
+            log.warning(
+                "not this job's: %s, of uid %s, names %s",
+                _proc.describe(other),
+                _proc.uid_of(other),
+                self.layout.job_dir,
+            )
         if found:
             log.warning("%s not entered: ending %s, found by their environment",
                         self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip

@@ -177,8 +177,11 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
         return []
     for rank in {id(r): r for _, r in found}.values():
         mine = [p for p, r in found if r is rank]
-        log.warning("%s exited and left %s running: ending them",
-                    rank.name, ", ".join(map(_proc.describe, mine)))  # fmt: skip
+        log.warning(
+            "%s exited and left %s running: ending them",
+            rank.name,
+            ", ".join(map(_proc.describe, mine)),
+        )
         if rank.daemon is not None:
             rank.daemon.end_clients({p.pid for p in mine})
     left = end_by_signal([p for p, _ in found if _proc.is_alive(p)])
@@ -323,8 +326,9 @@ def watch(
     return _exit_code(ranks, ended_by, failed, isolated, grace)
 
 
-def _exit_code(ranks: Sequence[Rank], ended_by: int | None, failed: int | None,
-               isolated: bool, grace: float) -> int:  # fmt: skip
+def _exit_code(
+    ranks: Sequence[Rank], ended_by: int | None, failed: int | None, isolated: bool, grace: float
+) -> int:
     """128+signal after a terminating signal, else (not isolated) the first failure's, else
     1 where something a rank left survived, else 0."""
     end_leftovers(ranks)

@@ -119,9 +119,10 @@ class Daemon:
             return None  # the whole tree is gone: no socket to reach anything through
         except OSError as exc:
             raise LayoutError(
-                "cannot tell whose daemon this is", thing=str(self.dirs.root.parent),
+                "cannot tell whose daemon this is",
+                thing=str(self.dirs.root.parent),
                 cause=exc.strerror or str(exc),
-            ) from exc  # fmt: skip
+            ) from exc
         return None if owner == 0 else _proc.lookup_user(owner)
 
     def manifest(self) -> Manifest | None:

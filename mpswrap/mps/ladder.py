@@ -177,8 +177,12 @@ class Ladder:
         mine = self._owned(found, report)
         if not mine:
             return
-        log.info("%s: ending %s, still naming %s", self.dirs.key,
-                 ", ".join(map(_proc.describe, mine)), self.dirs.pipe)  # fmt: skip
+        log.info(
+            "%s: ending %s, still naming %s",
+            self.dirs.key,
+            ", ".join(map(_proc.describe, mine)),
+            self.dirs.pipe,
+        )
         report.killed += [p.pid for p in mine]
         end_by_signal(mine)
         owners = {_proc.uid_of(p) for p in mine}  # the job user's, as _owned found them
@@ -299,8 +303,13 @@ class Ladder:
         mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
         for proc in (p for p in procs if p not in mine and p not in self._named):
             self._named.add(proc)
-            log.warning("%s: not this job's: %s, of uid %s, names %s", self.dirs.key,
-                        _proc.describe(proc), _proc.uid_of(proc), self.dirs.pipe)  # fmt: skip
+            log.warning(
+                "%s: not this job's: %s, of uid %s, names %s",
+                self.dirs.key,
+                _proc.describe(proc),
+                _proc.uid_of(proc),
+                self.dirs.pipe,
+            )
             report.notes.append(f"not signalling {proc.pid}: not uid {owner}")
         return mine
 

@@ -473,8 +473,11 @@ def test_the_shim_runs_no_interpreter_or_package_another_user_can_change(
         Path(REPO) / "mpswrap", site / "mpswrap", ignore=shutil.ignore_patterns("__pycache__")
     )
     hooks = install_shims(node, pythonpath=str(site))
-    changed = {"interpreter": hooks / "python", "package file": site / "mpswrap" / "config.py",
-               "package directory": site / "mpswrap" / "mps"}[level]  # fmt: skip
+    changed = {
+        "interpreter": hooks / "python",
+        "package file": site / "mpswrap" / "config.py",
+        "package directory": site / "mpswrap" / "mps",
+    }[level]
     os.chown(changed, pwd.getpwnam(ensure_test_user()).pw_uid, -1)
     for shim, case in (("prolog", "prolog-failed-continue"), ("epilog", "epilog-left-drain")):
         res = run(hooks / shim, slurmd_env(node, shim))

@@ -74,8 +74,10 @@ def test_a_control_program_others_may_change_is_named_at_install(tmp: Path) -> N
     config.chmod(0o644)
     res = _install(tmp, sys.executable, config)
     assert res.returncode == 0, res.stderr
-    warning = (f"mpswrap: warning: root will not run the MPS control program {control}: "
-               f"{theirs} (owned by uid")  # fmt: skip
+    warning = (
+        f"mpswrap: warning: root will not run the MPS control program {control}: "
+        f"{theirs} (owned by uid"
+    )
     assert warning in res.stderr, res.stderr
 
 

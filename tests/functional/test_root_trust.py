@@ -52,8 +52,14 @@ def _evil(node: SimNode, owner: str) -> tuple[Path, Path]:
     home.mkdir(mode=0o755)
     os.chown(home, _user(owner).pw_uid, _user(owner).pw_gid)
     program, mark = home / "evil.sh", home / "ran"
-    made = as_user(owner, ["sh", "-c", f"printf '#!/bin/sh\\nid -u >>{mark}\\nexit 1\\n' >{program}"
-                           f" && chmod 755 {program}"])  # fmt: skip
+    made = as_user(
+        owner,
+        [
+            "sh",
+            "-c",
+            f"printf '#!/bin/sh\\nid -u >>{mark}\\nexit 1\\n' >{program} && chmod 755 {program}",
+        ],
+    )
     assert made.returncode == 0, made.stderr
     return program, mark
 
@@ -104,8 +110,13 @@ def test_root_never_reads_an_admin_file_another_user_can_change(node: SimNode, h
 def _config(node: SimNode, path: Path, user: str | None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "mpswrap", "config", "--config", str(path)]
     if user is None:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": _repo()})  # fmt: skip
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": _repo()},
+        )
     return as_user(user, argv, PYTHONPATH=_repo())
 
 
@@ -195,9 +206,12 @@ def test_a_link_to_another_jobs_control_socket_never_carries_roots_commands(
     admin_config(node, epilog_failure="drain")
     assert slurm_hook(node, "prolog", job="102", user=other, gpus="0").returncode == 0
     theirs = admin_job(node, "102") / "g0"
-    client = spawn_as(other, [node.client, "--seconds", "120"],
-                      CUDA_MPS_PIPE_DIRECTORY=str(theirs / "pipe"),
-                      CUDA_MPS_LOG_DIRECTORY=str(theirs / "log"))  # fmt: skip
+    client = spawn_as(
+        other,
+        [node.client, "--seconds", "120"],
+        CUDA_MPS_PIPE_DIRECTORY=str(theirs / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(theirs / "log"),
+    )
     try:
         assert client.stdout is not None
         assert "mode=mps" in client.stdout.readline()
@@ -236,8 +250,11 @@ def test_a_lock_file_the_job_user_plants_never_stops_the_epilog(
     assert slurm_hook(node, "prolog").returncode == 0
     pids = _daemons(node)
     path = admin_job(node) / name
-    plant = {"link": f"ln -s {secret} {path}", "directory": f"mkdir {path}",
-             "fifo": f"mkfifo {path}"}[kind]  # fmt: skip
+    plant = {
+        "link": f"ln -s {secret} {path}",
+        "directory": f"mkdir {path}",
+        "fifo": f"mkfifo {path}",
+    }[kind]
     assert as_user(user, ["sh", "-c", f"rm -f {path} && {plant}"]).returncode == 0
     locks = node.run_dir / ".locks"
     assert as_user(user, ["ls", str(locks)]).returncode != 0, "root's locks are open to the user"
@@ -399,8 +416,11 @@ def _hostile_round(
     assert start.returncode == 0, (case, start.stderr)
     if case["plant"] != "none" and admin_job(node).exists():
         target = admin_job(node) / str(case["where"])
-        plant = {"link": f"ln -s /etc/passwd {target}", "directory": f"mkdir {target}",
-                 "fifo": f"mkfifo {target}"}[str(case["plant"])]  # fmt: skip
+        plant = {
+            "link": f"ln -s /etc/passwd {target}",
+            "directory": f"mkdir {target}",
+            "fifo": f"mkfifo {target}",
+        }[str(case["plant"])]
         as_user(ensure_test_user(), ["sh", "-c", f"rm -f {target} && {plant}"])
     for res in _at_once(node, ["epilog"] * int(str(case["epilogs"]))):
         assert res.returncode == 0, (case, res.stderr)

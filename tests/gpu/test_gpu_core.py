@@ -162,10 +162,24 @@ def test_a_client_a_rank_left_in_the_background_ends_with_it(
     with nothing left, on the GPU or of MPS."""
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run")})
     out = shared_tmp / "client.out"
-    script = (f"{sys.executable} {HERE / 'torch_client.py'} --seconds 120 >{out} 2>&1 & "
-              f"until grep -q started {out}; do sleep 0.2; done")  # fmt: skip
-    argv = [sys.executable, "-m", "mpswrap", "run", "-n", "1", "--job", "bg", "--", "sh", "-c",
-            script]  # fmt: skip
+    script = (
+        f"{sys.executable} {HERE / 'torch_client.py'} --seconds 120 >{out} 2>&1 & "
+        f"until grep -q started {out}; do sleep 0.2; done"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "mpswrap",
+        "run",
+        "-n",
+        "1",
+        "--job",
+        "bg",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
     res = as_user(gpu_user, argv, env, timeout=300)
     print(res.stdout[-2000:], res.stderr[-3000:])
     assert res.returncode == 0, res.stderr

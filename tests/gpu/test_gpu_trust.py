@@ -28,8 +28,13 @@ NVIDIA_BIN = "/usr/local/nvidia/bin"
 
 def _hook(env: dict[str, str], hook: str) -> subprocess.CompletedProcess[str]:
     context = {"prolog": "prolog_slurmd", "epilog": "epilog_slurmd"}[hook]
-    return subprocess.run([sys.executable, "-m", "mpswrap", hook], text=True, capture_output=True,
-                          env=dict(env, SLURM_SCRIPT_CONTEXT=context), timeout=180)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mpswrap", hook],
+        text=True,
+        capture_output=True,
+        env=dict(env, SLURM_SCRIPT_CONTEXT=context),
+        timeout=180,
+    )
 
 
 def _wait_for_line(path: Path, text: str, timeout: float = 120) -> str:
@@ -51,22 +56,34 @@ def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_
     conf = shared_tmp / "mpswrap.conf"
     settings = f"run_dir = {shared_tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
     conf.write_text(settings)
-    env = dict(os.environ, MPSWRAP_CONFIG=str(conf), SLURM_JOB_ID="tr28",
-               SLURM_JOB_UID=str(user.pw_uid), SLURM_JOB_GID=str(user.pw_gid),
-               SLURM_JOB_USER=gpu_user, SLURMD_NODENAME="node1", SLURM_JOB_GPUS="0",
-               SLURM_CONF=str(shared_tmp / "slurm.conf"))  # fmt: skip
+    env = dict(
+        os.environ,
+        MPSWRAP_CONFIG=str(conf),
+        SLURM_JOB_ID="tr28",
+        SLURM_JOB_UID=str(user.pw_uid),
+        SLURM_JOB_GID=str(user.pw_gid),
+        SLURM_JOB_USER=gpu_user,
+        SLURMD_NODENAME="node1",
+        SLURM_JOB_GPUS="0",
+        SLURM_CONF=str(shared_tmp / "slurm.conf"),
+    )
     started = _hook(env, "prolog")
     assert started.returncode == 0, started.stderr
     gpu_dir = shared_tmp / "run" / "node1" / "tr28" / "g0"
     manifest = json.loads((gpu_dir / "manifest.json").read_text())
     out = shared_tmp / "client.out"
-    client_env = base_env({"CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
-                           "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
-                           "CUDA_VISIBLE_DEVICES": manifest["gpu_uuid"]})  # fmt: skip
+    client_env = base_env(
+        {
+            "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
+            "CUDA_VISIBLE_DEVICES": manifest["gpu_uuid"],
+        }
+    )
     argv = [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]
     with out.open("w") as sink:
-        client = subprocess.Popen(user_argv(gpu_user, argv, client_env), stdout=sink,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        client = subprocess.Popen(
+            user_argv(gpu_user, argv, client_env), stdout=sink, stderr=subprocess.STDOUT
+        )
     try:
         _wait_for_line(out, "started")
         theirs = shared_tmp / "theirs"
@@ -91,6 +108,10 @@ def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_
     assert not gpu_dir.parent.exists()
     left = gpu_processes()
     assert not left, left
-    after = subprocess.run(user_argv(gpu_user, [*argv[:2], "--seconds", "2"], base_env()),
-                           text=True, capture_output=True, timeout=180)  # fmt: skip
+    after = subprocess.run(
+        user_argv(gpu_user, [*argv[:2], "--seconds", "2"], base_env()),
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
     assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr
