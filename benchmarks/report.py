@@ -97,10 +97,10 @@ def provisioning_table(data: dict[str, Any]) -> list[str]:
         if run["mode"] == "mpswrap":
             row = f"mpswrap --threads {run.get('threads') or 'none'}"
         walls[row].append(run["wall_s"])
-        for heavy in (True, False):
-            seconds = _class_seconds(run, heavy)
+        for is_heavy in (True, False):
+            seconds = _class_seconds(run, is_heavy)
             if seconds is not None:
-                classes[row, heavy].append(seconds)
+                classes[row, is_heavy].append(seconds)
     if not walls:
         return []
     base = walls.get("mpswrap --threads none", [])
@@ -137,7 +137,8 @@ def revision(meta: dict[str, Any]) -> str:
     """The commit the file names (benchmarks/revision.py); files made before it name none."""
     if not meta.get("commit"):
         return "commit not recorded"
-    state = {True: ", tree changed", False: ""}.get(meta.get("dirty"), ", tree state unknown")
+    states: dict[object, str] = {True: ", tree changed", False: ""}  # else "unknown" or absent
+    state = states.get(meta.get("dirty"), ", tree state unknown")
     return f"commit {meta['commit'][:12]}{state}"
 
 

@@ -35,7 +35,8 @@ REPO = HERE.parent
 PY = sys.executable
 MODES = ("timesliced", "rawmps", "mpswrap")
 ALL_MODES = (*MODES, "mpswrap-daemon")
-#: Where the worker programs are (``--workers``; the functional test uses CPU stand-ins).
+#: The worker programs (workers/protocol.py; MPS_BENCH_WORKER=stand-in runs each as the CPU
+#: stand-in of the functional test).
 WORKERS = HERE / "workers"
 
 
@@ -312,7 +313,6 @@ PHASES = ("mlp", "nbody", "provision", "overhead")
 
 
 def main() -> int:
-    global WORKERS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--phases", default=",".join(PHASES), help="of " + ",".join(PHASES))
@@ -322,7 +322,6 @@ def main() -> int:
     ap.add_argument("--mlp-steps", type=int, default=5000, help="MLP and mixed-set steps")
     ap.add_argument("--nbody-steps", type=int, default=2000)
     ap.add_argument("--ns", default="1,4,12,24,48", help="N for mlp (nbody: those <= 12)")
-    ap.add_argument("--workers", type=Path, default=WORKERS, help="directory of worker programs")
     ap.add_argument("--quick", action="store_true", help="CPU overheads with the simulator")
     ap.add_argument(
         "--simulate", action="store_true", help="overhead phase against the simulator (no GPU)"
@@ -333,7 +332,6 @@ def main() -> int:
     for given, known in ((phases, PHASES), (modes, ALL_MODES)):
         if set(given) - set(known):
             ap.error(f"unknown: {', '.join(sorted(set(given) - set(known)))}")
-    WORKERS = args.workers.resolve()
     deadline = time.monotonic() + args.budget
     sys.path.insert(0, str(HERE))
     from overhead import phase_overhead

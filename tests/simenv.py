@@ -13,15 +13,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-TEST_USER = "mpswtest"
+from mpswrap.paths import JobLayout
+from tests.users import run_as
 
 
-@dataclass
-class SimNode:
+@dataclass(frozen=True)
+class SimFiles:
+    """The simulated MPS of a node, under ``root``: its programs (``bin``), the fake GPU
+    inventory mpswrap reads instead of NVML, and the fault file the programs read at every
+    use (absent: no faults)."""
+
     root: Path
 
     @property
@@ -44,6 +48,33 @@ class SimNode:
     def faults(self) -> Path:
         return self.root / "faults.json"
 
+    def install(self, gpus: int, python: str | None = None) -> None:
+        """Write the programs and an inventory of ``gpus`` GPUs, readable by every user. With
+        ``python``: by that interpreter's mpswrap (``python -m mpswrap.sim``), which the
+        programs then run; else by this process's."""
+        if python is None:
+            from mpswrap.sim import install_bin
+            from mpswrap.sim.inventory import write_inventory
+
+            install_bin(self.bin, faults=self.faults)
+            write_inventory(self.inventory, n_gpus=gpus)
+        else:
+            sim = [python, "-m", "mpswrap.sim"]
+            _check([*sim, "install-bin", str(self.bin), "--faults", str(self.faults)])
+            _check([*sim, "inventory", str(self.inventory), "--gpus", str(gpus)])
+        self.bin.chmod(0o755)
+        self.inventory.chmod(0o644)
+
+
+def _check(argv: list[str]) -> None:
+    res = subprocess.run(argv, text=True, capture_output=True, timeout=60, check=False)
+    assert res.returncode == 0, f"{' '.join(argv)} exited {res.returncode}: {res.stderr}"
+
+
+@dataclass(frozen=True)
+class SimNode(SimFiles):
+    """A simulated node: the simulator's files, and mpswrap's run directories beside them."""
+
     @property
     def run_dir(self) -> Path:
         return self.root / "run"
@@ -51,6 +82,12 @@ class SimNode:
     @property
     def user_run_dir(self) -> Path:
         return self.root / "user"
+
+    def layout(self, job: str, node: str = "n1", *, admin: bool | None = None) -> JobLayout:
+        """The paths of ``job`` on ``node``: in run_dir (``admin``) or user_run_dir; by default
+        where ``mpswrap start`` run by this process puts them (root: admin mode)."""
+        admin = os.geteuid() == 0 if admin is None else admin
+        return JobLayout(self.run_dir if admin else self.user_run_dir, node, job)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM"))}
@@ -70,19 +107,12 @@ class SimNode:
     def mpswrap(
         self, *args: str, user: str | None = None, timeout: float = 60, **extra: str
     ) -> subprocess.CompletedProcess[str]:
+        """``python -m mpswrap ARGS`` to completion, as ``user`` (with exactly this node's
+        environment) or as this process's user."""
         argv = [sys.executable, "-m", "mpswrap", *args]
         env = self.env(**extra)
         if user:
-            argv = [
-                "runuser",
-                "-u",
-                user,
-                "--",
-                "env",
-                "-i",
-                *[f"{k}={v}" for k, v in env.items()],
-                *argv,
-            ]
+            return run_as(user, argv, env, timeout=timeout)
         return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
 
     def run(
@@ -116,18 +146,13 @@ class SimNode:
         return found
 
 
-def make_sim_node(gpus: int = 2, **inventory: Any) -> SimNode:
+def make_sim_node(gpus: int = 2) -> SimNode:
     # Short and world-traversable: socket paths are limited, and a test user must get in.
     root = Path(tempfile.mkdtemp(prefix="mpsw-", dir="/tmp"))
     root.chmod(0o1777)  # like /tmp: test users create their own run dirs here
-    from mpswrap.sim import install_bin
-    from mpswrap.sim.inventory import write_inventory
-
-    install_bin(root / "bin", faults=str(root / "faults.json"))
-    write_inventory(root / "gpus.json", n_gpus=gpus, **inventory)
-    for sub in ("bin", "gpus.json"):
-        os.chmod(root / sub, 0o755)
-    return SimNode(root)
+    node = SimNode(root)
+    node.install(gpus)
+    return node
 
 
 def finish_sim_node(node: SimNode) -> list[str]:
@@ -148,17 +173,11 @@ def finish_sim_node(node: SimNode) -> list[str]:
 
 
 @contextmanager
-def sim_node(gpus: int = 2, **inventory: Any) -> Iterator[SimNode]:
+def sim_node(gpus: int = 2) -> Iterator[SimNode]:
     """A simulated node for one test, which fails if anything of the node survives it."""
-    node = make_sim_node(gpus, **inventory)
+    node = make_sim_node(gpus)
     try:
         yield node
     finally:
         left = finish_sim_node(node)
     assert not left, f"left behind: {left}"
-
-
-def ensure_test_user() -> str:
-    if subprocess.run(["id", TEST_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", TEST_USER], check=True)
-    return TEST_USER

@@ -186,8 +186,8 @@ def _teardown(b: Backend) -> None:
     deadline = time.monotonic() + 10
     while (left := _processes_of(b)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for proc in left:
-        proc.kill()
+    for stray in left:
+        stray.kill()
     assert not left, f"left behind: {[p.pid for p in left]}"
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from mpswrap.errors import ControlError
 from mpswrap.mps.mpslog import read_faults, server_pids
+from tests.waits import wait_until
 
 from .conftest import Backend
 
@@ -184,14 +185,7 @@ def test_fatal_fault_hits_every_client_then_server_recovers(backend: Backend) ->
         "The following client process have a sticky error set:",
     ):
         assert line in backend.server_log(), line
-    deadline = time.monotonic() + 30
-    while True:
-        # Recovered: the server is ACTIVE again (or gone, to be restarted by the next client).
-        servers = backend.control().server_list()
-        if not servers or backend.control().server_status(servers[0]) == "ACTIVE":
-            break
-        assert time.monotonic() < deadline, "server did not recover"
-        time.sleep(0.2)
+    wait_until(lambda: _recovered(backend), 30, "the server to recover")
     after = backend.client("--seconds", "1")
     out, _ = after.communicate(timeout=60)
     assert after.returncode == 0, out
@@ -203,10 +197,7 @@ def test_new_clients_are_refused_while_the_server_is_in_fault(backend: Backend) 
     server = backend.server()
     backend.wait_clients(server, 1)
     culprit = backend.client("--seconds", "30", "--fault-after", "1", "--linger", "8")
-    deadline = time.monotonic() + 30
-    while backend.control().server_status(server) != "FAULT":
-        assert time.monotonic() < deadline, "the server never reported FAULT"
-        time.sleep(0.05)
+    wait_until(lambda: backend.control().server_status(server) == "FAULT", 30, "FAULT status")
     late = backend.client("--seconds", "1")
     out, _ = late.communicate(timeout=60)
     assert late.returncode != 0 and "CUDA error 807" in out, out
@@ -216,7 +207,7 @@ def test_new_clients_are_refused_while_the_server_is_in_fault(backend: Backend) 
 
 def test_a_command_sent_while_quit_waits_is_refused_busy(backend: Backend) -> None:
     backend.start_daemon()
-    client = backend.client("--seconds", "6")
+    client = backend.client("--seconds", "120")  # ended below, once the answer is in
     server = backend.server()
     backend.wait_clients(server, 1)
     command = backend.root / "quit.txt"
@@ -231,7 +222,7 @@ def test_a_command_sent_while_quit_waits_is_refused_busy(backend: Backend) -> No
             text=True,
         )
     backend.procs.append(quitter)
-    time.sleep(1)
+    wait_until(lambda: "Cmd:quit" in _control_log(backend), 30, "the daemon to log the quit")
     busy = subprocess.run(
         [backend.control_binary],
         input="get_server_list\n",
@@ -241,6 +232,7 @@ def test_a_command_sent_while_quit_waits_is_refused_busy(backend: Backend) -> No
         timeout=30,
     )
     assert "Cannot send command to MPS control daemon process" in busy.stdout + busy.stderr
+    client.kill()
     client.communicate(timeout=60)
     quitter.wait(timeout=30)  # the quit goes through once the client is gone
 
@@ -314,6 +306,17 @@ def test_shutdown_server_force_ends_its_clients_and_the_next_client_runs(
     after = backend.client("--seconds", "1")
     out, _ = after.communicate(timeout=60)
     assert after.returncode == 0, out
+
+
+def _recovered(backend: Backend) -> bool:
+    """The server is ACTIVE again (or gone, to be restarted by the next client)."""
+    servers = backend.control().server_list()
+    return not servers or backend.control().server_status(servers[0]) == "ACTIVE"
+
+
+def _control_log(backend: Backend) -> str:
+    path = backend.log / "control.log"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _process(pid: int) -> psutil.Process:

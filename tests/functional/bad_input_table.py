@@ -28,11 +28,11 @@ if __package__ in (None, ""):  # run as a file: make `tests` importable
 
 from mpswrap._proc import SAFE_PATH
 from mpswrap.config import FIELDS
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.tree import REPO
+from tests.users import ensure_test_user, user_argv
 
 ROOT = "<root>"
-#: The tree these tests belong to: every `python -m mpswrap` of a case runs this tree's code.
-REPO = str(Path(__file__).resolve().parents[2])
 JOB = ("--job", "j1", "--node", "n1")
 VALID = "valid settings: " + ", ".join(sorted(f.name for f in FIELDS))
 NAME_RULE = "expected letters, digits, '.', '_' or '-' (no '/' or '..'), at most 64"
@@ -352,7 +352,7 @@ SETUPS: dict[str, Callable[[SimNode, int], None]] = {
 # --- running a case -------------------------------------------------------------------------
 def _tree(root: Path) -> set[str]:
     """Every path under root, without following symlinks."""
-    out = set()
+    out: set[str] = set()
     for top, dirs, files in os.walk(root):
         out.update(os.path.join(top, n) for n in (*dirs, *files))
     return out
@@ -368,18 +368,10 @@ def _fill(text: str, node: SimNode, uid: int, gid: int) -> str:
 
 
 def _env(case: Case, node: SimNode, uid: int, gid: int) -> dict[str, str]:
-    env = {k: v for k, v in node.env().items() if not _JOB_VARS.match(k)}
-    env.update(
-        MPSWRAP_CONTROL_BINARY=node.control,
-        MPSWRAP_GPU_INVENTORY=str(node.inventory),
-        MPSWRAP_RUN_DIR=str(node.run_dir),
-        MPSWRAP_USER_RUN_DIR=str(node.user_run_dir),
-        MPSWRAP_START_TIMEOUT="10",
-        MPSWRAP_QUIT_TIMEOUT="2",
-        MPSWRAP_COMMAND_TIMEOUT="3",
-        MPSWRAP_TERMINATE_TIMEOUT="3",
-        PYTHONPATH=REPO,
-    )
+    # The node's settings (its MPSWRAP_* variables), nothing of a job this process may be in.
+    mine = node.env()
+    env = {k: v for k, v in mine.items() if k.startswith("MPSWRAP_") or not _JOB_VARS.match(k)}
+    env.update(PYTHONPATH=str(REPO))  # every `python -m mpswrap` of a case runs the tree's code
     if case.hook:
         env.update(
             SLURM_JOB_ID="101",
@@ -413,8 +405,7 @@ def run_case(case: Case, timeout: float = 120) -> Outcome:
         before = _tree(node.root)
         argv = [sys.executable, "-m", "mpswrap", *(_fill(a, node, uid, gid) for a in case.argv)]
         if case.as_user:
-            argv = ["runuser", "-u", user, "--", "env", "-i",
-                    *[f"{k}={v}" for k, v in env.items()], *argv]  # fmt: skip
+            argv = user_argv(user, argv, env)
         res = subprocess.run(
             argv, env=env, cwd=node.root, text=True, capture_output=True, timeout=timeout
         )
@@ -452,7 +443,7 @@ def stop_everything(node: SimNode) -> None:
                 subprocess.run(
                     [sys.executable, "-m", "mpswrap", "stop", "--run-dir", str(run_dir),
                      "--node", job_dir.parent.name, "--job", job_dir.name],
-                    env={**node.env(), "PYTHONPATH": REPO}, capture_output=True, timeout=120,
+                    env={**node.env(), "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120,
                     check=False,
                 )  # fmt: skip
 

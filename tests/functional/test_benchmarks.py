@@ -7,15 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.simenv import SimNode, sim_node
+from tests.tree import REPO
 
 pytestmark = pytest.mark.functional
-REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {
     *(f"overhead/sim/prolog/gpus{g}" for g in (1, 2, 4, 8)),
     "overhead/sim/supervisor",
@@ -55,16 +55,17 @@ def sim() -> Iterator[SimNode]:
 def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     sim: SimNode, tmp_path: Path
 ) -> None:
-    """The GPU phases with CPU stand-in workers (tests/functional/bench_workers): every mode
-    and policy runs, its workers are MPS clients exactly where they should be, each mixed-set
-    worker gets the weight and the thread share its policy gives it, and the report renders."""
+    """The GPU phases with the workers as CPU stand-ins (benchmarks/workers/protocol.py): every
+    mode and policy runs, its workers are MPS clients exactly where they should be, each
+    mixed-set worker gets the weight and the thread share its policy gives it, and the report
+    renders."""
     out = tmp_path / "bench.json"
     modes = "timesliced,rawmps,mpswrap,mpswrap-daemon"
-    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out),
-            "--phases", "mlp,nbody,provision", "--modes", modes, "--ns", "1,3",
-            "--repeats", "1", "--mlp-steps", "40", "--nbody-steps", "20",
-            "--workers", str(REPO / "tests" / "functional" / "bench_workers")]  # fmt: skip
-    env = sim.env(PATH=f"{sim.bin}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
+    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out)]
+    argv += ["--phases", "mlp,nbody,provision", "--modes", modes, "--ns", "1,3", "--repeats", "1"]
+    argv += ["--mlp-steps", "40", "--nbody-steps", "20"]
+    path = f"{sim.bin}:{os.environ['PATH']}"
+    env = sim.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
     res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     runs = {r["key"]: r for r in json.loads(out.read_text())["runs"]}
@@ -78,7 +79,7 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
         assert len(run["workers"]) == run["n"], key
         attached = {w["mps"] for w in run["workers"]}
         assert attached == {run["mode"] != "timesliced"}, f"{key}: MPS clients {attached}"
-    shares = {
+    shares: dict[str, Sequence[str | None]] = {
         "none": [None] * 10,
         "uniform": ["10"] * 10,
         "oversubscribe": ["20"] * 10,

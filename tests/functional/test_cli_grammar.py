@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mpswrap.cli import main as cli
+from mpswrap.cli import options
 from mpswrap.errors import EXIT_CODES
 from tests.simenv import SimNode
 
@@ -70,11 +71,11 @@ def test_after_dashdash_a_word_is_always_a_program(node: SimNode) -> None:
 def test_help_lists_every_mode_and_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     text = capsys.readouterr().out
-    for word in [*cli.HANDLERS, "run", *cli.LAUNCHERS]:
+    for word in [*cli.HANDLERS, "run", *options.LAUNCHERS]:
         assert re.search(rf"\b{re.escape(word)}\b", text), word
     for mode in ("[--] PROGRAM", "run -n N", "srun mpswrap ./app"):
         assert mode in text, mode
-    for flags, _ in (*cli.WRAPPER_OPTIONS, *cli.VERBOSITY):
+    for flags, _ in (*options.WRAPPER_OPTIONS, *options.VERBOSITY):
         assert all(flag in text for flag in flags), flags
     assert cli.main(["help"]) == 0
     assert capsys.readouterr().out == text

@@ -9,12 +9,13 @@ import re
 import stat
 import subprocess
 import time
-from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user
+from tests.simenv import SimNode
+from tests.users import ensure_test_user
 
 pytestmark = pytest.mark.functional
 JOB = ["--job", "j1", "--node", "n1"]
@@ -27,29 +28,24 @@ def user() -> str:
     return ensure_test_user()
 
 
-def _gpus(node: SimNode) -> list[dict[str, object]]:
-    return json.loads(node.inventory.read_text())["gpus"]
+def _gpus(node: SimNode) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = json.loads(node.inventory.read_text())["gpus"]
+    return gpus
 
 
-def _start(node: SimNode, *args: str, user: str | None = None) -> list[dict[str, object]]:
+def _start(node: SimNode, *args: str, user: str | None = None) -> list[dict[str, Any]]:
     res = node.mpswrap("start", *JOB, "--json", *args, user=user)
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    manifests: list[dict[str, Any]] = json.loads(res.stdout)
+    return manifests
 
 
-def _status(node: SimNode, user: str | None = None) -> dict[str, object]:
+def _status(node: SimNode, user: str | None = None) -> dict[str, Any]:
     res = node.mpswrap("status", "--json", *JOB, user=user)
     assert res.returncode == 0, res.stderr
-    jobs = json.loads(res.stdout)["jobs"]  # --job: at most one
+    jobs: list[dict[str, Any]] = json.loads(res.stdout)["jobs"]  # --job: at most one
     assert len(jobs) <= 1, jobs
     return jobs[0] if jobs else {"gpus": []}
-
-
-def _job_dir(node: SimNode, base: Path | None = None) -> Path:
-    """Where `start` puts the job: run_dir as root (admin mode), user_run_dir otherwise."""
-    if base is None:
-        base = node.run_dir if os.geteuid() == 0 else node.user_run_dir
-    return base / "n1" / "j1"
 
 
 def test_start_is_idempotent_and_two_gpus_get_two_private_daemons(node: SimNode, user: str) -> None:
@@ -58,7 +54,7 @@ def test_start_is_idempotent_and_two_gpus_get_two_private_daemons(node: SimNode,
     assert [m["daemon_pid"] for m in first] == [m["daemon_pid"] for m in again]
     assert len({m["daemon_pid"] for m in first}) == 2
     uid = pwd.getpwnam(user).pw_uid
-    job = _job_dir(node, node.user_run_dir)
+    job = node.layout("j1", admin=False).job_dir
     for m in first:
         assert psutil.Process(m["daemon_pid"]).uids().real == uid
         for sub in ("", "pipe", "log"):
@@ -106,13 +102,13 @@ def test_defaults_are_in_place_before_the_first_client(node: SimNode) -> None:
 
 def test_stop_terminates_every_client_before_quit_and_leaves_nothing(node: SimNode) -> None:
     manifests = _start(node)
-    job = _job_dir(node)
+    layout = node.layout("j1")
     clients = []
     for m in manifests:
-        dirs = job / str(m["key"])
+        dirs = layout.gpu(str(m["key"]))
         env = node.env(
-            CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"),
-            CUDA_MPS_LOG_DIRECTORY=str(dirs / "log"),
+            CUDA_MPS_PIPE_DIRECTORY=str(dirs.pipe),
+            CUDA_MPS_LOG_DIRECTORY=str(dirs.log),
             CUDA_VISIBLE_DEVICES=str(m["gpu_uuid"]),
         )
         clients += [
@@ -126,14 +122,14 @@ def test_stop_terminates_every_client_before_quit_and_leaves_nothing(node: SimNo
             for _ in range(2)
         ]
     _wait(lambda: sum(len(s["clients"]) for g in _status(node)["gpus"] for s in g["servers"]) == 4)
-    logs = [(job / str(m["key"]) / "log" / "server.log") for m in manifests]
+    logs = [layout.gpu(str(m["key"])).server_log for m in manifests]
     stopped = node.mpswrap("stop", *JOB)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert stopped.stdout.count("terminated 2 client(s), killed 0") == 2, stopped.stdout
     assert stopped.stdout.count("2 client termination(s) succeeded, 0 fatal") == 2
     outs = [c.communicate(timeout=30)[0] for c in clients]
     assert all("810" in o for o in outs), outs
-    assert not job.exists()
+    assert not layout.job_dir.exists()
     assert not any(p.exists() for p in logs)
     again = node.mpswrap("stop", *JOB)
     assert again.returncode == 0 and "nothing to stop" in again.stdout
@@ -155,10 +151,8 @@ def test_a_hung_daemon_is_cleaned_up_within_the_bound(node: SimNode) -> None:
 
 def test_status_reports_faults_from_server_log(node: SimNode) -> None:
     m = _start(node, "--gpus", "0")[0]
-    dirs = _job_dir(node) / str(m["key"])
-    env = node.env(
-        CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(dirs / "log")
-    )
+    dirs = node.layout("j1").gpu(str(m["key"]))
+    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(dirs.pipe), CUDA_MPS_LOG_DIRECTORY=str(dirs.log))
     victim = subprocess.Popen([node.client, "--seconds", "30"], env=env, stdout=subprocess.DEVNULL)
     _wait(lambda: bool(_status(node)["gpus"][0]["servers"]))
     culprit = subprocess.run(
@@ -219,11 +213,11 @@ def test_bad_input_gives_one_line_and_leaves_nothing(
     node: SimNode, args: list[str], env: dict[str, str], message: str
 ) -> None:
     cmd = [*args] if "--job" in args else [*args, *JOB]
-    res = node.mpswrap(*cmd, **env)
+    res = node.mpswrap(*cmd, **env)  # type: ignore[arg-type]
     assert res.returncode in (1, 2), res
     lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("hint:")]
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("mpswrap: "), res.stderr
     assert re.search(message, lines[0]), res.stderr
-    assert not _job_dir(node, node.user_run_dir).exists()
-    assert not _job_dir(node, node.run_dir).exists()
+    assert not node.layout("j1", admin=False).job_dir.exists()
+    assert not node.layout("j1", admin=True).job_dir.exists()

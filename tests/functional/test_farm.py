@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.functional.test_launcher import by_tag, records, signal_tree, wait_for
+from tests.functional.test_launcher import by_tag, records, signal_tree
 from tests.simenv import SimNode
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -68,8 +69,8 @@ def test_forty_tasks_on_two_gpus_retry_only_the_faulted_and_resume_only_the_fail
     # Only the clients of the faulted GPU's server were hit, each retried once and done.
     assert len({r["gpu"] for r in faulted}) == 1
     for record in faulted:
-        again = [r for r in attempts if r["task"] == record["task"] and r["attempt"] == 2]
-        assert [r["status"] for r in again] == ["done"], record
+        retried = [r for r in attempts if r["task"] == record["task"] and r["attempt"] == 2]
+        assert [r["status"] for r in retried] == ["done"], record
     assert all(r["attempt"] <= 2 for r in attempts)
     # K=3 per GPU at most, each task one MPS client of its GPU's daemon.
     starts = [r for r in records(rec) if r["event"] == "start"]
@@ -120,7 +121,7 @@ def test_sigterm_mid_farm_ends_every_task_through_terminate_client_and_leaves_no
     tasks.write_text("\n".join(task_line(node, rec, 60) for _ in range(10)) + "\n")
     proc = node.start("farm", "--per-gpu", "2", "--grace", "5", "--dir", str(farm_dir),
                       str(tasks))  # fmt: skip
-    wait_for(lambda: len(by_tag(records(rec), "start")) == 4)
+    wait_until(lambda: len(by_tag(records(rec), "start")) == 4, 30, "4 tasks started")
     assert signal_tree(proc, signal.SIGTERM) >= 5
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -136,10 +137,12 @@ def test_a_farm_killed_outright_has_its_tasks_ended_by_their_guards(node: SimNod
     tasks = node.root / "tasks.txt"
     tasks.write_text("\n".join(task_line(node, rec, 60) for _ in range(4)) + "\n")
     proc = node.start("farm", "--per-gpu", "1", "--dir", str(farm_dir), str(tasks))
-    wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
+    wait_until(lambda: len(by_tag(records(rec), "start")) == 2, 30, "2 tasks started")
     proc.kill()
     proc.communicate(timeout=30)
-    wait_for(lambda: len([r for r in records(rec) if r["event"] == "end"]) == 2)
+    wait_until(
+        lambda: len([r for r in records(rec) if r["event"] == "end"]) == 2, 30, "2 tasks ended"
+    )
     assert [r["reason"] for r in records(rec) if r["event"] == "end"] == ["terminated"] * 2
     # The daemons' owner is gone: its watchdog stops them in time; stop does it now.
     res = node.run("stop", "--job", f"farm-{proc.pid}", timeout=60)
@@ -160,7 +163,7 @@ def test_a_share_runs_its_tasks_only_and_keeps_its_own_state_file(
     rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
     tasks = node.root / "tasks.txt"
     tasks.write_text("\n".join(task_line(node, rec, 0.1) for _ in range(5)) + "\n")
-    res = node.run("farm", *extra, "--dir", str(farm_dir), str(tasks), **share_env)
+    res = node.run("farm", *extra, "--dir", str(farm_dir), str(tasks), **share_env)  # type: ignore[arg-type]
     assert res.returncode == 0, res.stderr
     assert sorted(int(t) for t in by_tag(records(rec), "start")) == picked
     assert [p.name for p in farm_dir.glob("state*.jsonl")] == [state_name]
@@ -238,10 +241,9 @@ def test_an_open_quote_names_its_line(node: SimNode) -> None:
 def test_running_again_with_everything_done_starts_nothing(node: SimNode) -> None:
     tasks = node.root / "tasks.txt"
     tasks.write_text("true\ntrue\n")
-    env = {"PATH": os.environ["PATH"]}
-    first = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **env)
+    first = node.run("farm", "--dir", str(node.root / "f"), str(tasks), PATH=os.environ["PATH"])
     assert first.returncode == 0, first.stderr
-    again = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **env)
+    again = node.run("farm", "--dir", str(node.root / "f"), str(tasks), PATH=os.environ["PATH"])
     assert again.returncode == 0 and "nothing to run: 2 task(s), all done before" in again.stdout
     assert "started MPS daemon" not in again.stderr
 
@@ -275,7 +277,7 @@ def test_a_task_that_exits_0_when_the_farm_is_stopped_is_not_recorded_as_done(
     tasks = node.root / "tasks.txt"
     tasks.write_text(f'{sys.executable} -c "{script}"\n' * 2)
     proc = node.start("farm", "--per-gpu", "1", "--dir", str(farm_dir), str(tasks))
-    wait_for(lambda: len(list(ready.iterdir())) == 2)
+    wait_until(lambda: len(list(ready.iterdir())) == 2, 30, "2 tasks ready")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -287,7 +289,7 @@ def test_a_second_farm_on_the_same_directory_is_refused(node: SimNode) -> None:
     tasks = node.root / "tasks.txt"
     tasks.write_text(task_line(node, rec, 30) + "\n")
     first = node.start("farm", "--dir", str(farm_dir), str(tasks))
-    wait_for(lambda: len(records(rec)) == 1)
+    wait_until(lambda: len(records(rec)) == 1, 30, "one record")
     second = node.run("farm", "--dir", str(farm_dir), str(tasks))
     assert second.returncode == 2, second.stderr
     assert "mpswrap: another farm runs in this directory" in second.stderr
@@ -301,7 +303,7 @@ def test_a_task_sees_no_rank_of_the_step_that_runs_the_farm(node: SimNode) -> No
     tasks.write_text("env\n")
     step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
             "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}  # fmt: skip
-    res = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **step)
+    res = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **step)  # type: ignore[arg-type]
     assert res.returncode == 0, res.stderr
     seen = one((node.root / "f" / "logs").glob("0000-*.out")).read_text()
     assert "MPSWRAP_TASK=0" in seen and "MPSWRAP_TASK_ATTEMPT=1" in seen

@@ -17,20 +17,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user, sim_node
+from tests.simenv import SimNode, sim_node
+from tests.tree import REPO
+from tests.users import ensure_test_user, user_argv
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 JOB = ("--job", "j1", "--node", "n1")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
 UUID0 = "GPU-5a1d0000-0000-4000-8000-000000000000"
 UUID1 = "GPU-5a1d0001-0000-4000-8000-000000000001"
-REPO = str(Path(__file__).resolve().parents[2])
 
 
 # --- helpers shared with test_security.py ---------------------------------------------------
@@ -80,7 +83,7 @@ def slurm_hook(
         SLURM_JOB_GPUS=gpus,
         CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
         SLURM_CONF=str(node.root / "slurm.conf"),  # no gres.conf: positions by minor number
-        PYTHONPATH=REPO,  # this tree's mpswrap, whatever the working directory
+        PYTHONPATH=str(REPO),  # this tree's mpswrap, whatever the working directory
     )
     base.update(env)  # MPSWRAP_CONFIG too
     return subprocess.run(
@@ -93,10 +96,10 @@ def slurm_hook(
 
 
 def admin_job(node: SimNode, job: str = "101") -> Path:
-    return node.run_dir / "n1" / job
+    return node.layout(job, admin=True).job_dir
 
 
-def manifests(job_dir: Path) -> dict[str, dict[str, object]]:
+def manifests(job_dir: Path) -> dict[str, dict[str, Any]]:
     return {
         p.parent.name: json.loads(p.read_text()) for p in sorted(job_dir.glob("g*/manifest.json"))
     }
@@ -124,25 +127,19 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not met in {timeout} s"
-        time.sleep(0.1)
-
-
 # --- fixtures -------------------------------------------------------------------------------
 
 
 def job_dir(node: SimNode) -> Path:
     """Where `mpswrap start` puts job j1: run_dir as root (admin mode), else user_run_dir."""
-    return (node.run_dir if os.geteuid() == 0 else node.user_run_dir) / "n1" / "j1"
+    return node.layout("j1").job_dir
 
 
-def start(node: SimNode, *args: str) -> list[dict[str, object]]:
+def start(node: SimNode, *args: str) -> list[dict[str, Any]]:
     res = node.mpswrap("start", *JOB, "--json", *args)
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)  # type: ignore[no-any-return]
+    started: list[dict[str, Any]] = json.loads(res.stdout)
+    return started
 
 
 def stop(node: SimNode, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -152,10 +149,10 @@ def stop(node: SimNode, timeout: float = 120) -> subprocess.CompletedProcess[str
 def client(
     node: SimNode, procs: list[subprocess.Popen[str]], key: str, *args: str
 ) -> subprocess.Popen[str]:
-    dirs = job_dir(node) / key
+    dirs = node.layout("j1").gpu(key)
     env = node.env(
-        CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"),
-        CUDA_MPS_LOG_DIRECTORY=str(dirs / "log"),
+        CUDA_MPS_PIPE_DIRECTORY=str(dirs.pipe),
+        CUDA_MPS_LOG_DIRECTORY=str(dirs.log),
         CUDA_VISIBLE_DEVICES=str(manifests(job_dir(node))[key]["gpu_uuid"]),
     )
     proc = subprocess.Popen(
@@ -185,14 +182,14 @@ def test_a_rank_killed_mid_run_leaves_the_daemon_serving_and_stop_leaves_nothing
     m = start(node, "--gpus", "0")[0]
     victim = client(node, procs, "g0", "--seconds", "120")
     other = client(node, procs, "g0", "--seconds", "120")
-    wait_for(
-        lambda: sorted(clients_listed(node)) == sorted([victim.pid, other.pid]), what="2 clients"
+    wait_until(
+        lambda: sorted(clients_listed(node)) == sorted([victim.pid, other.pid]), 60, "2 clients"
     )
     os.kill(victim.pid, sig)
     victim.communicate(timeout=30)
     assert victim.returncode == -sig
     # The daemon notices the client is gone and keeps serving the other one.
-    wait_for(lambda: clients_listed(node) == [other.pid], what="the killed client to drop out")
+    wait_until(lambda: clients_listed(node) == [other.pid], 60, "the killed client to drop out")
     assert not gone(int(m["daemon_pid"]))
     res = stop(node)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -208,9 +205,9 @@ def test_daemon_killed_mid_job_stop_kills_its_orphaned_server_by_manifest_identi
     node: SimNode,
 ) -> None:
     m = start(node, "--gpus", "0", "--prestart")[0]
-    server = int(m["servers"][0]["pid"])  # type: ignore[index]
+    server = int(m["servers"][0]["pid"])
     os.kill(int(m["daemon_pid"]), signal.SIGKILL)
-    wait_for(lambda: gone(int(m["daemon_pid"])), what="the daemon to die")
+    wait_until(lambda: gone(int(m["daemon_pid"])), 60, "the daemon to die")
     assert not gone(server)  # a real server outlives its daemon too
     res = stop(node)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -227,7 +224,7 @@ def test_daemon_killed_after_a_client_started_its_server_stop_still_ends_the_ser
     # environment names this job's pipe directory.
     m = start(node, "--gpus", "0")[0]
     rank = client(node, procs, "g0", "--seconds", "3")
-    wait_for(lambda: clients_listed(node) == [rank.pid], what="the client to attach")
+    wait_until(lambda: clients_listed(node) == [rank.pid], 60, "the client to attach")
     os.kill(int(m["daemon_pid"]), signal.SIGKILL)
     out, _ = rank.communicate(timeout=60)
     assert "mode=mps" in out and "done" in out, out
@@ -245,7 +242,7 @@ def test_daemon_killed_with_a_rank_still_running_stop_ends_it_by_signal(
 ) -> None:
     m = start(node, "--gpus", "0", "--prestart")[0]
     rank = client(node, procs, "g0", "--seconds", "120")
-    wait_for(lambda: clients_listed(node) == [rank.pid], what="the client to attach")
+    wait_until(lambda: clients_listed(node) == [rank.pid], 60, "the client to attach")
     os.kill(int(m["daemon_pid"]), signal.SIGKILL)
     res = stop(node)
     # Nobody is left to terminate_client it. Once its server is gone (so nothing can wedge),
@@ -254,7 +251,7 @@ def test_daemon_killed_with_a_rank_still_running_stop_ends_it_by_signal(
     assert res.returncode == 0, res.stdout + res.stderr
     assert re.search(rf"ending {rank.pid} \(.*mpswrap\.sim\.client", res.stderr), res.stderr
     assert rank.wait(timeout=30) == -signal.SIGTERM
-    assert gone(int(m["servers"][0]["pid"]))  # type: ignore[index]
+    assert gone(int(m["servers"][0]["pid"]))
     assert_nothing_left(node, job_dir(node))
 
 
@@ -263,12 +260,12 @@ def test_a_daemon_that_hangs_on_every_command_is_cleaned_up_within_the_bounds(
 ) -> None:
     m = start(node, "--gpus", "0", "--prestart")[0]
     rank = client(node, procs, "g0", "--seconds", "120")
-    wait_for(lambda: clients_listed(node) == [rank.pid], what="the client to attach")
+    wait_until(lambda: clients_listed(node) == [rank.pid], 60, "the client to attach")
     node.faults.write_text(json.dumps({"hang": ["*"]}))
     # Bounded: each command 3 s, quit 2 s (+3), then signals; a generous ceiling, not a timing.
     res = stop(node, timeout=90)
     assert gone(int(m["daemon_pid"]))
-    assert gone(int(m["servers"][0]["pid"]))  # type: ignore[index]
+    assert gone(int(m["servers"][0]["pid"]))
     assert "cannot list servers: timed out" in res.stdout, res.stdout
     assert "quit: timed out" in res.stdout, res.stdout
     # The client nobody could terminate_client is ended by signal once its server is gone.
@@ -289,11 +286,11 @@ def test_prolog_twice_is_idempotent_and_epilog_twice_is_a_silent_no_op(node: Sim
     assert sorted(before) == ["g0", "g1"]
     assert [m["daemon_pid"] for m in after.values()] == [m["daemon_pid"] for m in before.values()]
     for key in before:
-        assert len(daemons_of(admin_job(node) / key / "pipe")) == 1, key
+        assert len(daemons_of(node.layout("101", admin=True).gpu(key).pipe)) == 1, key
     assert second.stderr.count("already running") == 2, second.stderr
     end = slurm_hook(node, "epilog")
     assert end.returncode == 0, end.stderr
-    assert all(gone(int(m["daemon_pid"])) for m in before.values())  # type: ignore[arg-type]
+    assert all(gone(int(m["daemon_pid"])) for m in before.values())
     assert_nothing_left(node, admin_job(node))
     again = slurm_hook(node, "epilog")
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
@@ -316,15 +313,15 @@ def test_epilog_sweeps_user_mode_daemons_the_job_left(node: SimNode) -> None:
     end = slurm_hook(node, "epilog")
     assert end.returncode == 0, end.stderr
     assert all(gone(pid) for pid in pids)
-    assert_nothing_left(node, node.user_run_dir / "n1" / "101")
+    assert_nothing_left(node, node.layout("101", admin=False).job_dir)
 
 
 @needs_root
 def test_a_corrupt_manifest_does_not_stop_the_epilog_from_tearing_down(node: SimNode) -> None:
     admin_config(node)
     assert slurm_hook(node, "prolog", gpus="0").returncode == 0
-    pid = int(manifests(admin_job(node))["g0"]["daemon_pid"])  # type: ignore[call-overload]
-    (admin_job(node) / "g0" / "manifest.json").write_text('{"version": 1, "gpu_uu')  # torn
+    pid = int(manifests(admin_job(node))["g0"]["daemon_pid"])
+    node.layout("101", admin=True).gpu("g0").manifest.write_text('{"version": 1, "gpu_uu')  # torn
     res = slurm_hook(node, "epilog", gpus="0")
     # The daemon is still found (pid file + its environment) and torn down.
     assert gone(pid), res.stderr
@@ -352,13 +349,13 @@ def test_the_epilog_health_check_runs_on_every_gpu_of_the_job(node: SimNode, gon
 
 
 # --- stale state ------------------------------------------------------------------------------
-def _crash(node: SimNode) -> dict[str, object]:
+def _crash(node: SimNode) -> dict[str, Any]:
     """A job whose daemon died without teardown: dirs, manifest, pid file and sockets stay."""
     m = start(node, "--gpus", "0")[0]
     os.kill(int(m["daemon_pid"]), signal.SIGKILL)
-    wait_for(lambda: gone(int(m["daemon_pid"])), what="the daemon to die")
-    assert (job_dir(node) / "g0" / "manifest.json").exists()
-    assert (job_dir(node) / "g0" / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+    wait_until(lambda: gone(int(m["daemon_pid"])), 60, "the daemon to die")
+    assert node.layout("j1").gpu("g0").manifest.exists()
+    assert node.layout("j1").gpu("g0").pid_file.exists()
     return m
 
 
@@ -367,7 +364,7 @@ def test_stale_state_of_a_crashed_job_is_cleared_by_the_next_start(node: SimNode
     new = start(node, "--gpus", "0")[0]
     assert new["daemon_pid"] != old["daemon_pid"]
     assert manifests(job_dir(node))["g0"]["daemon_pid"] == new["daemon_pid"]
-    assert len(daemons_of(job_dir(node) / "g0" / "pipe")) == 1
+    assert len(daemons_of(node.layout("j1").gpu("g0").pipe)) == 1
     assert stop(node).returncode == 0
     assert_nothing_left(node, job_dir(node))
 
@@ -387,7 +384,7 @@ def test_a_reused_daemon_pid_is_never_killed_and_the_stale_state_is_cleared(
     _crash(node)
     unrelated = subprocess.Popen(["sleep", "60"], text=True)
     procs.append(unrelated)
-    path = job_dir(node) / "g0" / "manifest.json"
+    path = node.layout("j1").gpu("g0").manifest
     manifest = json.loads(path.read_text())
     manifest["daemon_pid"] = unrelated.pid  # the dead daemon's PID, now someone else's
     manifest["daemon_start_time"] = psutil.Process(unrelated.pid).create_time() - 1000.0
@@ -444,10 +441,10 @@ def test_four_prologs_of_four_jobs_at_once_then_four_epilogs(node: SimNode) -> N
     assert [r[0] for r in results] == [0] * 4, [r[2] for r in results]
     pids = [m["daemon_pid"] for job in jobs for m in manifests(admin_job(node, job)).values()]
     assert len(pids) == len(set(pids)) == 8
-    assert all(not gone(int(p)) for p in pids)  # type: ignore[call-overload]
+    assert all(not gone(int(p)) for p in pids)
     results = hooks("epilog")
     assert [r[0] for r in results] == [0] * 4, [r[2] for r in results]
-    assert all(gone(int(p)) for p in pids)  # type: ignore[call-overload]
+    assert all(gone(int(p)) for p in pids)
     for job in jobs:
         assert not admin_job(node, job).exists()
     assert_nothing_left(node, node.run_dir / "n1")
@@ -466,26 +463,17 @@ def test_four_starts_of_the_same_job_at_once_give_one_daemon_per_gpu(
     argv = [sys.executable, "-m", "mpswrap", "start", *JOB, "--json"]
     env = node.env()
     if user:
-        argv = [
-            "runuser",
-            "-u",
-            user,
-            "--",
-            "env",
-            "-i",
-            *[f"{k}={v}" for k, v in env.items()],
-            *argv,
-        ]
+        argv = user_argv(user, argv, env)
     results = _together([argv] * 4, [env] * 4)
     assert [r[0] for r in results] == [0] * 4, [r[2] for r in results]
     seen = {tuple(m["daemon_pid"] for m in json.loads(r[1])) for r in results}
     assert len(seen) == 1, seen  # everyone got the same two daemons
-    base = (node.user_run_dir if user or os.geteuid() != 0 else node.run_dir) / "n1" / "j1"
+    layout = node.layout("j1", admin=None if user is None else False)
     for key in ("g0", "g1"):
-        assert len(daemons_of(base / key / "pipe")) == 1, key
+        assert len(daemons_of(layout.gpu(key).pipe)) == 1, key
     res = node.mpswrap("stop", *JOB, user=user)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert_nothing_left(node, base)
+    assert_nothing_left(node, layout.job_dir)
 
 
 # --- start-up faults ----------------------------------------------------------------------------

@@ -23,16 +23,17 @@ import pytest
 
 from mpswrap import _lock
 from mpswrap.errors import LockTimeout, MpswrapError
-from tests.functional.test_faults import REPO, admin_config, admin_job, daemons_of, manifests
-from tests.simenv import SimNode, ensure_test_user
+from tests.functional.test_faults import admin_config, admin_job, daemons_of, manifests
+from tests.simenv import SimNode
+from tests.tree import PACKAGE, REPO
+from tests.users import ensure_test_user, run_as
 
 pytestmark = [
     pytest.mark.functional,
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root and as the job user"),
 ]
-README = Path(REPO) / "slurm" / "README.md"
-RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
+README = REPO / "slurm" / "README.md"
 HOOK_NAMES = {"prolog": "prolog", "task prolog": "task_prolog", "epilog": "epilog"}
 
 
@@ -67,10 +68,13 @@ SAFE_PATH = "-P" if sys.version_info >= (3, 11) else ""
 
 
 def install_shims(
-    node: SimNode, name: str = "hooks", pythonpath: str = REPO, python: str | None = None
+    node: SimNode,
+    name: str = "hooks",
+    pythonpath: str = str(PACKAGE.parent),
+    python: str | None = None,
 ) -> Path:
-    """mpswrap/slurm/hook as install.sh installs it, on an interpreter that runs this tree's mpswrap
-    (or on ``python``)."""
+    """mpswrap/slurm/hook as install.sh installs it, on an interpreter that runs the mpswrap
+    of ``pythonpath``'s first directory (the one under test by default), or on ``python``."""
     dest = node.root / name
     dest.mkdir(mode=0o755)
     if python is None:
@@ -105,9 +109,11 @@ def conf(node: SimNode) -> Path:
 def run(
     shim: Path, env: dict[str, str], user: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    argv = [RUNUSER, "-u", user, "--", str(shim)] if user else [str(shim)]
+    """The shim with exactly ``env``, as root or as ``user``."""
+    if user:
+        return run_as(user, [str(shim)], env, cwd="/")
     return subprocess.run(
-        argv, env=env, cwd="/", text=True, capture_output=True, timeout=120, check=False
+        [str(shim)], env=env, cwd="/", text=True, capture_output=True, timeout=120, check=False
     )
 
 
@@ -190,7 +196,7 @@ def test_a_gpu_named_twice_gets_one_daemon_in_seconds(
     assert took < 10, f"{took:.1f} s: waited on a lock of its own?"
     assert sorted(manifests(admin_job(node))) == ["g0", "g1"]
     for key in ("g0", "g1"):
-        assert len(daemons_of(admin_job(node) / key / "pipe")) == 1, key
+        assert len(daemons_of(node.layout("101", admin=True).gpu(key).pipe)) == 1, key
     end(node, hooks)
 
 
@@ -266,7 +272,7 @@ def test_a_task_of_a_real_step_gets_its_exports_and_the_batch_step_none(
     res = run(hooks / "task_prolog", task_env(node), user=user)
     expect("task-exports", "task_prolog", res)
     found = dict(ln.removeprefix("export ").split("=", 1) for ln in res.stdout.splitlines())
-    assert found["CUDA_MPS_PIPE_DIRECTORY"] == str(admin_job(node) / "g0" / "pipe")
+    assert found["CUDA_MPS_PIPE_DIRECTORY"] == str(node.layout("101", admin=True).gpu("g0").pipe)
     # A step GPU named by its UUID (as gres.conf UniqueId makes Slurm write) finds it too.
     uuid = str(manifests(admin_job(node))["g1"]["gpu_uuid"])
     res = run(hooks / "task_prolog", task_env(node, SLURM_STEP_GPUS=uuid), user=user)
@@ -374,7 +380,7 @@ def inject(node: SimNode, target: str) -> str:
         f"setattr(importlib.import_module({module!r}), {attribute!r}, boom)\n"
     )
     os.chmod(where / "sitecustomize.py", 0o644)
-    return f"{REPO}:{where}"
+    return f"{PACKAGE.parent}:{where}"
 
 
 @pytest.mark.parametrize("level", ["info", "debug"])
@@ -469,9 +475,7 @@ def test_the_shim_runs_no_interpreter_or_package_another_user_can_change(
     epilog, before root runs anything of them: one line naming the level, and the contract."""
     admin_config(node, prolog_failure="continue", epilog_failure="drain")
     site = node.root / "site"
-    shutil.copytree(
-        Path(REPO) / "mpswrap", site / "mpswrap", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(PACKAGE, site / "mpswrap", ignore=shutil.ignore_patterns("__pycache__"))
     hooks = install_shims(node, pythonpath=str(site))
     changed = {
         "interpreter": hooks / "python",

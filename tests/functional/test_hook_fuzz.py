@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.functional.test_faults import REPO, admin_config
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.functional.test_faults import admin_config
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.tree import REPO
+from tests.users import ensure_test_user
 
 pytestmark = [
     pytest.mark.functional,
@@ -62,7 +64,7 @@ def _snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
 
 def _hook(node: SimNode, hook: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM", "CUDA"))}
-    base.update(MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"), PYTHONPATH=REPO)
+    base.update(MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"), PYTHONPATH=str(REPO))
     base.update(env)
     return subprocess.run(
         [sys.executable, "-m", "mpswrap", hook],

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.functional.test_faults import admin_config, gone, manifests, slurm_hook
-from tests.functional.test_security import as_user, ensure_other_user, tree
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.functional.test_security import tree
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.users import ensure_other_user, ensure_test_user, run_as
 
 pytestmark = [
     pytest.mark.functional,
@@ -112,7 +113,7 @@ def _make_unsafe(site: Site, level: str, how: str) -> None:
 
 def _swap(site: Site, user: str, path: Path, target: Path) -> None:
     """``user`` moves ``path`` aside and puts a link to ``target`` in its place."""
-    res = as_user(user, ["sh", "-c", f"mv {path} {path}.old && ln -s {target} {path}"])
+    res = run_as(user, ["sh", "-c", f"mv {path} {path}.old && ln -s {target} {path}"])
     assert res.returncode == 0, res.stderr
     assert path.is_symlink()
 
@@ -126,7 +127,7 @@ def _refused(stderr: str, path: Path) -> list[str]:
 
 
 def _daemons(site: Site) -> list[int]:
-    pids = [int(m["daemon_pid"]) for m in manifests(site.level("job")).values()]  # type: ignore[call-overload]
+    pids = [int(m["daemon_pid"]) for m in manifests(site.level("job")).values()]
     assert pids and not any(gone(pid) for pid in pids)
     return pids
 
@@ -156,7 +157,7 @@ def test_the_prolog_refuses_a_level_another_user_controls_and_starts_nothing(
 
 def _swap_in(site: Site, path: Path, target: Path) -> None:
     """The other user puts a link where the prolog will look (nothing is there yet)."""
-    res = as_user(site.other.pw_name, ["ln", "-s", str(target), str(path)])
+    res = run_as(site.other.pw_name, ["ln", "-s", str(target), str(path)])
     assert res.returncode == 0, res.stderr
 
 
@@ -206,7 +207,7 @@ def test_the_epilog_never_follows_a_link_in_the_job_tree_and_ends_the_daemon(
     path = {"job": job / "g0", "gpu": job / "g0", "pipe": job / "g0" / "pipe",
             "log": job / "g0" / "log"}[level]  # fmt: skip
     if level == "job":
-        assert as_user(site.job_user.pw_name, ["chmod", "777", str(job)]).returncode == 0
+        assert run_as(site.job_user.pw_name, ["chmod", "777", str(job)]).returncode == 0
     user = site.other if attacker == "other" else site.job_user
     _swap(site, user.pw_name, path, site.sentinel / path.relative_to(site.run))
     before = tree(site.sentinel)
@@ -248,7 +249,7 @@ def test_a_planted_fifo_or_link_never_stalls_or_feeds_the_epilog(
     plant = {"fifo": f"mkfifo {path}", "dev-zero": f"ln -s /dev/zero {path}",
              "root-file": f"ln -s {secret} {path}"}[kind]  # fmt: skip
     gone_too = site.level("job") / PLANTED["manifest.json"] if name == "pid file" else path
-    res = as_user(site.job_user.pw_name, ["sh", "-c", f"rm -f {path} {gone_too} && {plant}"])
+    res = run_as(site.job_user.pw_name, ["sh", "-c", f"rm -f {path} {gone_too} && {plant}"])
     assert res.returncode == 0, res.stderr
     took = time.monotonic()
     try:

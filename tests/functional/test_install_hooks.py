@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.simenv import ensure_test_user
+from tests.users import ensure_test_user
 
 pytestmark = [
     pytest.mark.functional,

@@ -16,14 +16,14 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.simenv import SimNode, ensure_test_user
+from tests.simenv import SimNode
+from tests.users import ensure_test_user
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -43,13 +43,6 @@ def end_run(proc: subprocess.Popen[str]) -> tuple[str, str]:
         except ProcessLookupError:
             pass
         return proc.communicate(timeout=30)
-
-
-def wait_for(what: Callable[[], bool], timeout: float = 30, message: str = "timed out") -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.1)
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -95,7 +88,7 @@ def client_pids(status: dict[str, Any]) -> list[int]:
 
 
 def status_json(node: SimNode, *args: str, **env: str) -> dict[str, Any]:
-    res = node.run("status", "--json", *args, **env)
+    res = node.run("status", "--json", *args, **env)  # type: ignore[arg-type]
     data: dict[str, Any] = json.loads(res.stdout)
     # 0: all healthy; 3: e.g. a daemon still starting (no manifest yet); 4: no jobs.
     assert res.returncode == (4 if not data["jobs"] else res.returncode), res.stderr
@@ -109,7 +102,7 @@ def test_run_without_job_is_listed_and_stopped_as_run_pid(node: SimNode) -> None
     proc = node.start("run", "-n", "2", "--", "sh", "-c", f"exec {client(node, rec, 30)}")
     job = f"run-{proc.pid}"
     try:
-        wait_for(lambda: started(rec) == 2, message="the run's clients did not start")
+        wait_until(lambda: started(rec) == 2, 30, "the run's clients did not start")
 
         res = node.run("status")
         assert res.returncode == 0, res.stderr
@@ -147,11 +140,14 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
     first = node.start("run", "-n", "2", "--job", "cap", "--gpus", "0", "--",
                   "sh", "-c", f"exec {client(node, rec, 30)}", **limit)  # fmt: skip
     try:
-        wait_for(lambda: len(client_pids(status_json(node, "--job", "cap", **limit))) == 2,
-                 message="the first run's 2 clients were not listed")  # fmt: skip
+        wait_until(
+            lambda: len(client_pids(status_json(node, "--job", "cap", **limit))) == 2,
+            30,
+            "the first run's 2 clients to be listed",
+        )
 
         second = node.run("run", "-n", "2", "--job", "cap", "--gpus", "0", "--", "sh", "-c",
-                     f"touch {marker}; exec {client(node, rec, 1)}", **limit)  # fmt: skip
+                     f"touch {marker}; exec {client(node, rec, 1)}", **limit)  # type: ignore[arg-type]  # fmt: skip
         assert not marker.exists(), "a rank of the second run was started"
         assert second.returncode == 1, second.stderr
         assert "limit 3" in second.stderr, second.stderr

@@ -25,7 +25,9 @@ import psutil
 import pytest
 
 from mpswrap import _proc
-from tests.simenv import SimNode, ensure_test_user
+from tests.simenv import SimNode
+from tests.users import ensure_test_user
+from tests.waits import sh_wait_for_records, wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -45,13 +47,6 @@ def records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def wait_for(what: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def client(node: SimNode, rec: Path, seconds: float, tag: str = "$MPSWRAP_RANK") -> list[str]:
@@ -89,11 +84,17 @@ def test_run_cyclic_alternates_gpus(node: SimNode) -> None:
     assert keys == {"0": "g0", "1": "g1", "2": "g0"}
 
 
+def _rank_1_fails_once_the_others_are_clients(node: SimNode, rec: Path) -> list[str]:
+    """``sh -c`` of 3 ranks: 0 and 2 are clients for a minute, 1 exits 3 once they started."""
+    fail = sh_wait_for_records(rec, "start", 2) + "exit 3"
+    client = f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"'
+    return ["sh", "-c", f'if [ "$MPSWRAP_RANK" = 1 ]; then {fail}; fi; {client}']
+
+
 def test_run_first_failing_rank_ends_the_others_through_terminate_client(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 1.5; exit 3; fi; '
-              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
-    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    script = _rank_1_fails_once_the_others_are_clients(node, rec)
+    res = node.run("run", "-n", "3", "--grace", "5", "--", *script)
     assert res.returncode == 3, res.stderr
     ends = by_tag(records(rec), "end")
     assert {t: r["reason"] for t, r in ends.items()} == {"0": "terminated", "2": "terminated"}
@@ -103,7 +104,7 @@ def test_run_first_failing_rank_ends_the_others_through_terminate_client(node: S
 def test_run_sigterm_to_every_process_ends_clients_cleanly(node: SimNode) -> None:
     rec = node.root / "rec.json"
     proc = node.start("run", "-n", "3", "--grace", "5", "--", *client(node, rec, 60))
-    wait_for(lambda: len(by_tag(records(rec), "start")) == 3)
+    wait_until(lambda: len(by_tag(records(rec), "start")) == 3, 30, "3 clients to start")
     assert signal_tree(proc, signal.SIGTERM) >= 4
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -117,10 +118,10 @@ def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> Non
     ranks through terminate_client."""
     rec = node.root / "rec.json"
     proc = node.start("run", "-n", "2", "--grace", "5", "--", *client(node, rec, 60))
-    wait_for(lambda: len(by_tag(records(rec), "start")) == 2)
+    wait_until(lambda: len(by_tag(records(rec), "start")) == 2, 30, "2 clients to start")
     proc.kill()  # the supervisor alone
     proc.communicate(timeout=30)
-    wait_for(lambda: len(by_tag(records(rec), "end")) == 2)
+    wait_until(lambda: len(by_tag(records(rec), "end")) == 2, 30, "2 clients to end")
     ends = by_tag(records(rec), "end")
     assert sorted(r["reason"] for r in ends.values()) == ["terminated"] * 2, ends
 
@@ -185,13 +186,11 @@ def test_run_as_a_regular_user(node: SimNode) -> None:
 
 
 # --- per-rank mode ---------------------------------------------------------------------
-RANK1_OF_2 = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-
-
 def test_rank_mode_uses_the_innermost_launcher_rank(node: SimNode) -> None:
     rec = node.root / "rec.json"
     res = node.run("--job", "t1", "--", *client(node, rec, 0.2, tag="x"),
-              SLURM_LOCALID="0", **RANK1_OF_2)  # fmt: skip
+              SLURM_LOCALID="0", OMPI_COMM_WORLD_LOCAL_RANK="1",
+              OMPI_COMM_WORLD_LOCAL_SIZE="2")  # fmt: skip
     assert res.returncode == 0, res.stderr
     (start_rec,) = [r for r in records(rec) if r["event"] == "start"]
     assert Path(start_rec["pipe"]).parent.name == "g1"
@@ -208,7 +207,7 @@ def test_rank_mode_passes_exit_codes_through(node: SimNode) -> None:
 def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> None:
     rec = node.root / "rec.json"
     proc = node.start("--job", "t3", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
-    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    wait_until(lambda: by_tag(records(rec), "start"), 30, "the client to start")
     signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
@@ -218,10 +217,10 @@ def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> Non
 def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimNode) -> None:
     rec = node.root / "rec.json"
     proc = node.start("--job", "t3k", "--grace", "5", "--", *client(node, rec, 60, tag="r"))
-    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    wait_until(lambda: by_tag(records(rec), "start"), 30, "the client to start")
     proc.kill()  # the supervisor alone: its child ignores SIGTERM and outlives it
     proc.communicate(timeout=30)
-    wait_for(lambda: "r" in by_tag(records(rec), "end"))
+    wait_until(lambda: "r" in by_tag(records(rec), "end"), 30, "the client to end")
     assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
 
 
@@ -231,7 +230,7 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     watchdog ends them by the identities it saw."""
     rec = node.root / "rec.json"
     proc = node.start("--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
-    wait_for(lambda: bool(by_tag(records(rec), "start")))
+    wait_until(lambda: by_tag(records(rec), "start"), 30, "the client to start")
     job_dir = next(node.user_run_dir.glob("*/gone"))
     daemons = [psutil.Process(json.loads(m.read_text())["daemon_pid"])
                for m in job_dir.glob("g*/manifest.json")]  # fmt: skip
@@ -245,6 +244,33 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     # the watchdog.
     assert not job_dir.exists()
     assert "teardown not run (job directory gone)" in err, err
+
+
+def _in_sleep(pid: int) -> int | None:
+    """Which of its sleeps the process is in, numbered by its voluntary context switches so
+    far (each sleep adds one), or None while it is not asleep."""
+    proc = psutil.Process(pid)
+    before = proc.num_ctx_switches().voluntary
+    asleep = proc.status() == psutil.STATUS_SLEEPING
+    return before if asleep and proc.num_ctx_switches().voluntary == before else None
+
+
+def _looked_again(watchdog: subprocess.Popen[bytes]) -> Callable[[], bool]:
+    """Whether the watchdog has looked at its processes again since this call (or exited).
+
+    It sleeps between two looks: seen asleep, then seen in a later sleep, it woke from the
+    first after this call and looked, whole, before the second."""
+    first: list[int] = []
+
+    def looked() -> bool:
+        if watchdog.poll() is not None:
+            return True
+        sleep = _in_sleep(watchdog.pid)
+        if sleep is not None and not first:
+            first.append(sleep)
+        return sleep is not None and sleep > first[0]
+
+    return looked
 
 
 def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(
@@ -274,7 +300,7 @@ def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(
         watchdog = stack.enter_context(subprocess.Popen(argv))
         stack.callback(watchdog.kill)
         for gone in (owner, client):
-            time.sleep(2)
+            wait_until(_looked_again(watchdog), 30, f"the watchdog to look while {gone.pid} runs")
             assert daemon.poll() is None and watchdog.poll() is None, f"killed before {gone.pid}"
             gone.kill()
         assert watchdog.wait(timeout=30) == 0
@@ -283,17 +309,18 @@ def test_a_watchdog_that_starts_after_its_directory_went_still_ends_the_daemons(
 
 def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> None:
     marker = tmp_path / "usr1"
-    program = (
-        "import signal, sys, time\n"
-        f"signal.signal(signal.SIGUSR1, lambda *a: open({str(marker)!r}, 'w').write('1'))\n"
+    program = (  # ends once it got SIGUSR1 (or after 20 s without)
+        "import signal\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n"
         f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
-        "time.sleep(3)\n"
+        "if signal.sigtimedwait([signal.SIGUSR1], 20):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
     )
     proc = node.start("--job", "t4", "--", sys.executable, "-c", program)
-    wait_for((tmp_path / "ready").exists)
+    wait_until((tmp_path / "ready").exists, 30, "the child to be ready")
     os.kill(proc.pid, signal.SIGUSR1)  # the supervisor only: it must pass it on
-    proc.communicate(timeout=30)
-    assert marker.exists()
+    proc.communicate(timeout=60)
+    assert marker.exists(), "the child never got SIGUSR1"
     assert proc.returncode == 0  # USR1 is not a reason to fail
 
 
@@ -398,7 +425,7 @@ def test_run_says_when_ranks_run_without_mps(
     program = ["env", "CUDA_MPS_PIPE_DIRECTORY=/nonexistent", node.client, "--seconds", "4",
                "--record", str(rec)]  # fmt: skip
     res = node.run("run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--",
-                   *program, **env)  # fmt: skip
+                   *program, **env)  # type: ignore[arg-type]  # fmt: skip
     assert res.returncode == code, res.stderr
     assert {r["mode"] for r in records(rec) if r["event"] == "start"} == {"non-mps"}
     not_client = re.findall(r"^mpswrap: rank (\d) is not an MPS client \(pid \d+, pipe "
@@ -418,9 +445,10 @@ def test_run_says_when_ranks_run_without_mps(
 
 def test_run_summary_counts_exit_codes_and_terminated_clients(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then sleep 2; exit 3; fi; '
-              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
-    res = node.run("run", "-n", "3", "--grace", "5", "--", "sh", "-c", script)
+    script = _rank_1_fails_once_the_others_are_clients(node, rec)
+    started = time.monotonic()
+    res = node.run("run", "-n", "3", "--grace", "5", "--", *script)
+    took = time.monotonic() - started
     assert res.returncode == 3, res.stderr
     assert sorted(r["reason"] for r in by_tag(records(rec), "end").values()) == ["terminated"] * 2
     assert "is not an MPS client" not in res.stderr  # rank 1 ended before the timeout
@@ -428,7 +456,7 @@ def test_run_summary_counts_exit_codes_and_terminated_clients(node: SimNode) -> 
     assert host == os.uname().nodename
     assert (ranks, seen, codes, ended, teardown) == (
         "3", "2 attached (1 not seen)", "1 (2), 3 (1)", "2", "clean"), res.stderr  # fmt: skip
-    assert 2.0 <= float(seconds) < 60
+    assert 0 < float(seconds) <= took  # the run's own time
     assert res.stderr.rstrip().endswith(" s"), "the summary is the run's last word"
 
 

@@ -168,19 +168,18 @@ def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
     old.write_text("{}")
     os.utime(old, (time.time() - 40 * 86400,) * 2)  # past log_archive_days (30)
     (archive / "notes.txt").write_text("an admin's file")
-    settings = {"MPSWRAP_LOG_ARCHIVE": str(archive)}
-    assert node.run("start", "--job", "rec", **settings).returncode == 0
+    assert node.run("start", "--job", "rec", MPSWRAP_LOG_ARCHIVE=str(archive)).returncode == 0
     g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/rec/g0"))
     faulty = _clients(node, g0, [["--seconds", "60", "--fault-after", "0.3"]])
     faulty[0].wait(timeout=30)  # the fault ends the clients of that server, this one first
     clients = _clients(node, g0, [["--seconds", "60"]] * 4)
     try:
         _listed_in(node, "rec", 4)
-        assert node.run("stop", "--job", "rec", **settings).returncode == 0
+        assert node.run("stop", "--job", "rec", MPSWRAP_LOG_ARCHIVE=str(archive)).returncode == 0
     finally:
         for c in clients:
             c.wait(timeout=30)
-    out = node.run("report", "rec", "--json", **settings)
+    out = node.run("report", "rec", "--json", MPSWRAP_LOG_ARCHIVE=str(archive))
     assert out.returncode == 0, out.stderr
     records = json.loads(out.stdout)
     assert [r["gpu"] for r in records] == ["g0", "g1"]
@@ -191,13 +190,13 @@ def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
     assert rec["killed"] == [] and rec["leftovers"] == []
     assert [f["reported_by"] for f in rec["faults"]] == [[faulty[0].pid]]
     assert rec["user"] and rec["gpu_uuid"].startswith("GPU-") and rec["job"] == "rec"
-    text = node.run("report", "rec", **settings)
+    text = node.run("report", "rec", MPSWRAP_LOG_ARCHIVE=str(archive))
     assert "5 client(s) seen" in text.stdout and "fault at" in text.stdout, text.stdout
     assert not old.exists() and (archive / "notes.txt").exists(), "pruned by age, ours only"
     assert sorted(p.name for p in archive.glob("*-rec-g0-*")) == [
         f"{g0.parent.parent.name}-rec-g0-{n}" for n in ("control.log", "record.json", "server.log")
     ]
-    none = node.run("report", "other", **settings)
+    none = node.run("report", "other", MPSWRAP_LOG_ARCHIVE=str(archive))
     assert none.returncode == 4 and "no record of job other" in none.stderr
     unset = node.run("report", "rec")
     assert unset.returncode == 2 and "no log_archive is set" in unset.stderr

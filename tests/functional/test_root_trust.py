@@ -30,8 +30,10 @@ from hypothesis import strategies as st
 
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.functional.test_hook_fuzz import FUZZ
-from tests.functional.test_security import as_user, ensure_other_user, spawn_as, tree
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.functional.test_security import tree
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.tree import REPO
+from tests.users import basics, ensure_other_user, ensure_test_user, run_as, spawn_as
 
 pytestmark = [
     pytest.mark.functional,
@@ -52,7 +54,7 @@ def _evil(node: SimNode, owner: str) -> tuple[Path, Path]:
     home.mkdir(mode=0o755)
     os.chown(home, _user(owner).pw_uid, _user(owner).pw_gid)
     program, mark = home / "evil.sh", home / "ran"
-    made = as_user(
+    made = run_as(
         owner,
         [
             "sh",
@@ -92,7 +94,7 @@ def test_root_never_reads_an_admin_file_another_user_can_change(node: SimNode, h
         path.chmod(0o666)
     edit = f"cp {path} {path}.new && echo 'control_binary = {program}' >>{path}.new"
     put = f"cat {path}.new >{path} 2>/dev/null || mv -f {path}.new {path}"  # write, or replace
-    assert as_user(other, ["sh", "-c", f"{edit} && {{ {put}; }}"]).returncode == 0
+    assert run_as(other, ["sh", "-c", f"{edit} && {{ {put}; }}"]).returncode == 0
     start = slurm_hook(node, "prolog", MPSWRAP_CONFIG=str(path))
     assert start.returncode == 0, start.stderr  # the defaults: prolog_failure = continue
     (line,) = [ln for ln in start.stderr.splitlines() if REFUSED in ln]
@@ -115,13 +117,9 @@ def _config(node: SimNode, path: Path, user: str | None) -> subprocess.Completed
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "PYTHONPATH": _repo()},
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
-    return as_user(user, argv, PYTHONPATH=_repo())
-
-
-def _repo() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return run_as(user, argv, basics(PYTHONPATH=str(REPO)))
 
 
 def _control_copy(node: SimNode, how: str) -> Path:
@@ -171,12 +169,11 @@ def test_another_users_process_naming_a_job_path_is_never_ended_or_blamed(node: 
     directories (in the environment, and on the command line) before it exists. The job's
     epilog ends what is the job's, names the squatters in a warning, and exits 0."""
     other = ensure_other_user()
-    job = admin_job(node)
+    job = node.layout("101", admin=True)
+    g0, g1 = str(job.gpu("g0").pipe), str(job.gpu("g1").pipe)
     squatters = [
-        spawn_as(other, ["sleep", "300"], CUDA_MPS_PIPE_DIRECTORY=f"{job}/g0/pipe"),
-        spawn_as(
-            other, ["/usr/bin/python3", "-c", "import time; time.sleep(301)", f"{job}/g1/pipe"]
-        ),
+        spawn_as(other, ["sleep", "300"], CUDA_MPS_PIPE_DIRECTORY=g0),
+        spawn_as(other, ["/usr/bin/python3", "-c", "import time; time.sleep(301)", g1]),
     ]
     try:
         admin_config(node, epilog_failure="drain")
@@ -188,7 +185,7 @@ def test_another_users_process_naming_a_job_path_is_never_ended_or_blamed(node: 
         for squatter in squatters:
             assert re.search(rf"not this job's: {squatter.pid} \(", end.stderr), end.stderr
         assert all(gone(pid) for pid in pids)
-        assert not job.exists()
+        assert not job.job_dir.exists()
     finally:
         for squatter in squatters:
             squatter.kill()
@@ -219,7 +216,7 @@ def test_a_link_to_another_jobs_control_socket_never_carries_roots_commands(
         pids = _daemons(node)
         control = admin_job(node) / "g0" / "pipe" / "control"
         link = f"rm -f {control} && ln -s {theirs / 'pipe' / 'control'} {control}"
-        assert as_user(user, ["sh", "-c", link]).returncode == 0
+        assert run_as(user, ["sh", "-c", link]).returncode == 0
         log_before = (theirs / "log" / "control.log").read_text()
         end = slurm_hook(node, "epilog", gpus="0")
         assert end.returncode == 0, end.stderr
@@ -255,9 +252,9 @@ def test_a_lock_file_the_job_user_plants_never_stops_the_epilog(
         "directory": f"mkdir {path}",
         "fifo": f"mkfifo {path}",
     }[kind]
-    assert as_user(user, ["sh", "-c", f"rm -f {path} && {plant}"]).returncode == 0
+    assert run_as(user, ["sh", "-c", f"rm -f {path} && {plant}"]).returncode == 0
     locks = node.run_dir / ".locks"
-    assert as_user(user, ["ls", str(locks)]).returncode != 0, "root's locks are open to the user"
+    assert run_as(user, ["ls", str(locks)]).returncode != 0, "root's locks are open to the user"
     before = tree(secret)
     end = slurm_hook(node, "epilog", timeout=60)
     assert end.returncode == 0, end.stderr
@@ -408,9 +405,9 @@ def _hostile_round(
     elif case["config"] != "ok":
         path.chmod(int(str(case["config"]), 8))
     if case["config"] != "ok":
-        as_user(other, ["sh", "-c", f"echo 'control_binary = {program}' >>{path}"])
+        run_as(other, ["sh", "-c", f"echo 'control_binary = {program}' >>{path}"])
     if case["squatter"]:
-        pipe = f"{admin_job(node)}/g0/pipe"
+        pipe = str(node.layout("101", admin=True).gpu("g0").pipe)
         squatters.append(spawn_as(other, ["sleep", "302"], CUDA_MPS_PIPE_DIRECTORY=pipe))
     start = slurm_hook(node, "prolog")
     assert start.returncode == 0, (case, start.stderr)
@@ -421,7 +418,7 @@ def _hostile_round(
             "directory": f"mkdir {target}",
             "fifo": f"mkfifo {target}",
         }[str(case["plant"])]
-        as_user(ensure_test_user(), ["sh", "-c", f"rm -f {target} && {plant}"])
+        run_as(ensure_test_user(), ["sh", "-c", f"rm -f {target} && {plant}"])
     for res in _at_once(node, ["epilog"] * int(str(case["epilogs"]))):
         assert res.returncode == 0, (case, res.stderr)
         assert "Traceback" not in res.stderr, (case, res.stderr)

@@ -17,26 +17,21 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
-from tests.simenv import SimNode, ensure_test_user, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.tree import PACKAGE
+from tests.users import basics, ensure_other_user, ensure_test_user, run_as, spawn_as
 
 pytestmark = [
     pytest.mark.functional,
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: two real users"),
 ]
-OTHER_USER = "mpswtest2"
-PACKAGE = Path(__file__).resolve().parents[2] / "mpswrap"
-
-
-def ensure_other_user() -> str:
-    if subprocess.run(["id", OTHER_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", OTHER_USER], check=True)
-    return OTHER_USER
 
 
 @pytest.fixture
@@ -48,42 +43,19 @@ def node() -> Iterator[SimNode]:
     assert not left, f"left behind: {left}"
 
 
+#: (A, B): the job's user and another user of the node.
+Users = tuple[pwd.struct_passwd, pwd.struct_passwd]
+
+
 @pytest.fixture
-def users() -> tuple[pwd.struct_passwd, pwd.struct_passwd]:
+def users() -> Users:
     """(A, B): the job's user and another user of the node."""
     return pwd.getpwnam(ensure_test_user()), pwd.getpwnam(ensure_other_user())
 
 
-def as_user(
-    user: str, argv: list[str], *, input: str | None = None, **env: str
-) -> subprocess.CompletedProcess[str]:
-    clean = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **env}
-    return subprocess.run(
-        ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in clean.items()], *argv],
-        input=input,
-        text=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def spawn_as(user: str, argv: list[str], **env: str) -> subprocess.Popen[str]:
-    """Start argv as user directly (no runuser in between: its PID is the program's)."""
-    entry = pwd.getpwnam(user)
-    return subprocess.Popen(
-        argv,
-        env={"PATH": "/usr/bin:/bin", **env},
-        user=entry.pw_uid,
-        group=entry.pw_gid,
-        extra_groups=[],
-        cwd="/",
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def prolog(node: SimNode, user: str, job: str = "101", gpus: str = "0,1") -> dict[str, dict]:
+def prolog(
+    node: SimNode, user: str, job: str = "101", gpus: str = "0,1"
+) -> dict[str, dict[str, Any]]:
     res = slurm_hook(node, "prolog", job=job, user=user, gpus=gpus)
     assert res.returncode == 0, res.stderr
     found = manifests(admin_job(node, job))
@@ -92,17 +64,14 @@ def prolog(node: SimNode, user: str, job: str = "101", gpus: str = "0,1") -> dic
 
 
 def pipe_env(node: SimNode, job: str, key: str = "g0") -> dict[str, str]:
-    dirs = admin_job(node, job) / key
-    return {
-        "CUDA_MPS_PIPE_DIRECTORY": str(dirs / "pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(dirs / "log"),
-    }
+    dirs = node.layout(job, admin=True).gpu(key)
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe), "CUDA_MPS_LOG_DIRECTORY": str(dirs.log)}
 
 
 def control_as(
     node: SimNode, user: str, job: str, command: str, key: str = "g0"
 ) -> subprocess.CompletedProcess[str]:
-    return as_user(user, [node.control], input=command + "\n", **pipe_env(node, job, key))
+    return run_as(user, [node.control], basics(**pipe_env(node, job, key)), input=command + "\n")
 
 
 def tree(path: Path) -> dict[str, tuple[int, int, int, bytes]]:
@@ -126,7 +95,7 @@ def decoy(tmp: Path) -> Path:
 
 
 # --- ownership ------------------------------------------------------------------------------
-def test_prolog_makes_job_dirs_owned_by_the_job_user_0700(node: SimNode, users) -> None:
+def test_prolog_makes_job_dirs_owned_by_the_job_user_0700(node: SimNode, users: Users) -> None:
     a, _ = users
     prolog(node, a.pw_name)
     for path in (node.run_dir, node.run_dir / "n1"):
@@ -143,7 +112,9 @@ def test_prolog_makes_job_dirs_owned_by_the_job_user_0700(node: SimNode, users) 
     assert slurm_hook(node, "epilog", user=a.pw_name).returncode == 0
 
 
-def test_daemons_and_servers_run_as_the_job_user_never_root(node: SimNode, users, procs) -> None:
+def test_daemons_and_servers_run_as_the_job_user_never_root(
+    node: SimNode, users: Users, procs: list[subprocess.Popen[str]]
+) -> None:
     a, _ = users
     found = prolog(node, a.pw_name)
     for m in found.values():
@@ -163,7 +134,7 @@ def test_daemons_and_servers_run_as_the_job_user_never_root(node: SimNode, users
     rank.communicate(timeout=30)
 
 
-def test_daemons_are_never_multi_user(node: SimNode, users) -> None:
+def test_daemons_are_never_multi_user(node: SimNode, users: Users) -> None:
     """Multi-user MPS (-multiuser-server, -M) lets one user's fault kill another's clients:
     mpswrap never starts it; each daemon is started as exactly ``<control> -d``."""
     a, _ = users
@@ -180,7 +151,9 @@ def test_daemons_are_never_multi_user(node: SimNode, users) -> None:
 @pytest.mark.parametrize(
     "command", ["get_server_list", "quit", "get_default_active_thread_percentage"]
 )
-def test_another_user_cannot_query_or_quit_the_daemon(node: SimNode, users, command: str) -> None:
+def test_another_user_cannot_query_or_quit_the_daemon(
+    node: SimNode, users: Users, command: str
+) -> None:
     a, b = users
     found = prolog(node, a.pw_name, gpus="0")
     res = control_as(node, b.pw_name, "101", command)
@@ -195,10 +168,12 @@ def test_another_user_cannot_query_or_quit_the_daemon(node: SimNode, users, comm
     assert slurm_hook(node, "epilog", user=a.pw_name, gpus="0").returncode == 0
 
 
-def test_another_users_client_runs_without_mps_and_is_not_listed(node: SimNode, users) -> None:
+def test_another_users_client_runs_without_mps_and_is_not_listed(
+    node: SimNode, users: Users
+) -> None:
     a, b = users
     prolog(node, a.pw_name, gpus="0")
-    res = as_user(b.pw_name, [node.client, "--seconds", "0.5"], **pipe_env(node, "101"))
+    res = run_as(b.pw_name, [node.client, "--seconds", "0.5"], basics(**pipe_env(node, "101")))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "mode=non-mps" in res.stdout, res.stdout
     intruder = int(res.stdout.split()[1])
@@ -209,13 +184,15 @@ def test_another_users_client_runs_without_mps_and_is_not_listed(node: SimNode, 
     assert slurm_hook(node, "epilog", user=a.pw_name, gpus="0").returncode == 0
 
 
-def test_another_user_cannot_stop_or_read_the_job_through_mpswrap(node: SimNode, users) -> None:
+def test_another_user_cannot_stop_or_read_the_job_through_mpswrap(
+    node: SimNode, users: Users
+) -> None:
     a, b = users
     found = prolog(node, a.pw_name, gpus="0")
     env = {k: v for k, v in node.env().items() if k.startswith("MPSWRAP_")}
     job = ["--job", "101", "--node", "n1", "--run-dir", str(node.run_dir)]
     for command in ("stop", "status"):
-        res = as_user(b.pw_name, [sys.executable, "-m", "mpswrap", command, *job], **env)
+        res = run_as(b.pw_name, [sys.executable, "-m", "mpswrap", command, *job], basics(**env))
         assert res.returncode == 1, (command, res.stdout, res.stderr)
         assert "Traceback" not in res.stderr, res.stderr
         lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("hint: ")]
@@ -227,7 +204,7 @@ def test_another_user_cannot_stop_or_read_the_job_through_mpswrap(node: SimNode,
 
 # --- the job's own user against the root epilog -----------------------------------------------
 def test_a_forged_manifest_cannot_make_the_epilog_kill_another_process(
-    node: SimNode, users, procs
+    node: SimNode, users: Users, procs: list[subprocess.Popen[str]]
 ) -> None:
     a, _ = users
     prolog(node, a.pw_name, gpus="0")
@@ -239,7 +216,7 @@ def test_a_forged_manifest_cannot_make_the_epilog_kill_another_process(
     forged["daemon_start_time"] = psutil.Process(victim.pid).create_time()  # readable by all
     forged["servers"] = [{"pid": victim.pid, "start_time": forged["daemon_start_time"]}]
     # The job user owns g0/, so the job user can replace the manifest.
-    as_user(
+    run_as(
         a.pw_name,
         ["sh", "-c", f"cat > {path}.new && mv {path}.new {path}"],
         input=json.dumps(forged),
@@ -255,28 +232,30 @@ def test_a_forged_manifest_cannot_make_the_epilog_kill_another_process(
 
 
 def test_a_symlinked_user_mode_job_dir_cannot_make_the_epilog_touch_another_job(
-    node: SimNode, users
+    node: SimNode, users: Users
 ) -> None:
     a, b = users
     theirs = prolog(node, b.pw_name, job="999", gpus="0")  # another user's job on the node
     before = tree(admin_job(node, "999"))
     # A plants its user-mode job directory for job 101 as a link to B's job directory.
     mine = node.user_run_dir / "n1"
-    as_user(a.pw_name, ["mkdir", "-p", "-m", "700", str(mine)])
-    as_user(a.pw_name, ["ln", "-s", str(admin_job(node, "999")), str(mine / "101")])
+    run_as(a.pw_name, ["mkdir", "-p", "-m", "700", str(mine)])
+    run_as(a.pw_name, ["ln", "-s", str(admin_job(node, "999")), str(mine / "101")])
     slurm_hook(node, "epilog", user=a.pw_name, job="101", gpus="0")
     assert not gone(int(theirs["g0"]["daemon_pid"])), "another job's daemon was stopped"
     assert tree(admin_job(node, "999")) == before
     assert slurm_hook(node, "epilog", user=b.pw_name, job="999", gpus="0").returncode == 0
 
 
-def test_a_symlinked_gpu_dir_cannot_make_the_epilog_touch_another_job(node: SimNode, users) -> None:
+def test_a_symlinked_gpu_dir_cannot_make_the_epilog_touch_another_job(
+    node: SimNode, users: Users
+) -> None:
     a, b = users
     theirs = prolog(node, b.pw_name, job="999", gpus="0")
     prolog(node, a.pw_name, job="101", gpus="1")
     before = tree(admin_job(node, "999"))
     # A owns its job directory and adds g0 -> B's g0.
-    as_user(
+    run_as(
         a.pw_name,
         ["ln", "-s", str(admin_job(node, "999") / "g0"), str(admin_job(node, "101") / "g0")],
     )
@@ -288,7 +267,7 @@ def test_a_symlinked_gpu_dir_cannot_make_the_epilog_touch_another_job(node: SimN
 
 
 def test_a_symlinked_pipe_dir_cannot_make_the_epilog_command_another_users_daemon(
-    node: SimNode, users, procs
+    node: SimNode, users: Users, procs: list[subprocess.Popen[str]]
 ) -> None:
     a, b = users
     theirs = prolog(node, b.pw_name, job="999", gpus="0")
@@ -300,14 +279,14 @@ def test_a_symlinked_pipe_dir_cannot_make_the_epilog_command_another_users_daemo
     # A stops its own daemon, points its pipe dir at B's, and names a live process of its
     # own (whose environment even names A's pipe path) as the daemon in its manifest.
     assert control_as(node, a.pw_name, "101", "quit", key="g1").returncode == 0
-    as_user(a.pw_name, ["rm", "-rf", str(g1 / "pipe")])
-    as_user(a.pw_name, ["ln", "-s", str(admin_job(node, "999") / "g0" / "pipe"), str(g1 / "pipe")])
+    run_as(a.pw_name, ["rm", "-rf", str(g1 / "pipe")])
+    run_as(a.pw_name, ["ln", "-s", str(admin_job(node, "999") / "g0" / "pipe"), str(g1 / "pipe")])
     fake = spawn_as(a.pw_name, ["sleep", "120"], CUDA_MPS_PIPE_DIRECTORY=str(g1 / "pipe"))
     procs.append(fake)
     forged = json.loads((g1 / "manifest.json").read_text())
     forged["daemon_pid"] = fake.pid
     forged["daemon_start_time"] = psutil.Process(fake.pid).create_time()
-    as_user(
+    run_as(
         a.pw_name,
         ["sh", "-c", f"cat > {g1}/m && mv {g1}/m {g1}/manifest.json"],
         input=json.dumps(forged),
@@ -320,14 +299,14 @@ def test_a_symlinked_pipe_dir_cannot_make_the_epilog_command_another_users_daemo
 
 
 def test_a_lock_file_symlink_in_the_job_dir_is_never_followed(
-    node: SimNode, users, tmp_path
+    node: SimNode, users: Users, tmp_path: Path
 ) -> None:
     a, _ = users
     prolog(node, a.pw_name, gpus="0")
     target = decoy(tmp_path)
     before = tree(target)
     lock = admin_job(node, "101") / ".g0.lock"
-    as_user(a.pw_name, ["sh", "-c", f"rm -f {lock} && ln -s {target / 'precious'} {lock}"])
+    run_as(a.pw_name, ["sh", "-c", f"rm -f {lock} && ln -s {target / 'precious'} {lock}"])
     assert lock.is_symlink()
     slurm_hook(node, "epilog", user=a.pw_name, gpus="0")
     assert tree(target) == before, "root wrote through the job user's symlink"
@@ -336,7 +315,7 @@ def test_a_lock_file_symlink_in_the_job_dir_is_never_followed(
     assert slurm_hook(node, "epilog", user=a.pw_name, gpus="0").returncode == 0
 
 
-def test_log_archive_never_copies_a_file_the_job_user_links_to(node: SimNode, users) -> None:
+def test_log_archive_never_copies_a_file_the_job_user_links_to(node: SimNode, users: Users) -> None:
     a, _ = users
     archive = node.root / "archive"
     admin_config(node, log_archive=str(archive))
@@ -345,7 +324,7 @@ def test_log_archive_never_copies_a_file_the_job_user_links_to(node: SimNode, us
     secret.chmod(0o600)
     prolog(node, a.pw_name, gpus="0")
     log = admin_job(node, "101") / "g0" / "log"
-    as_user(a.pw_name, ["sh", "-c", f"rm -f {log}/server.log && ln -s {secret} {log}/server.log"])
+    run_as(a.pw_name, ["sh", "-c", f"rm -f {log}/server.log && ln -s {secret} {log}/server.log"])
     slurm_hook(node, "epilog", user=a.pw_name, gpus="0")
     copies = sorted(archive.glob("*")) if archive.exists() else []
     leaked = [p for p in copies if "root's secret" in p.read_text(errors="replace")]
@@ -356,7 +335,7 @@ def test_log_archive_never_copies_a_file_the_job_user_links_to(node: SimNode, us
 
 # --- no symlink following when creating ---------------------------------------------------------
 def test_a_symlink_at_the_user_run_dir_is_refused_and_its_target_untouched(
-    node: SimNode, users
+    node: SimNode, users: Users
 ) -> None:
     a, b = users
     # B plants A's run directory as a link to a directory B owns and A may write to.
@@ -376,7 +355,7 @@ def test_a_symlink_at_the_user_run_dir_is_refused_and_its_target_untouched(
 
 
 def test_a_symlink_at_the_job_dir_is_refused_by_the_prolog_and_its_target_untouched(
-    node: SimNode, users, tmp_path
+    node: SimNode, users: Users, tmp_path: Path
 ) -> None:
     a, _ = users
     target = decoy(tmp_path)
@@ -393,7 +372,7 @@ def test_a_symlink_at_the_job_dir_is_refused_by_the_prolog_and_its_target_untouc
     admin_job(node, "101").unlink()
 
 
-def test_a_run_dir_owned_by_another_user_is_refused(node: SimNode, users) -> None:
+def test_a_run_dir_owned_by_another_user_is_refused(node: SimNode, users: Users) -> None:
     a, b = users
     node.user_run_dir.mkdir(mode=0o777)
     os.chown(node.user_run_dir, b.pw_uid, b.pw_gid)
@@ -504,13 +483,13 @@ def shutil_rm(path: Path) -> None:
 def _user_tree(base: Path, owner: pwd.struct_passwd, job: str) -> Path:
     """``base/mpswrap-<uid>/n1/<job>`` made by ``owner`` itself."""
     root = base / f"mpswrap-{owner.pw_uid}"
-    res = as_user(owner.pw_name, ["mkdir", "-p", "-m", "700", str(root / "n1" / job)])
+    res = run_as(owner.pw_name, ["mkdir", "-p", "-m", "700", str(root / "n1" / job)])
     assert res.returncode == 0, res.stderr
     return root
 
 
 def test_roots_listing_takes_only_user_trees_their_owner_made(
-    node: SimNode, users, monkeypatch: pytest.MonkeyPatch
+    node: SimNode, users: Users, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``mpswrap status`` as root lists every user's jobs: a tree counts only if every level
     is a real directory of the uid its path names; B's tree posing as A's, or a symlink into
@@ -526,7 +505,7 @@ def test_roots_listing_takes_only_user_trees_their_owner_made(
     posing = base / f"mpswrap-{b.pw_uid}"  # B's own tree: fine, listed as B's
     _user_tree(base, b, "jb")
     fake = base / "mpswrap-0"  # B makes a tree that claims to be root's
-    as_user(b.pw_name, ["mkdir", "-p", str(fake / "n1" / "jroot")])
+    run_as(b.pw_name, ["mkdir", "-p", str(fake / "n1" / "jroot")])
     os.symlink(node.run_dir, posing / "n1" / "jlink")  # a link in B's tree
     pattern = rf"^{base}/mpswrap-([0-9]+)$"
     monkeypatch.setattr(state, "USER_ROOT_GLOBS", ((re.compile(pattern), f"{base}/mpswrap-*"),))
@@ -537,12 +516,12 @@ def test_roots_listing_takes_only_user_trees_their_owner_made(
     assert "ja" not in mine and "jroot" not in mine and "jlink" not in mine
 
 
-def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, users) -> None:
+def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, users: Users) -> None:
     """A start repairs a ``chmod 500`` of the user's own directory; root (the prolog) leaves
     a job user's directory as it is, so a swapped-in symlink can never redirect a chmod."""
     a, _ = users
     target = node.root / "jobdir"
-    assert as_user(a.pw_name, ["mkdir", "-m", "500", str(target)]).returncode == 0
+    assert run_as(a.pw_name, ["mkdir", "-m", "500", str(target)]).returncode == 0
     code = (
         "import sys; from pathlib import Path; from mpswrap.paths import ensure_private_dir;"
         f"ensure_private_dir(Path({str(target)!r}), {a.pw_uid}, {a.pw_gid})"
@@ -551,6 +530,6 @@ def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, use
                              capture_output=True, text=True)  # fmt: skip
     assert as_root.returncode == 0, as_root.stderr
     assert stat.S_IMODE(os.lstat(target).st_mode) == 0o500, "root changed a user's mode"
-    res = as_user(a.pw_name, [sys.executable, "-c", code], PYTHONPATH=str(PACKAGE.parent))
+    res = run_as(a.pw_name, [sys.executable, "-c", code], basics(PYTHONPATH=str(PACKAGE.parent)))
     assert res.returncode == 0, res.stderr
     assert stat.S_IMODE(os.lstat(target).st_mode) == 0o700

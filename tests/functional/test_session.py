@@ -27,6 +27,7 @@ from mpswrap.jobenv import JobEnv
 from mpswrap.mps.daemon import Defaults
 from mpswrap.mps.gpu import load_inventory
 from mpswrap.paths import JobLayout
+from tests.simenv import SimFiles
 
 pytestmark = [
     pytest.mark.functional,
@@ -35,26 +36,15 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning"),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-HAVE_SIM = (REPO / "mpswrap" / "sim" / "__main__.py").exists()
-needs_sim = pytest.mark.skipif(not HAVE_SIM, reason="mpswrap.sim is not there yet")
 NODE = JobEnv({}).node
 
 
-@dataclass
-class Sim:
-    """A short private root with the fake MPS binaries, a fake inventory and run dirs."""
+@dataclass(frozen=True)
+class Sim(SimFiles):
+    """A short private root with the simulated MPS and GPUs (``uuids`` in NVML order) and
+    run dirs."""
 
-    root: Path
-    uuids: list[str]
-
-    @property
-    def bindir(self) -> Path:
-        return self.root / "bin"
-
-    @property
-    def inventory(self) -> Path:
-        return self.root / "inv.json"
+    uuids: tuple[str, ...] = ()
 
     @property
     def user_run(self) -> Path:
@@ -66,16 +56,16 @@ class Sim:
 
     def env(self) -> dict[str, str]:
         return {
-            "MPSWRAP_CONTROL_BINARY": str(self.bindir / "nvidia-cuda-mps-control"),
+            "MPSWRAP_CONTROL_BINARY": self.control,
             "MPSWRAP_GPU_INVENTORY": str(self.inventory),
             "MPSWRAP_USER_RUN_DIR": str(self.user_run),
             "MPSWRAP_RUN_DIR": str(self.admin_run),
         }
 
-    def client(self, seconds: float = 3.0) -> subprocess.Popen[str]:
+    def start_client(self, seconds: float = 3.0) -> subprocess.Popen[str]:
         """A fake CUDA process: inherits os.environ, so the session's MPS variables."""
         return subprocess.Popen(
-            [str(self.bindir / "mps-sim-client"), "--seconds", str(seconds)],
+            [self.client, "--seconds", str(seconds)],
             env=dict(os.environ),
             text=True,
             stdout=subprocess.PIPE,
@@ -108,29 +98,16 @@ class Sim:
 
 def make_sim(gpus: int = 2) -> Sim:
     # Short root: MPS socket paths must stay under 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="mpsw-", dir="/tmp"))
-    py = sys.executable
-    sim = Sim(root, [])
-    if HAVE_SIM:
-        subprocess.run([py, "-m", "mpswrap.sim", "install-bin", str(sim.bindir)], check=True)
-        cmd = [py, "-m", "mpswrap.sim", "inventory", str(sim.inventory), "--gpus", str(gpus)]
-        subprocess.run(cmd, check=True)
-    else:
-        sim.inventory.write_text(json.dumps({"gpus": [_fake_gpu(i) for i in range(gpus)]}))
-    data = json.loads(sim.inventory.read_text())
-    sim.uuids = [g["uuid"] for g in sorted(data["gpus"], key=lambda g: g["index"])]
-    return sim
+    files = SimFiles(Path(tempfile.mkdtemp(prefix="mpsw-", dir="/tmp")))
+    files.install(gpus)
+    data = json.loads(files.inventory.read_text())
+    return Sim(files.root, tuple(g["uuid"] for g in sorted(data["gpus"], key=lambda g: g["index"])))
 
 
 def finish(client: subprocess.Popen[str]) -> int:
     """Wait for a fake CUDA process and close its pipe; its exit status."""
     client.communicate(timeout=30)
     return client.returncode
-
-
-def _fake_gpu(index: int) -> dict[str, object]:
-    uuid = f"GPU-{index:08x}-0000-4000-8000-000000000000"
-    return {"index": index, "uuid": uuid, "minor": index, "compute_capability": [9, 0]}
 
 
 def finish_sim(sim: Sim) -> None:
@@ -160,8 +137,12 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sim]:
         finish_sim(made)
 
 
+def layout(sim: Sim, job: str = "local", admin: bool = False) -> JobLayout:
+    return JobLayout(sim.admin_run if admin else sim.user_run, NODE, job)
+
+
 def job_dir(sim: Sim, job: str = "local", admin: bool = False) -> Path:
-    return (sim.admin_run if admin else sim.user_run) / NODE / job
+    return layout(sim, job, admin).job_dir
 
 
 def local_ranks(monkeypatch: pytest.MonkeyPatch, rank: int, size: int) -> None:
@@ -183,9 +164,8 @@ def test_refuses_when_torch_says_cuda_started(sim: Sim, monkeypatch: pytest.Monk
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     # The refusal released the process-wide slot: fixing the cause makes it work.
     monkeypatch.setattr(fake_torch.cuda, "is_initialized", lambda: False)
-    if HAVE_SIM:
-        with session() as s:
-            assert s.mode == "user"
+    with session() as s:
+        assert s.mode == "user"
 
 
 def test_import_mpswrap_stays_light_and_session_is_callable() -> None:
@@ -198,7 +178,6 @@ def test_import_mpswrap_stays_light_and_session_is_callable() -> None:
 
 
 # --- with the simulator ----------------------------------------------------------------------
-@needs_sim
 def test_pre_mpi_path_places_sets_env_and_cleans_up(
     sim: Sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,12 +187,12 @@ def test_pre_mpi_path_places_sets_env_and_cleans_up(
     with session(threads="uniform") as s:
         assert (s.mode, s.local_rank, s.local_size) == ("user", 1, 2)
         assert s.gpu_uuid == sim.uuids[1], "block placement: local rank 1 of 2 -> GPU 1"
-        assert s.pipe_dir == job_dir(sim) / "g1" / "pipe"
+        assert s.pipe_dir == layout(sim).gpu("g1").pipe
         assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(s.pipe_dir)
         assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == str(s.log_dir)
         assert os.environ["CUDA_VISIBLE_DEVICES"] == s.gpu_uuid
         assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
-        client = sim.client()
+        client = sim.start_client()
         server = s.check_attached(pid=client.pid, timeout=20)
         assert psutil.pid_exists(server)
         assert finish(client) == 0, client.stdout
@@ -224,7 +203,6 @@ def test_pre_mpi_path_places_sets_env_and_cleans_up(
     assert not sim.wait_nothing_left()
 
 
-@needs_sim
 def test_check_attached_names_the_pipe_dir(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
     local_ranks(monkeypatch, 0, 1)
     with session() as s:
@@ -237,7 +215,6 @@ def test_check_attached_names_the_pipe_dir(sim: Sim, monkeypatch: pytest.MonkeyP
         assert not s.is_client()
 
 
-@needs_sim
 def test_nested_and_second_sessions_are_refused(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
     local_ranks(monkeypatch, 0, 1)
     outer = session()
@@ -252,7 +229,6 @@ def test_nested_and_second_sessions_are_refused(sim: Sim, monkeypatch: pytest.Mo
         assert again.gpu_uuid == sim.uuids[0]
 
 
-@needs_sim
 def test_exception_propagates_after_local_cleanup(
     sim: Sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -269,7 +245,6 @@ def test_exception_propagates_after_local_cleanup(
     assert not job_dir(sim).exists()
 
 
-@needs_sim
 def test_cuda_started_with_other_mps_env_is_refused_after_cleanup(
     sim: Sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,14 +258,13 @@ def test_cuda_started_with_other_mps_env_is_refused_after_cleanup(
     assert not job_dir(sim).exists()
 
 
-@needs_sim
 def test_prolog_daemons_are_used_and_left_running(
     sim: Sim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local_ranks(monkeypatch, 0, 1)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     settings = load_settings()
-    daemons = JobDaemons(JobLayout(sim.admin_run, NODE, "4242"), settings)
+    daemons = JobDaemons(layout(sim, "4242", admin=True), settings)
     gpus = load_inventory(str(sim.inventory)).gpus
     manifests = daemons.start(
         gpus, _proc.lookup_user(), started_by="prolog", defaults=Defaults(), shared_parents=True
@@ -298,8 +272,8 @@ def test_prolog_daemons_are_used_and_left_running(
     try:
         with session() as s:
             assert s.mode == "prolog"
-            assert s.pipe_dir == job_dir(sim, "4242", admin=True) / "g0" / "pipe"
-            client = sim.client(1)
+            assert s.pipe_dir == layout(sim, "4242", admin=True).gpu("g0").pipe
+            client = sim.start_client(1)
             s.check_attached(pid=client.pid, timeout=20)
             assert finish(client) == 0, client.stdout
         assert all(_proc.is_alive(m.daemon) for m in manifests), "session stopped the prolog's"
@@ -309,7 +283,6 @@ def test_prolog_daemons_are_used_and_left_running(
     assert done.clean, done.lines()
 
 
-@needs_sim
 def test_comm_path_on_comm_self_in_a_fresh_process(sim: Sim, tmp_path: Path) -> None:
     """mpi4py imported (and MPI initialised) first: the leader-first path, one rank."""
     script = tmp_path / "rank.py"
@@ -331,7 +304,6 @@ def test_comm_path_on_comm_self_in_a_fresh_process(sim: Sim, tmp_path: Path) -> 
     assert not sim.wait_nothing_left(), "daemons outlived a single-process session"
 
 
-@needs_sim
 def test_a_rank_that_is_still_a_client_leaves_the_stop_to_the_watchdog(
     sim: Sim, tmp_path: Path
 ) -> None:
@@ -369,7 +341,6 @@ def test_a_rank_that_is_still_a_client_leaves_the_stop_to_the_watchdog(
     assert not Path(job).exists()
 
 
-@needs_sim
 def test_mpi4py_auto_init_disabled_is_respected(sim: Sim, tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(

@@ -22,8 +22,9 @@ from typing import Any
 import psutil
 import pytest
 
-from mpswrap.sim import install_bin
 from mpswrap.sim.inventory import fake_inventory, write_inventory
+from tests.simenv import SimFiles
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -35,8 +36,9 @@ BUSY = "Cannot send command to MPS control daemon process"
 class Sim:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.faults = root / "faults.json"
-        self.bin = install_bin(root / "bin", faults=self.faults)
+        self.files = SimFiles(root)
+        self.files.install(gpus=1)
+        self.faults, self.bin = self.files.faults, self.files.bin
         self.pipe, self.log = root / "pipe", root / "log"
         self.pipe.mkdir()
         self.log.mkdir()
@@ -44,7 +46,7 @@ class Sim:
 
     @property
     def control(self) -> str:
-        return str(self.bin / "nvidia-cuda-mps-control")
+        return self.files.control
 
     def env(self, pipe: Path | None = None, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -89,7 +91,7 @@ class Sim:
 
     def client(self, *args: str, pipe: Path | None = None, **extra: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [str(self.bin / "mps-sim-client"), *args],
+            [self.files.client, *args],
             env=self.env(pipe, **extra),
             text=True,
             stdout=subprocess.PIPE,
@@ -170,9 +172,9 @@ def _teardown(s: Sim) -> None:
     deadline = time.monotonic() + 3
     while (left := s.leftovers()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for proc in left:
+    for stray in left:
         try:
-            proc.kill()
+            stray.kill()
         except psutil.Error:
             pass
     assert not left, f"left behind: {[(p.pid, p.info['cmdline']) for p in left]}"
@@ -377,13 +379,27 @@ def test_a_command_sent_while_another_is_served_is_refused_busy(sim: Sim) -> Non
     client = sim.client("--seconds", "30")
     server = sim.server()
     sim.wait_clients(server, 1)
-    terminating = _quit_caller(sim, f"terminate_client {server} {client.pid}")
-    time.sleep(0.3)
-    busy = sim.ctl("get_server_list")
-    assert busy.returncode == 1 and BUSY in busy.stderr
+    # A control client already up and answering: its next command reaches the daemon at once,
+    # well inside the terminate's 1.5 s, however slow a new process would be to start.
+    asker = _asker(sim)
+    command = f"terminate_client {server} {client.pid}"
+    terminating = _quit_caller(sim, command)
+    wait_until(lambda: f"Cmd:{command}" in sim.read_log("control.log"), 30, "the terminate")
+    busy_out, busy_err = asker.communicate("get_server_list\n", timeout=30)
+    assert asker.returncode == 1 and BUSY in busy_err, (busy_out, busy_err)
     out, _ = terminating.communicate(timeout=30)
     assert out.strip() == "0"
     assert sim.out("get_server_list") == str(server)  # served again once it has answered
+
+
+def _asker(sim: Sim) -> subprocess.Popen[str]:
+    """A control client reading commands from its stdin, once it has answered a first."""
+    proc = _quit_caller(sim, "", stdin=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("get_server_list\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip(), "the control client did not answer"
+    return proc
 
 
 def test_shutdown_server_force_kills_its_clients_and_the_next_client_runs(sim: Sim) -> None:
@@ -444,12 +460,15 @@ def test_client_dies_by_signals_unless_they_are_ignored(sim: Sim, sig: int) -> N
 
 
 # --- quit --------------------------------------------------------------------------------
-def _quit_caller(sim: Sim, line: str = "quit") -> subprocess.Popen[str]:
+def _quit_caller(
+    sim: Sim, line: str = "quit", stdin: int = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    """The control client sending ``line`` (none: the lines of its ``stdin``)."""
     proc = subprocess.Popen(
         [sim.control, *line.split()],
         env=sim.env(),
         text=True,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -459,18 +478,23 @@ def _quit_caller(sim: Sim, line: str = "quit") -> subprocess.Popen[str]:
 
 def test_quit_blocks_while_a_client_lives_and_locks_the_daemon(sim: Sim) -> None:
     sim.start()
-    client = sim.client("--seconds", "3")
+    record = sim.root / "record.jsonl"
+    client = sim.client("--seconds", "120", "--record", str(record))  # killed below
     server = sim.server()
     sim.wait_clients(server, 1)
     quitter = _quit_caller(sim)
+    waiting = "will not shutdown"
+    wait_until(lambda: waiting in sim.read_log("control.log"), 30, "the quit to wait")
     with pytest.raises(subprocess.TimeoutExpired):
-        quitter.wait(0.5)
+        quitter.wait(0.5)  # and it goes on waiting: the client has two minutes to run
     busy = sim.ctl(f"terminate_client {server} {client.pid}")
     assert busy.returncode == 1 and BUSY in busy.stderr
-    assert "will not shutdown" in sim.read_log("control.log")
+    assert client.poll() is None
+    client.kill()
     client.communicate(timeout=30)
-    assert client.returncode == 0  # quit does not end clients: it waits for them
-    assert quitter.wait(10) == 0
+    assert quitter.wait(10) == 0  # once the client has gone
+    # quit does not end clients, it waits for them: the kill alone ended this one.
+    assert '"end"' not in record.read_text(), record.read_text()
     assert _gone(server) and not (sim.pipe / "nvidia-cuda-mps-control.pid").exists()
 
 
@@ -488,7 +512,10 @@ def test_a_lost_quit_leaves_the_daemon_working(sim: Sim) -> None:
     assert res.stdout.strip() == str(server)
     assert sim.out(f"terminate_client {server} {client.pid}") == "0"
     client.communicate(timeout=30)
-    time.sleep(0.3)
+    # The daemon has seen the client go (and checked the quit it lost right after, in the
+    # same turn of its loop): a quit still pending would finish now.
+    gone = f"Client process {client.pid} disconnected"
+    wait_until(lambda: gone in sim.read_log("server.log"), 30, "the daemon to see the client go")
     assert sim.out("get_server_list") == str(server)  # the lost quit did not come back
     assert sim.ctl("quit").returncode == 0
 

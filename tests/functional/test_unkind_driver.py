@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import threading
-from pathlib import Path
 
 import psutil
 import pytest
 
 from mpswrap.mps.control import Control
+from mpswrap.paths import GpuDirs
 from tests.simenv import SimNode
 
 pytestmark = pytest.mark.functional
@@ -29,8 +29,8 @@ def node(one_gpu: SimNode) -> SimNode:
     return one_gpu  # one GPU is enough here
 
 
-def _job(node: SimNode) -> Path:
-    return (node.run_dir if os.geteuid() == 0 else node.user_run_dir) / "n1" / "j1" / "g0"
+def _gpu(node: SimNode) -> GpuDirs:
+    return node.layout("j1").gpu("g0")
 
 
 def _start(node: SimNode) -> dict[str, object]:
@@ -42,10 +42,10 @@ def _start(node: SimNode) -> dict[str, object]:
 def _client(
     node: SimNode, procs: list[subprocess.Popen[str]], uuid: object, *args: str
 ) -> subprocess.Popen[str]:
-    dirs = _job(node)
+    dirs = _gpu(node)
     env = node.env(
-        CUDA_MPS_PIPE_DIRECTORY=str(dirs / "pipe"),
-        CUDA_MPS_LOG_DIRECTORY=str(dirs / "log"),
+        CUDA_MPS_PIPE_DIRECTORY=str(dirs.pipe),
+        CUDA_MPS_LOG_DIRECTORY=str(dirs.log),
         CUDA_VISIBLE_DEVICES=str(uuid),
     )
     proc = subprocess.Popen(
@@ -62,8 +62,8 @@ def _client(
 
 
 def _control(node: SimNode) -> Control:
-    dirs = _job(node)
-    return Control(node.control, dirs / "pipe", dirs / "log", timeout=10)
+    dirs = _gpu(node)
+    return Control(node.control, dirs.pipe, dirs.log, timeout=10)
 
 
 def _wait_listed(control: Control, pids: set[int]) -> int:
@@ -90,7 +90,7 @@ def test_a_terminated_client_that_outlives_the_bound_is_killed(
     assert slow.returncode == -signal.SIGKILL
     out, _ = quick.communicate(timeout=30)
     assert quick.returncode == 1 and "CUDA error 810" in out, out
-    assert not _job(node).parent.exists() and not node.leftovers()
+    assert not node.layout("j1").job_dir.exists() and not node.leftovers()
 
 
 def test_a_command_the_daemon_is_too_busy_for_is_retried(
@@ -110,7 +110,7 @@ def test_a_command_the_daemon_is_too_busy_for_is_retried(
     finally:
         busy.join(timeout=30)
     assert "busy, retrying 'get_server_list'" in caplog.text
-    control_log = (_job(node) / "log" / "control.log").read_text()
+    control_log = _gpu(node).control_log.read_text()
     assert "Cannot send command to MPS control daemon process" in control_log
     client.communicate(timeout=30)
     assert node.mpswrap("stop", *JOB).returncode == 0
@@ -124,7 +124,7 @@ def test_a_server_known_only_by_its_environment_is_found_and_ended(
     manifest = _start(node)
     client = _client(node, procs, manifest["gpu_uuid"], "--seconds", "2")
     server = _wait_listed(_control(node), {client.pid})
-    pipe = str(_job(node) / "pipe")
+    pipe = str(_gpu(node).pipe)
     assert pipe not in " ".join(psutil.Process(server).cmdline())
     assert psutil.Process(server).environ()["CUDA_MPS_PIPE_DIRECTORY"] == pipe
     os.kill(int(str(manifest["daemon_pid"])), signal.SIGKILL)
@@ -134,7 +134,7 @@ def test_a_server_known_only_by_its_environment_is_found_and_ended(
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"forced daemon/server [{server}]" in res.stdout, res.stdout
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
-    assert not _job(node).parent.exists() and not node.leftovers()
+    assert not node.layout("j1").job_dir.exists() and not node.leftovers()
 
 
 def test_past_the_terminate_window_the_server_is_shut_down_with_the_rest(
@@ -159,7 +159,7 @@ def test_past_the_terminate_window_the_server_is_shut_down_with_the_rest(
         codes.append("810" if "CUDA error 810" in out else proc.returncode)
     assert codes.count("810") == terminated, codes
     assert codes.count(-signal.SIGPIPE) == dropped, codes  # the simulator's shut-down clients
-    assert not _job(node).parent.exists() and not node.leftovers()
+    assert not node.layout("j1").job_dir.exists() and not node.leftovers()
 
 
 def test_a_server_that_serves_others_too_is_never_shut_down(
@@ -169,7 +169,6 @@ def test_a_server_that_serves_others_too_is_never_shut_down(
     its clients one by one: the server serves clients that are not being ended."""
     from mpswrap.config import load_settings
     from mpswrap.job.job import JobDaemons
-    from mpswrap.paths import JobLayout
 
     manifest = _start(node)
     node.faults.write_text(json.dumps({"terminate_reply": 0.3}))
@@ -177,8 +176,7 @@ def test_a_server_that_serves_others_too_is_never_shut_down(
     other = _client(node, procs, manifest["gpu_uuid"])
     _wait_listed(_control(node), {c.pid for c in [*mine, other]})
     settings = load_settings(env=node.env(MPSWRAP_TERMINATE_WINDOW="0.1"))
-    run_dir = _job(node).parents[2]
-    daemon = JobDaemons(JobLayout(run_dir, "n1", "j1"), settings).daemon("g0")
+    daemon = JobDaemons(node.layout("j1"), settings).daemon("g0")
     report = daemon.end_clients({c.pid for c in mine})
     assert sorted(report.terminated) == sorted(c.pid for c in mine) and not report.shut_down
     for proc in mine:

@@ -13,6 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.tree import REPO
+from tests.users import ensure_user
+
 GPU_USER = "mpsgpu"
 MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 #: User-mode daemons stop after their last owner exits, or by the owner watchdog ~2.5 s later.
@@ -41,9 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def gpu_user() -> str:
     if os.geteuid() != 0:
         pytest.skip("needs root to create the unprivileged test user")
-    if subprocess.run(["id", GPU_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-m", GPU_USER], check=True)
-    return GPU_USER
+    return ensure_user(GPU_USER, home=True)
 
 
 @pytest.fixture
@@ -57,19 +58,6 @@ def shared_tmp() -> Iterator[Path]:
     path.chmod(0o1777)  # sticky, like /tmp: run_dir's ancestors must be safe
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def user_argv(user: str, argv: list[str], env: dict[str, str]) -> list[str]:
-    """argv run as ``user`` with exactly ``env`` (runuser keeps what env -i passes)."""
-    return ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
-
-
-def as_user(
-    user: str, argv: list[str], env: dict[str, str], **kw: object
-) -> subprocess.CompletedProcess[str]:
-    """Run argv as ``user`` with exactly ``env``, to its end."""
-    full = user_argv(user, argv, env)
-    return subprocess.run(full, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
 
 
 def gpu_processes(timeout: float = SETTLE) -> list[str]:
@@ -91,7 +79,7 @@ def gpu_processes(timeout: float = SETTLE) -> list[str]:
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {
         "PATH": "/usr/local/nvidia/bin:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).resolve().parents[2])),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)),
         "HOME": "/tmp",
         "LANG": "C.UTF-8",
         "PYTHON": sys.executable,

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import as_user, base_env, leftovers
+from tests.users import run_as
+
+from .conftest import base_env, leftovers
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -25,7 +27,7 @@ SUMMARY = re.compile(
 
 def _run(user: str, tmp: Path, *args: str) -> tuple[int, str, str, re.Match[str]]:
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(tmp / "run")})
-    res = as_user(user, [sys.executable, "-m", "mpswrap", "run", *args], env, timeout=180)
+    res = run_as(user, [sys.executable, "-m", "mpswrap", "run", *args], env, timeout=180)
     print(res.stdout[-3000:], res.stderr[-3000:])
     found = list(SUMMARY.finditer(res.stderr))
     assert len(found) == 1, res.stderr
@@ -80,6 +82,6 @@ def test_the_driver_says_which_process_runs_through_mps(
     nowhere = shared_tmp / "nowhere"
     nowhere.mkdir(mode=0o777)
     env = base_env({"CUDA_MPS_PIPE_DIRECTORY": str(nowhere)})
-    plain = as_user(gpu_user, [sys.executable, "-c", PROBE], env, timeout=180)
+    plain = run_as(gpu_user, [sys.executable, "-c", PROBE], env, timeout=180)
     assert plain.returncode == 0 and "mps_client False" in plain.stdout, plain.stdout + plain.stderr
     assert leftovers(shared_tmp, mps_baseline) == []

@@ -16,14 +16,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import as_user, base_env, gpu_processes, leftovers, user_argv
+from tests.users import popen_as, run_as
+
+from .conftest import base_env, gpu_processes, leftovers
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
 
 
 def _mpswrap(user: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return as_user(user, [sys.executable, "-m", "mpswrap", *args], env, timeout=120)
+    return run_as(user, [sys.executable, "-m", "mpswrap", *args], env, timeout=120)
 
 
 def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_tmp: Path) -> None:
@@ -45,13 +47,8 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
         CUDA_MPS_LOG_DIRECTORY=str(log),
         CUDA_VISIBLE_DEVICES=manifest["gpu_uuid"],
     )
-    full = user_argv(
-        gpu_user, [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"], client_env
-    )
-    clients = [
-        subprocess.Popen(full, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for _ in range(4)
-    ]
+    client = [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]
+    clients = [popen_as(gpu_user, client, client_env) for _ in range(4)]
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -107,14 +104,12 @@ def test_daemons_whose_job_directory_went_are_ended_by_the_watchdog(
     socket is left to quit them through); once the job's rank is gone, the owner watchdog ends
     them by identity, and nothing is left on the GPU."""
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run")})
-    argv = user_argv(gpu_user, [sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1",
-                                "--", sys.executable, str(HERE / "torch_client.py"),
-                                "--seconds", "120"], env)  # fmt: skip
+    client = [sys.executable, str(HERE / "torch_client.py"), "--seconds", "120"]
+    argv = [sys.executable, "-m", "mpswrap", "--job", "gone", "--grace", "1", "--", *client]
     lines: list[str] = []
     started = threading.Event()
     job = shared_tmp / "run" / os.uname().nodename.split(".")[0] / "gone"
-    with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          start_new_session=True) as proc:  # fmt: skip
+    with popen_as(gpu_user, argv, env, new_session=True) as proc:
 
         def read() -> None:
             for line in proc.stdout:  # type: ignore[union-attr]
@@ -180,7 +175,7 @@ def test_a_client_a_rank_left_in_the_background_ends_with_it(
         "-c",
         script,
     ]
-    res = as_user(gpu_user, argv, env, timeout=300)
+    res = run_as(gpu_user, argv, env, timeout=300)
     print(res.stdout[-2000:], res.stderr[-3000:])
     assert res.returncode == 0, res.stderr
     assert "left" in res.stderr and "running: ending them" in res.stderr, res.stderr

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import as_user, base_env, leftovers
+from tests.users import ensure_user, run_as
+from tests.waits import wait_until
+
+from .conftest import base_env, leftovers
 
 pytestmark = pytest.mark.gpu
 CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
@@ -35,6 +38,12 @@ def _client_env(env: dict[str, str], manifest: dict[str, object], run: Path) -> 
         CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
         CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]),
     )
+
+
+def client_pids(env: dict[str, str]) -> set[int]:
+    """What MPS lists as clients of the job's server (``mpswrap status``)."""
+    gpu = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]["gpus"][0]
+    return {c["pid"] for s in gpu.get("servers", []) for c in s["clients"]}
 
 
 def recovered(servers: list[dict[str, object]], server_pid: int) -> bool:
@@ -66,7 +75,12 @@ def test_illegal_memory_access_is_reported_and_the_server_recovers(
         )
         for _ in range(3)
     ]
-    time.sleep(2)
+    # Each bystander is a client of the server, and in its kernel loop, before the fault.
+    pids = {b.pid for b in bystanders}
+    wait_until(lambda: pids <= client_pids(env), 120, f"clients {sorted(pids)} to be listed")
+    for b in bystanders:
+        line = b.stdout.readline() if b.stdout else ""
+        assert "started" in line, line
     culprit = subprocess.Popen(
         [CLIENT, "--seconds", "30", "--fault-after", "1"],
         env=cenv,
@@ -111,11 +125,9 @@ def test_illegal_memory_access_is_reported_and_the_server_recovers(
 def test_a_second_user_cannot_reach_the_first_users_daemon(
     gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    other = "mpsgpu2"
-    if subprocess.run(["id", other], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", other], check=True)
+    other = ensure_user("mpsgpu2")
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"), "SLURM_JOB_ID": "iso"})
-    started = as_user(
+    started = run_as(
         gpu_user,
         [sys.executable, "-m", "mpswrap", "start", "--gpus", "0", "--json"],
         env,
@@ -128,18 +140,18 @@ def test_a_second_user_cannot_reach_the_first_users_daemon(
         env, CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(shared_tmp)
     )
     for command in ("get_server_list", "quit"):
-        res = as_user(other, ["nvidia-cuda-mps-control", command], pipe_env, timeout=60)
+        res = run_as(other, ["nvidia-cuda-mps-control", command], pipe_env, timeout=60)
         print(command, res.returncode, res.stdout, res.stderr)
         assert res.returncode != 0 or "Cannot" in res.stdout + res.stderr
-    intruder = as_user(other, [CLIENT, "--seconds", "1"], pipe_env, timeout=120)
+    intruder = run_as(other, [CLIENT, "--seconds", "1"], pipe_env, timeout=120)
     print(intruder.stdout, intruder.stderr)
     assert intruder.returncode == 0  # ran, but without MPS: silently
-    status = as_user(
+    status = run_as(
         gpu_user, [sys.executable, "-m", "mpswrap", "status", "--json"], env, timeout=60
     )
     gpu = json.loads(status.stdout)["jobs"][0]["gpus"][0]
     assert gpu["daemon"]["alive"]
     assert all(not s["clients"] for s in gpu["servers"])
-    stopped = as_user(gpu_user, [sys.executable, "-m", "mpswrap", "stop"], env, timeout=120)
+    stopped = run_as(gpu_user, [sys.executable, "-m", "mpswrap", "stop"], env, timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert leftovers(shared_tmp, mps_baseline) == []

@@ -15,10 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.tree import REPO
+
 from .conftest import leftovers
 
 pytestmark = pytest.mark.gpu
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 #: Runs per mode in the ratio test; its bound applies to the medians.
 ROUNDS = 3
@@ -65,7 +66,9 @@ def _run_mpirun(n: int, steps: int, tmp: Path) -> float:
     (tmp / "go").touch()
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    ends = [json.loads(ln[ln.index("{") :])["end"] for ln in out.splitlines() if '"end"' in ln]
+    ends: list[float] = [
+        json.loads(ln[ln.index("{") :])["end"] for ln in out.splitlines() if '"end"' in ln
+    ]
     assert len(ends) == n, out
     print(smi)
     assert smi.count(" M+C ") == n, smi

@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.waits import wait_until
 
 from .conftest import leftovers
 
@@ -67,6 +68,22 @@ def _smi() -> dict[int, int]:
     return {int(p): int(m) * MIB for p, m in (line.split(",") for line in out.strip().splitlines())}
 
 
+def _held(
+    env: dict[str, str], procs: list[subprocess.Popen[bytes]]
+) -> tuple[dict[int, dict[str, Any]], dict[int, int]] | None:
+    """Status's clients and nvidia-smi's memory by PID, once status lists every client with
+    what it allocated (its memset done) and nvidia-smi agrees on each (the two are read a
+    moment apart)."""
+    clients, smi = {c["pid"]: c for c in _clients(env)}, _smi()
+    held = [clients.get(p.pid, {}).get("gpu_memory_bytes") or 0 for p in procs]
+    done = all(h > s * MIB for h, s in zip(held, SIZES, strict=True))
+    near = all(
+        abs(h - smi.get(p.pid, 0)) <= max(0.05 * h, 64 * MIB)
+        for h, p in zip(held, procs, strict=True)
+    )
+    return (clients, smi) if done and near else None
+
+
 def test_each_clients_memory_in_status_metrics_and_the_record(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
@@ -78,16 +95,9 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
         for r, size in enumerate(SIZES)
     ]  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while True:  # listed, and each has its memory (the memset done)
-            clients = {c["pid"]: c for c in _clients(env)}
-            held = [clients.get(p.pid, {}).get("gpu_memory_bytes") or 0 for p in procs]
-            if all(h > s * MIB for h, s in zip(held, SIZES, strict=True)):
-                break
-            assert time.monotonic() < deadline, clients
-            time.sleep(0.5)
-        time.sleep(1)
-        clients, smi = {c["pid"]: c for c in _clients(env)}, _smi()
+        clients, smi = wait_until(
+            lambda: _held(env, procs), 90, "status and nvidia-smi to show each client's memory"
+        )
         metrics = {
             f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)
         }
@@ -124,7 +134,11 @@ def test_a_fault_shows_in_status_metrics_and_the_record(
     env, cenv = _job(shared_tmp, "fault17")
     bystander = subprocess.Popen([CLIENT, "--seconds", "60"], env=cenv, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    time.sleep(2)
+    # The bystander is a client of the server, and in its kernel loop, before the fault.
+    pid = bystander.pid
+    wait_until(lambda: pid in {c["pid"] for c in _clients(env)}, 120, f"client {pid} listed")
+    line = bystander.stdout.readline() if bystander.stdout else ""
+    assert "started" in line, line
     culprit = subprocess.run([CLIENT, "--seconds", "60", "--fault-after", "1"], env=cenv,
                              text=True, capture_output=True, timeout=120)  # fmt: skip
     bystander.communicate(timeout=120)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.tree import REPO
+
 from .conftest import leftovers
 
 pytestmark = pytest.mark.gpu
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_mpirun_8_torch_ranks_attach_through_session(

@@ -22,18 +22,20 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.tree import PACKAGE, REPO
+from tests.users import run_as
+
 from .conftest import gpu_processes, new_mps
 
 pytestmark = pytest.mark.gpu
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CGROUP_CONF = (
     "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nConstrainDevices=yes\nConstrainCores=yes\n"
 )
 
 
-def _sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+def _sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, text=True, capture_output=True, **kw)
 
 
 def _install_slurm() -> None:
@@ -55,7 +57,7 @@ def _make_importable() -> None:
     import site
 
     pth = Path(site.getsitepackages()[0]) / "mpswrap-src.pth"
-    pth.write_text(str(REPO) + "\n")
+    pth.write_text(str(PACKAGE.parent) + "\n")
 
 
 @contextmanager
@@ -83,7 +85,7 @@ def slurm_cluster(
     _sh(
         [
             "bash",
-            str(REPO / "mpswrap" / "slurm" / "install.sh"),
+            str(PACKAGE / "slurm" / "install.sh"),
             "--python",
             sys.executable,
             "--config",
@@ -138,10 +140,7 @@ def _slurm_env(cluster: dict[str, str]) -> dict[str, str]:
 def _as_user(
     user: str, cluster: dict[str, str], argv: list[str], cwd: str
 ) -> subprocess.CompletedProcess[str]:
-    env = [f"{k}={v}" for k, v in _slurm_env(cluster).items()]
-    return _sh(
-        ["runuser", "-u", user, "--", "env", "-i", *env, "HOME=/tmp", *argv], cwd=cwd, timeout=120
-    )
+    return run_as(user, argv, {**_slurm_env(cluster), "HOME": "/tmp"}, cwd=cwd)
 
 
 def submit(cluster: dict[str, str], user: str, name: str, header: str, command: str) -> str:
@@ -204,7 +203,7 @@ def test_sbatch_eight_plain_srun_tasks_are_mps_clients(
     print(smi)
     assert len(clients) == 8, status
     assert smi.count(" M+C ") >= 8, smi
-    daemon = status["gpus"][0]["daemon"]  # type: ignore[index]
+    daemon = status["gpus"][0]["daemon"]
     assert psutil.Process(daemon["pid"]).username() == gpu_user
     for pid in clients:
         assert psutil.Process(pid).username() == gpu_user

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -63,7 +64,7 @@ def test_prolog_daemon_and_job_container_tmpfs(
         work = Path(cluster["state"]) / "work"
         run = f"srun {sys.executable} {HERE / 'torch_client.py'} --seconds 20"
         job = submit(cluster, gpu_user, "jc", "-n 2 --gres=gpu:1 --comment=mps", run)
-        found: dict[str, object] = {}
+        found: dict[str, Any] = {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             status = job_status(job, cluster["config"])
@@ -73,23 +74,23 @@ def test_prolog_daemon_and_job_container_tmpfs(
                 "clients": sorted(client_pids(status)),
                 "tasks": sorted(t.pid for t in tasks),
             }
-            if len(found["clients"]) == 2:  # type: ignore[arg-type]
+            if len(found["clients"]) == 2:
                 break
             time.sleep(1)
         daemon = found["daemon"]
-        found["daemon_mnt_ns"] = _mount_ns(daemon["pid"]) if daemon else None  # type: ignore[index]
-        found["task_mnt_ns"] = sorted({_mount_ns(p) for p in found["tasks"]})  # type: ignore[attr-defined]
+        found["daemon_mnt_ns"] = _mount_ns(daemon["pid"]) if daemon else None
+        found["task_mnt_ns"] = sorted({_mount_ns(p) for p in found["tasks"]})
         found["smi"] = _sh(["nvidia-smi"]).stdout
         _wait_job_gone(cluster, job)
         out = (work / "jc.out").read_text(errors="replace")
         found["job_out"] = out[-2000:]
         print("TMPFS-RESULT " + json.dumps({k: v for k, v in found.items() if k != "smi"}))
         print(found["smi"])
-        print(f"attached {len(found['clients'])} of 2 tasks")  # type: ignore[arg-type]
+        print(f"attached {len(found['clients'])} of 2 tasks")
         assert found["tasks"], "the job's tasks never ran"
         # Both clients are torch_client.py tasks of the job (srun's argv names it too), and both
         # tasks ran to the end.
-        clients: list[int] = found["clients"]  # type: ignore[assignment]
-        assert len(clients) == 2 and set(clients) <= set(found["tasks"]), found  # type: ignore[arg-type]
+        clients: list[int] = found["clients"]
+        assert len(clients) == 2 and set(clients) <= set(found["tasks"]), found
         assert all(f"torch-client {pid} done" in out for pid in clients), out
         assert_job_left_nothing(cluster, job, mps_baseline)

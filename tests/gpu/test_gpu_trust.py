@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import base_env, gpu_processes, leftovers, user_argv
+from tests.users import run_as, user_argv
+
+from .conftest import base_env, gpu_processes, leftovers
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -108,10 +110,5 @@ def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_
     assert not gpu_dir.parent.exists()
     left = gpu_processes()
     assert not left, left
-    after = subprocess.run(
-        user_argv(gpu_user, [*argv[:2], "--seconds", "2"], base_env()),
-        text=True,
-        capture_output=True,
-        timeout=180,
-    )
+    after = run_as(gpu_user, [*argv[:2], "--seconds", "2"], base_env(), timeout=180)
     assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr

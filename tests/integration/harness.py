@@ -29,7 +29,12 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+from mpswrap.paths import JobLayout
+from tests.simenv import SimFiles
+from tests.tree import PACKAGE, REPO
+from tests.users import ensure_user, user_argv
+from tests.waits import wait_until
+
 SCRIPTS = REPO / "tests" / "integration" / "cluster"
 USER = "mpsuser"  # every test job runs as this user
 USER2 = "mpsuser2"  # a second, unrelated user
@@ -101,23 +106,6 @@ def sh(
     return res
 
 
-def ensure_user(name: str) -> None:
-    if subprocess.run(["id", name], capture_output=True).returncode != 0:
-        sh(["useradd", "-m", "-s", "/bin/sh", name])
-
-
-def wait_for(what: str, predicate: Any, timeout: float = 30, step: float = 0.1) -> Any:
-    """Poll predicate() until it returns something truthy (bounded); return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(step)
-
-
 def read_records(path: Path, event: str = "start") -> list[dict[str, Any]]:
     """The JSON lines mps-sim-client --record appended, of one event kind."""
     if not path.exists():
@@ -177,38 +165,28 @@ class Cluster:
         return self.etc / "mpswrap.conf"
 
     @property
-    def inventory_path(self) -> Path:
-        return self.etc / "gpus.json"
-
-    @property
-    def faults_path(self) -> Path:
-        return self.etc / "faults.json"
+    def sim(self) -> SimFiles:
+        """The simulated MPS and GPUs of every node; ``sim.client`` is the simulated CUDA
+        program (prints and records whether it attached to MPS). Under the root-owned state
+        directory: root's hooks run ``sim.control`` only if no user can change it."""
+        return SimFiles(self.state / "sim")
 
     @property
     def run_dir(self) -> Path:
         return self.state / "mpswrap-run"
 
     @property
-    def simbin(self) -> Path:
-        return self.state / "simbin"
-
-    @property
-    def client(self) -> str:
-        """The simulated CUDA program (prints and records whether it attached to MPS)."""
-        return str(self.simbin / "mps-sim-client")
-
-    @property
     def hooks(self) -> Path:
         return self.state / "hooks-installed"
 
     def pipe(self, node: str, job: str, position: int) -> str:
-        return str(self.run_dir / node / job / f"g{position}" / "pipe")
+        return str(JobLayout(self.run_dir, node, job).gpu(f"g{position}").pipe)
 
     def base_config(self) -> dict[str, str]:
         return {
             "run_dir": str(self.run_dir),
-            "control_binary": str(self.simbin / "nvidia-cuda-mps-control"),
-            "gpu_inventory": str(self.inventory_path),
+            "control_binary": self.sim.control,
+            "gpu_inventory": str(self.sim.inventory),
             "prolog_mode": "opt-in",
             "opt_in": "gres-mps, spank, feature:mps, comment:mps",
             "prolog_failure": "drain",
@@ -230,7 +208,7 @@ class Cluster:
         more of up.sh's settings."""
         python = python or os.environ.get("MPSWRAP_TEST_PYTHON") or sys.executable
         for user in (USER, USER2):
-            ensure_user(user)
+            ensure_user(user, home=True)
         state = Path(tempfile.mkdtemp(prefix="mpswrap-slurm.", dir="/tmp"))
         state.chmod(0o755)  # mkdtemp makes 0700: job users could not reach anything
         # We made the directory: claim it for up.sh, so it keeps the hooks installed below.
@@ -259,7 +237,7 @@ class Cluster:
     def _install_hooks(self) -> None:
         # As an admin would; the config file does not exist yet (up.sh makes etc/), which
         # install.sh only warns about.
-        install = str(REPO / "mpswrap" / "slurm" / "install.sh")
+        install = str(PACKAGE / "slurm" / "install.sh")
         sh(
             [
                 install,
@@ -302,10 +280,9 @@ class Cluster:
         sh([str(SCRIPTS / "up.sh"), str(self.state)], env=env, timeout=120)
 
     def _install_sim(self) -> None:
-        sim = [self.python, "-m", "mpswrap.sim"]
-        sh([*sim, "install-bin", str(self.simbin), "--faults", str(self.faults_path)])
-        sh([*sim, "inventory", str(self.inventory_path), "--gpus", str(GPUS_PER_NODE)])
-        self.inventory_path.chmod(0o644)
+        self.sim.root.mkdir()
+        self.sim.root.chmod(0o755)  # job users run the programs; only root may change them
+        self.sim.install(GPUS_PER_NODE, python=self.python)
 
     def stop(self, *, purge: bool) -> str:
         """down.sh; raise if anything of the cluster survived it."""
@@ -341,28 +318,28 @@ class Cluster:
     @contextlib.contextmanager
     def faults(self, faults: dict[str, Any]) -> Iterator[None]:
         """Faults of the simulated MPS (read at every use through MPSWRAP_SIM_FAULTS)."""
-        self.faults_path.write_text(json.dumps(faults))
-        self.faults_path.chmod(0o644)
+        self.sim.faults.write_text(json.dumps(faults))
+        self.sim.faults.chmod(0o644)
         try:
             yield
         finally:
-            self.faults_path.unlink(missing_ok=True)
+            self.sim.faults.unlink(missing_ok=True)
 
     def reset(self) -> None:
         self.write_config()
-        self.faults_path.unlink(missing_ok=True)
+        self.sim.faults.unlink(missing_ok=True)
 
     # --- GPUs --------------------------------------------------------------------------------
     def inventory(self) -> list[dict[str, Any]]:
-        gpus: list[dict[str, Any]] = json.loads(self.inventory_path.read_text())["gpus"]
+        gpus: list[dict[str, Any]] = json.loads(self.sim.inventory.read_text())["gpus"]
         return gpus
 
     def gpus_local_to(self, cpus: Sequence[int]) -> None:
         """Make every simulated GPU local to ``cpus`` (the inventory says NUMA halves)."""
-        data = json.loads(self.inventory_path.read_text())
+        data = json.loads(self.sim.inventory.read_text())
         for gpu in data["gpus"]:
             gpu["cpus"] = ",".join(map(str, cpus))
-        self.inventory_path.write_text(json.dumps(data, indent=2) + "\n")
+        self.sim.inventory.write_text(json.dumps(data, indent=2) + "\n")
 
     def gres_minor(self, node: str, position: int) -> int:
         """Device minor of the node's position-th ``Name=gpu File=`` line in gres.conf."""
@@ -379,7 +356,8 @@ class Cluster:
     def gpu_uuid(self, node: str, position: int) -> str:
         """What a task on gres position ``position`` must get: the GPU with that minor."""
         minor = self.gres_minor(node, position)
-        return next(g["uuid"] for g in self.inventory() if g["minor"] == minor)
+        uuid: str = next(g["uuid"] for g in self.inventory() if g["minor"] == minor)
+        return uuid
 
     # --- running things as users -----------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -390,18 +368,8 @@ class Cluster:
         return {**self.env(), "HOME": home, "USER": user, "LOGNAME": user}
 
     def _as_user(self, user: str, argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
-        """runuser with a clean environment: the user's basics, SLURM_CONF, plus env."""
-        full = {**self.user_env(user), **(env or {})}
-        return [
-            "runuser",
-            "-u",
-            user,
-            "--",
-            "env",
-            "-i",
-            *[f"{k}={v}" for k, v in full.items()],
-            *argv,
-        ]
+        """argv as user with a clean environment: the user's basics, SLURM_CONF, plus env."""
+        return user_argv(user, argv, {**self.user_env(user), **(env or {})})
 
     def run_as(
         self,
@@ -434,7 +402,7 @@ class Cluster:
 
     def client_argv(self, record: Path, seconds: float) -> list[str]:
         """The simulated CUDA program, recording its attachment to ``record``."""
-        return [self.client, "--seconds", f"{seconds:g}", "--record", str(record)]
+        return [self.sim.client, "--seconds", f"{seconds:g}", "--record", str(record)]
 
     def workdir(self, name: str, user: str = USER) -> Path:
         """A directory the user owns, for job output and client records."""
@@ -524,7 +492,7 @@ class Cluster:
                 raise AssertionError(f"job {job_id} ended ({state}) before {marker} appeared")
             return marker.exists()
 
-        wait_for(f"{marker} of job {job_id}", started, timeout)
+        wait_until(started, timeout, f"{marker} of job {job_id}")
 
     def queue(self) -> list[str]:
         """Jobs not yet over (pending, running, completing...): ``id state user name``."""
@@ -551,7 +519,7 @@ class Cluster:
         for line in self.drained_nodes():
             node = line.split()[0]
             self.slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        wait_for("nodes to come back", lambda: not self.drained_nodes(), timeout=30)
+        wait_until(lambda: not self.drained_nodes(), 30, "nodes to come back")
 
     def log_tail(self, lines: int = 15) -> str:
         out = []
@@ -570,9 +538,9 @@ class Cluster:
 
     def _processes(self, exclude: set[int] | None = None) -> list[psutil.Process]:
         """Live processes (by PID, via /proc) whose command line or environment names a path
-        under the cluster's directory: run_dir (MPS daemons, servers, attached clients),
-        simbin, the config, SLURM_CONF (job tasks, slurmstepd). Not ours, not our ancestors,
-        not the cluster's own daemons (``exclude``)."""
+        under the cluster's directory: run_dir (MPS daemons, servers, attached clients), the
+        simulator, the config, SLURM_CONF (job tasks, slurmstepd). Not ours, not our
+        ancestors, not the cluster's own daemons (``exclude``)."""
         marker = f"{self.state}/"
         skip = {os.getpid(), *(p.pid for p in psutil.Process().parents()), *(exclude or ())}
         found = []
@@ -625,7 +593,7 @@ class Cluster:
         problems = []
         self.reset()
         with contextlib.suppress(AssertionError):
-            wait_for("the queue to empty", lambda: not self.queue(), timeout=30)
+            wait_until(lambda: not self.queue(), 30, "the queue to empty")
         if self.queue():
             problems.append("jobs still in the queue: " + "; ".join(self.queue()))
             self.cancel_all()

@@ -37,8 +37,8 @@ from tests.integration.harness import (
     running_cluster,
     why_not_runnable,
 )
+from tests.tree import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "slurm" / "README.md"
 #: The guide's settings (its first block) and what the test puts there instead.
 SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "JOBUSER")
@@ -46,7 +46,11 @@ SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "JOBUSER")
 GUIDE_RUN_DIR = "/run/mpswrap"
 
 _skip = why_not_runnable()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slurm_version,
+    pytest.mark.skipif(_skip is not None, reason=_skip or ""),
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +83,11 @@ def _settings_block(block: Block, values: dict[str, str]) -> tuple[Block, dict[s
     code = block.code
     for name, value in values.items():
         line = re.compile(rf"^export {name}=(\S+)(.*)$", re.MULTILINE)
-        found = line.findall(code)
+        found = list(line.finditer(code))
         assert len(found) == 1, f"{block.where}: expected one 'export {name}=...' line"
-        defaults[name] = found[0][0]
-        code = line.sub(lambda m, head=f"export {name}={value}": head + m.group(2), code)
+        defaults[name] = found[0].group(1)
+        start, end = found[0].span(1)  # the guide's value: put the test's in its place
+        code = code[:start] + value + code[end:]
     assert set(re.findall(r"^export (\w+)=", code, re.MULTILINE)) == set(values), block.code
     return Block(block.path, block.line, code, block.tag, block.output), defaults
 
@@ -103,8 +108,8 @@ def _simulator_block(cluster: Cluster) -> Block:
     run_dir (whose leftovers the harness checks). The last value of a key wins."""
     lines = [
         f"run_dir = {cluster.run_dir}",
-        f"control_binary = {cluster.simbin / 'nvidia-cuda-mps-control'}",
-        f"gpu_inventory = {cluster.inventory_path}",
+        f"control_binary = {cluster.sim.control}",
+        f"gpu_inventory = {cluster.sim.inventory}",
     ]
     code = "cat >>\"$CONF\" <<'EOF'\n" + "\n".join(lines) + "\nEOF\n"
     return Block(Path(__file__), 0, code, "admin")

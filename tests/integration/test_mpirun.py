@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.waits import sh_wait_for_records
 
 pytestmark = [
     pytest.mark.mpi,
@@ -130,7 +131,7 @@ def test_placement_block_and_cyclic(node: SimNode, policy: str, expected: list[s
     assert res.returncode == 0, res.stderr
     found = starts(rec)
     assert [Path(found[str(r)]["pipe"]).parent.name for r in range(6)] == expected
-    servers = {Path(r["pipe"]).parent.name: set() for r in found.values()}
+    servers: dict[str, set[int]] = {Path(r["pipe"]).parent.name: set() for r in found.values()}
     for r in found.values():
         servers[Path(r["pipe"]).parent.name].add(r["server_pid"])
     assert all(len(pids) == 1 for pids in servers.values())  # one server per GPU
@@ -197,8 +198,11 @@ def test_failing_rank_sets_the_exit_code_and_others_end_cleanly(node: SimNode) -
     try:
         rec = node.root / "rec.json"
         rank = "$OMPI_COMM_WORLD_RANK"
-        script = (f'if [ "{rank}" = 2 ]; then sleep 3; exit 3; fi; '
-                  f'exec {node.client} --seconds 120 --record {rec} --tag "{rank}"')  # fmt: skip
+        fail = sh_wait_for_records(rec, "start", 3) + "exit 3"  # once the others are clients
+        script = (
+            f'if [ "{rank}" = 2 ]; then {fail}; fi; '
+            f'exec {node.client} --seconds 120 --record {rec} --tag "{rank}"'
+        )
         res = mpswrap(node, "--job", "fail", "--grace", "5", *MPIRUN, "-np", "4",
                       "sh", "-c", script)  # fmt: skip
         assert res.returncode == 3, res.stderr

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.test_session import HAVE_SIM, NODE, Sim, finish_sim, make_sim
+from mpswrap.paths import JobLayout
+from tests.functional.test_session import NODE, Sim, finish_sim, make_sim
+from tests.tree import REPO
 
 MPIRUN = shutil.which("mpirun")
 pytestmark = [
     pytest.mark.mpi,
-    pytest.mark.skipif(not HAVE_SIM, reason="mpswrap.sim is not there yet"),
     pytest.mark.skipif(MPIRUN is None, reason="needs Open MPI mpirun"),
 ]
-REPO = Path(__file__).resolve().parents[2]
 JOB = "77"
 NP = 4
 LIMIT = 60  # seconds: a job that hangs fails the test instead of the suite
@@ -87,7 +87,7 @@ def mpirun(
     if os.geteuid() == 0:
         argv.insert(1, "--allow-run-as-root")
     argv += [sys.executable, str(script), path, action, str(out)]
-    argv.append(str(sim.bindir / "mps-sim-client"))
+    argv.append(sim.client)
     proc = subprocess.Popen(
         argv,
         env={**_env(sim), **env},
@@ -118,7 +118,7 @@ def assert_placed(sim: Sim, ranks: dict[int, dict[str, object]], root: Path, mod
     assert sorted(ranks) == list(range(NP))
     for rank, info in ranks.items():
         pos = rank // 2  # block placement: ranks 0,1 -> GPU 0; 2,3 -> GPU 1
-        pipe = str(root / NODE / JOB / f"g{pos}" / "pipe")
+        pipe = str(JobLayout(root, NODE, JOB).gpu(f"g{pos}").pipe)
         assert (info["local_rank"], info["local_size"]) == (rank, NP), info
         assert info["uuid"] == info["cvd"] == sim.uuids[pos], info
         assert info["pipe"] == info["env_pipe"] == pipe, info

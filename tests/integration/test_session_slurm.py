@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mpswrap.paths import JobLayout
 from tests.integration.harness import USER, Cluster, why_not_runnable
 from tests.integration.test_session_mpi import RANK_SCRIPT
 
@@ -39,7 +40,7 @@ def _srun_session(
     name = f"session-{path}-{len(opts)}"
     argv = ["srun", f"--job-name={name}", "--mpi=pmix", "-w", "node1", f"-n{NP}"]
     argv += ["--gres=gpu:2", *opts, cluster.python, str(script), path, "ok", str(out)]
-    res = cluster.run_as(USER, [*argv, cluster.client], env=env, cwd=workdir, timeout=120)
+    res = cluster.run_as(USER, [*argv, cluster.sim.client], env=env, cwd=workdir, timeout=120)
     job = cluster.job_id(name)
     assert job is not None, res.stderr
     cluster.wait_gone(job)
@@ -78,8 +79,9 @@ def test_session_under_srun_without_prolog_starts_and_stops_user_daemons(
     user_run.mkdir(mode=0o700)
     shutil.chown(user_run, USER, USER)
     job, ranks, out = _srun_session(cluster, workdir, "early", user_run=user_run)
-    pipes = [str(user_run / "node1" / job / f"g{k}" / "pipe") for k in (0, 1)]
+    layout = JobLayout(user_run, "node1", job)
+    pipes = [str(layout.gpu(f"g{k}").pipe) for k in (0, 1)]
     _check(ranks, pipes, [cluster.gpu_uuid("node1", k) for k in (0, 1)], "user")
-    assert not (user_run / "node1" / job).exists(), "user-mode state outlived the job"
+    assert not layout.job_dir.exists(), "user-mode state outlived the job"
     procs, dirs = cluster.wait_clean()
     assert not procs and not dirs, f"left behind: {procs} {dirs}\n{out}"

@@ -21,7 +21,7 @@ def test_srun_farm_on_two_nodes_splits_the_tasks_and_packs_each_share_on_its_nod
 ) -> None:
     rec, farm_dir = workdir / "clients.jsonl", workdir / "farm"
     tasks = workdir / "tasks.txt"
-    line = f'{cluster.client} --seconds 1 --record {rec} --tag "$MPSWRAP_TASK"'
+    line = f'{cluster.sim.client} --seconds 1 --record {rec} --tag "$MPSWRAP_TASK"'
     tasks.write_text("".join(f"{line}\n" for _ in range(12)))
     script = f"""#!/bin/sh
 export MPSWRAP_CONFIG={cluster.config_path}

@@ -18,17 +18,21 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import (
-    REPO,
     USER,
     Cluster,
     read_records,
     sh,
-    wait_for,
     why_not_runnable,
 )
+from tests.tree import PACKAGE
+from tests.waits import wait_until
 
 _skip = why_not_runnable()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slurm_version,
+    pytest.mark.skipif(_skip is not None, reason=_skip or ""),
+]
 
 
 def _starts(rec: Path, count: int, job: Any) -> list[dict[str, Any]]:
@@ -101,7 +105,7 @@ def test_sbatch_steps_attach_and_batch_mpirun_is_not_pinned(
     rec = workdir / "clients.jsonl"
     script = f"""#!/bin/sh
 env > {workdir}/batch.env
-srun {cluster.client} --seconds 1 --record {rec}
+srun {cluster.sim.client} --seconds 1 --record {rec}
 echo "srun=$?"
 mpirun -np 2 sh -c 'env > {workdir}/rank.$OMPI_COMM_WORLD_RANK.env'
 echo "mpirun=$?"
@@ -165,7 +169,7 @@ def test_job_without_opt_in_gets_no_daemon(cluster: Cluster, workdir: Path) -> N
     probe = (
         f"test -e {cluster.run_dir}/node1/$SLURM_JOB_ID && echo dir=yes || echo dir=no; "
         'echo "pipe=${CUDA_MPS_PIPE_DIRECTORY-unset}"; echo "cvd=$CUDA_VISIBLE_DEVICES"; '
-        f"{cluster.client} --seconds 0.2 --record {rec}"
+        f"{cluster.sim.client} --seconds 0.2 --record {rec}"
     )
     job = cluster.srun("-w", "node1", "-n1", "--gres=gpu:1", "sh", "-c", probe, cwd=workdir)
     assert job.proc is not None and job.proc.returncode == 0, job.output
@@ -182,7 +186,7 @@ def test_concurrent_jobs_have_separate_daemons(cluster: Cluster, workdir: Path) 
     for name, seconds in (("long", 10), ("short", 1)):
         script = f"#!/bin/sh\nsrun {' '.join(cluster.client_argv(recs[name], seconds))}\n"
         ids[name] = cluster.sbatch(script, "-w", "node1", "-n1", "--gres=mps:50", cwd=workdir)
-    wait_for("both clients to start", lambda: all(read_records(r) for r in recs.values()))
+    wait_until(lambda: all(read_records(r) for r in recs.values()), 30, "both clients to start")
     assert cluster.wait_gone(ids["short"]) == "COMPLETED"
     # The short job's epilog has run: the long job's daemon and client are untouched.
     status = cluster.status(ids["long"], "node1")
@@ -218,7 +222,7 @@ def test_scancel_of_plain_srun_is_cleaned_up_by_epilog(cluster: Cluster, workdir
     argv = ["srun", *opts, *cluster.client_argv(rec, seconds=300)]
     srun = cluster.popen_as(USER, argv, cwd=workdir)
     try:
-        wait_for("2 attached clients", lambda: len(read_records(rec)) == 2)
+        wait_until(lambda: len(read_records(rec)) == 2, 30, "2 attached clients")
         job_id = cluster.job_id(name)
         assert job_id is not None
         assert (cluster.run_dir / "node1" / job_id).is_dir()
@@ -242,9 +246,10 @@ def test_prolog_failure_drains_node_with_reason(cluster: Cluster, workdir: Path)
             opts = ["-w", "node1", "-n1", "--gres=gpu:1", "--comment=mps"]
             job = cluster.srun(*opts, "true", cwd=workdir)
             assert job.proc is not None and job.proc.returncode != 0, job.output
-            drained = wait_for(
-                "node1 to drain",
+            drained = wait_until(
                 lambda: [line for line in cluster.drained_nodes() if line.startswith("node1 ")],
+                30,
+                "node1 to drain",
             )
             assert "mpswrap" in drained[0], f"drain reason does not name mpswrap: {drained}"
             assert not cluster.job_dirs()
@@ -266,7 +271,7 @@ def test_uninstall_refuses_while_slurm_conf_names_the_hooks(cluster: Cluster) ->
     """``uninstall-hooks`` reads ``scontrol show config`` (22.05: ``Prolog  = ...``; 24.11:
     ``Prolog[0] = ...``) and removes nothing while slurm.conf names the shims."""
     res = sh(
-        ["bash", str(REPO / "mpswrap" / "slurm" / "uninstall.sh"), "--dest", str(cluster.hooks)],
+        ["bash", str(PACKAGE / "slurm" / "uninstall.sh"), "--dest", str(cluster.hooks)],
         env=cluster.env(),
         check=False,
     )

@@ -17,7 +17,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.integration.harness import USER, Cluster, read_records, wait_for, why_not_runnable
+from mpswrap.paths import JobLayout
+from tests.integration.harness import USER, Cluster, read_records, why_not_runnable
+from tests.waits import wait_until
 
 _skip = why_not_runnable()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -76,12 +78,11 @@ def test_prefix_srun_two_nodes_without_prolog_starts_user_daemons_and_leaves_non
     assert summaries == {"node1": done, "node2": done}, summaries
     assert len(starts) == 8 and all(s["mode"] == "mps" for s in starts), starts
     per_pipe = Counter(s["pipe"] for s in starts)
-    expected = {
-        str(user_run / n / job / f"g{k}" / "pipe"): 2 for n in ("node1", "node2") for k in (0, 1)
-    }
+    layouts = [JobLayout(user_run, n, job) for n in ("node1", "node2")]
+    expected = {str(layout.gpu(f"g{k}").pipe): 2 for layout in layouts for k in (0, 1)}
     assert dict(per_pipe) == expected
     assert len({s["server_pid"] for s in starts}) == 4, "two GPUs shared one MPS server"
-    assert not any((user_run / n / job).exists() for n in ("node1", "node2"))
+    assert not any(layout.job_dir.exists() for layout in layouts)
     procs, dirs = cluster.wait_clean()
     assert not procs and not dirs, f"left behind: {procs} {dirs}"
 
@@ -109,7 +110,7 @@ def _wrapped_srun(cluster: Cluster, workdir: Path, name: str, *args: str) -> Any
     argv += [cluster.python, "-m", "mpswrap", *cluster.client_argv(rec, seconds=300)]
     srun = cluster.popen_as(USER, argv, cwd=workdir)
     try:
-        wait_for("2 attached clients", lambda: len(read_records(rec)) == 2)
+        wait_until(lambda: len(read_records(rec)) == 2, 30, "2 attached clients")
     except AssertionError:
         srun.kill()
         raise AssertionError(srun.communicate()[0]) from None
@@ -133,8 +134,10 @@ def test_supervisor_sigkilled_its_client_is_still_ended_through_mps(
     rec = workdir / "clients.jsonl"
     srun = _wrapped_srun(cluster, workdir, "kill-supervisor")
     victim = read_records(rec)[0]["pid"]
-    psutil.Process(victim).parent().kill()  # the client's supervisor, nothing else
-    wait_for("the orphan's end", lambda: read_records(rec, event="end"), timeout=30)
+    supervisor = psutil.Process(victim).parent()
+    assert supervisor is not None, f"client {victim} has no parent"
+    supervisor.kill()  # the client's supervisor, nothing else
+    wait_until(lambda: read_records(rec, event="end"), 30, "the orphan's end")
     job_id = cluster.job_id("kill-supervisor")
     assert job_id is not None
     cluster.run_as(USER, ["scancel", job_id], check=True)

@@ -14,9 +14,9 @@ from tests.integration.harness import (
     USER2,
     Cluster,
     read_records,
-    wait_for,
     why_not_runnable,
 )
+from tests.waits import wait_until
 
 _skip = why_not_runnable()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -39,7 +39,7 @@ def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir:
     ]
     srun = cluster.popen_as(USER, argv, cwd=workdir)
     try:
-        wait_for("the job's client", lambda: len(read_records(rec)) == 1)
+        wait_until(lambda: len(read_records(rec)) == 1, 30, "the job's client")
         job_id = cluster.job_id(name)
         assert job_id is not None
         pipe = cluster.pipe("node1", job_id, 0)
@@ -47,11 +47,7 @@ def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir:
         env = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": str(other)}
         # query, and quit: both refused (the job directory is 0700, owned by the job user)
         for command in ("get_server_list", "quit"):
-            res = cluster.run_as(
-                USER2,
-                [str(cluster.simbin / "nvidia-cuda-mps-control"), command],
-                env=env,
-            )
+            res = cluster.run_as(USER2, [cluster.sim.control, command], env=env)
             assert res.returncode != 0
             assert "Cannot find MPS control daemon process" in res.stdout + res.stderr
         # mpswrap status of another user's job shows nothing of it
@@ -87,6 +83,7 @@ def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir:
     cluster.wait_gone(job_id)
 
 
+@pytest.mark.slurm_version  # CI's other Slurm versions run it short (MPS_LOAD_JOBS)
 @pytest.mark.timeout(60 + 4 * LOAD_JOBS)
 def test_back_to_back_jobs_leave_nothing(cluster: Cluster, workdir: Path) -> None:
     """LOAD_JOBS jobs with the hooks, one after the other (MPS_LOAD_JOBS, default 30)."""
@@ -175,7 +172,7 @@ def test_scancel_under_srun_mpswrap_terminates_clients_before_any_kill(
     srun = cluster.popen_as(USER, argv, cwd=workdir)
     try:
         try:
-            wait_for("4 attached clients", lambda: len(read_records(rec)) == 4)
+            wait_until(lambda: len(read_records(rec)) == 4, 30, "4 attached clients")
         except AssertionError:
             srun.kill()
             raise AssertionError(srun.communicate()[0]) from None

@@ -21,7 +21,11 @@ import pytest
 from tests.integration.harness import SAFE_PATH, Cluster, running_cluster, sh, why_not_runnable
 
 _skip = why_not_runnable()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slurm_version,
+    pytest.mark.skipif(_skip is not None, reason=_skip or ""),
+]
 
 CPUS = sorted(os.sched_getaffinity(0))
 

@@ -16,7 +16,11 @@ import pytest
 from tests.integration.harness import Cluster, read_records, why_not_runnable
 
 _skip = why_not_runnable()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slurm_version,
+    pytest.mark.skipif(_skip is not None, reason=_skip or ""),
+]
 
 #: Each task records the share it was given, then runs the simulated CUDA program.
 SHARE = (
@@ -26,8 +30,8 @@ SHARE = (
 
 
 def _task(cluster: Cluster, workdir: Path) -> list[str]:
-    text = SHARE.replace("{out}", str(workdir / "shares"))
-    text = text.replace("{client}", cluster.client).replace("{rec}", str(workdir / "clients.jsonl"))
+    text = SHARE.replace("{out}", str(workdir / "shares")).replace("{client}", cluster.sim.client)
+    text = text.replace("{rec}", str(workdir / "clients.jsonl"))
     return ["sh", "-c", text]
 
 

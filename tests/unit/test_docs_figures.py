@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tree import REPO
+
 RESULTS = REPO / "benchmarks" / "results"
 DOC = REPO / "docs" / "benchmarks.md"
 MODES = ("timesliced", "rawmps", "mpswrap")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "mpswrap"
+from tests.tree import PACKAGE
 
 #: Layers, lowest first, each a folder; inside one, a module imports only those listed before
 #: it (the order is the layer's own).
@@ -86,8 +86,8 @@ MAX_FUNCTION_LINES = 40
 def _modules() -> dict[str, Path]:
     """Dotted name under mpswrap (``job.job``) -> file, outside the simulator."""
     out = {}
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG).with_suffix("")
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).with_suffix("")
         if rel.parts[0] == "sim" or (rel.name == "__init__" and len(rel.parts) > 1):
             continue
         out[".".join(rel.parts)] = path
@@ -152,8 +152,8 @@ def test_layers_are_folders_and_imports_only_go_down() -> None:
 
 
 def test_the_simulator_stands_alone() -> None:
-    for path in (PKG / "sim").rglob("*.py"):
-        name = "sim." + ".".join(path.relative_to(PKG / "sim").with_suffix("").parts)
+    for path in (PACKAGE / "sim").rglob("*.py"):
+        name = "sim." + ".".join(path.relative_to(PACKAGE / "sim").with_suffix("").parts)
         outside = [i for i in _imports(name, path) if i.startswith("mpswrap.")]
         outside = [i for i in outside if not i.startswith("mpswrap.sim")]
         assert not outside, f"{path} imports {outside}"
@@ -191,7 +191,7 @@ def test_import_mpswrap_is_light() -> None:
         "bad = [m for m in ('mpi4py', 'pynvml', 'filelock') if m in sys.modules]; "
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 
 def test_the_hooks_start_path_is_lean() -> None:
@@ -209,7 +209,7 @@ def test_the_hooks_start_path_is_lean() -> None:
         "'mpswrap.entry.launch', 'mpswrap.entry.session') if m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", f"{probe}; {code}"], capture_output=True,
-                         text=True, cwd=PKG.parent, check=False)  # fmt: skip
+                         text=True, cwd=PACKAGE.parent, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,8 @@ from mpswrap.config import load_settings
 from mpswrap.job import state
 from mpswrap.mps import gpu, inventory_cache
 from mpswrap.mps.gpu import GpuInfo, Inventory
-from tests.simenv import ensure_test_user
+from tests.tree import PACKAGE
+from tests.users import ensure_test_user, run_as
 
 GPUS = [
     GpuInfo(0, "GPU-00000000-0000-0000-0000-000000000001", 1, "H100", (9, 0),
@@ -175,7 +175,7 @@ def test_only_root_writes_the_copy(
     node: tuple[Path, FakeNvml], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run, fake = node
-    monkeypatch.setattr(inventory_cache.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     _load(run)
     assert fake.asked == 1 and not (run / "inventory.n1.json").exists()
 
@@ -240,8 +240,7 @@ def test_a_kept_file_that_disagrees_with_the_kernel_is_not_used(
 def test_only_the_prolog_uses_the_file() -> None:
     """A rank, a task prolog or a command asks NVML for its own view (a job's cgroup may hide
     GPUs and renumber the rest): only entry/hooks.py (the prolog's start) asks for the file."""
-    package = Path(state.__file__).resolve().parents[1]
-    users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                    if "node_inventory(" in p.read_text() and p.name != "state.py")  # fmt: skip
     assert users == ["entry/hooks.py"]
 
@@ -263,8 +262,8 @@ def test_a_file_another_user_writes_into_their_run_dir_is_not_read(
             break
         level.chmod(level.stat().st_mode | 0o005)
     target = str(run / "inventory.n1.json")
-    subprocess.run(["runuser", "-u", user, "--", "sh", "-c", 'cat > "$1"', "sh", target],
-                   input=json.dumps(forged), text=True, check=True)  # fmt: skip
+    res = run_as(user, ["sh", "-c", 'cat > "$1"', "sh", target], input=json.dumps(forged))
+    assert res.returncode == 0, res.stderr
     assert _load(run).gpus == GPUS
     assert fake.asked == 2
     assert json.loads((run / "inventory.n1.json").read_text())["gpus"][0]["cpus"] == [99]

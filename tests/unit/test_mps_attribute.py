@@ -3,6 +3,7 @@ libcuda, and a daemon that never lists this process (as from another PID namespa
 
 from __future__ import annotations
 
+import ctypes
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from mpswrap.mps import cuda
 
 class FakeCuda:
     def __init__(self, context: int, mps: int, attribute_rc: int = 0) -> None:
-        self.context, self.mps, self.attribute_rc, self.asked = context, mps, attribute_rc, []
+        self.context, self.mps, self.attribute_rc = context, mps, attribute_rc
+        self.asked: list[int] = []
 
     def cuCtxGetCurrent(self, ctx: Any) -> int:
         ctx._obj.value = self.context
@@ -43,7 +45,7 @@ class FakeCuda:
 def test_the_driver_says_whether_the_context_uses_mps(
     monkeypatch: pytest.MonkeyPatch, lib: FakeCuda, said: bool | None
 ) -> None:
-    monkeypatch.setattr(cuda.ctypes, "CDLL", lambda *_a, **_k: lib)
+    monkeypatch.setattr(ctypes, "CDLL", lambda *_a, **_k: lib)
     assert cuda.mps_client() is said
     assert lib.asked in ([], [133])
 
@@ -52,7 +54,7 @@ def test_no_libcuda_loaded_means_no_answer(monkeypatch: pytest.MonkeyPatch) -> N
     def absent(*_a: object, **_k: object) -> Any:
         raise OSError("libcuda.so.1: not loaded")
 
-    monkeypatch.setattr(cuda.ctypes, "CDLL", absent)
+    monkeypatch.setattr(ctypes, "CDLL", absent)
     assert cuda.mps_client() is None
 
 

@@ -19,8 +19,8 @@ from mpswrap.job import state
 from mpswrap.job.job import JobDaemons, Teardown
 from mpswrap.paths import JobLayout, check_dirs
 from mpswrap.removal import remove_tree
+from tests.tree import REPO
 
-REPO = str(Path(__file__).resolve().parents[2])
 ME = frozenset({0, os.geteuid()})
 
 
@@ -98,7 +98,7 @@ def _read_in_a_child(reader: str, path: Path) -> subprocess.CompletedProcess[str
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
         f"{reader}\nprint(repr(read(Path(sys.argv[1]))))\n"
     )
-    env = {**os.environ, "PYTHONPATH": REPO}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
         return subprocess.run([sys.executable, "-c", code, str(path)], env=env, text=True,
                               capture_output=True, timeout=20)  # fmt: skip

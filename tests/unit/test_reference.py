@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tree import PACKAGE, REPO
 
 
 def _generator() -> ModuleType:
@@ -90,6 +90,15 @@ def _slug(heading: str) -> str:
     return re.sub(r"\s", "-", text)
 
 
+def _located(path: Path) -> Path:
+    """Where a file of the checkout is in the tree under test: the package's files lie in
+    the package under test (an installed wheel's, in CI), the rest in the checkout."""
+    try:
+        return PACKAGE / path.relative_to(REPO / "mpswrap")
+    except ValueError:
+        return path
+
+
 def _anchors(path: Path) -> set[str]:
     lines = path.read_text(encoding="utf-8").splitlines()
     return {_slug(line.lstrip("#")) for line in lines if line.startswith("#")}
@@ -102,7 +111,7 @@ def test_every_relative_link_exists() -> None:
             if re.match(r"[a-z]+:", target):
                 continue
             file, _, anchor = target.partition("#")
-            dest = (path.parent / file).resolve() if file else path
+            dest = _located((path.parent / file).resolve()) if file else path
             if not dest.exists():
                 bad.append(f"{path.relative_to(REPO)}: link to {target}: no such file")
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
@@ -110,13 +119,18 @@ def test_every_relative_link_exists() -> None:
     assert not bad, "\n".join(bad)
 
 
+def _cited(cited: str) -> list[Path]:
+    """The files a path a doc cites (a glob, maybe) names, in the tree under test."""
+    root = PACKAGE.parent if cited.startswith("mpswrap/") else REPO
+    return list(root.glob(cited)) if "*" in cited else [root / cited]
+
+
 def test_every_cited_repository_path_exists() -> None:
     bad = []
     for path, text in _docs():
         for match in set(_PATH.findall(text)):
             cited = match.rstrip(".")
-            found = list(REPO.glob(cited)) if "*" in cited else [REPO / cited]
-            if not any(p.exists() for p in found):
+            if not any(p.exists() for p in _cited(cited)):
                 bad.append(f"{path.relative_to(REPO)}: cites {cited}, which does not exist")
     assert not bad, "\n".join(bad)
 
@@ -124,7 +138,7 @@ def test_every_cited_repository_path_exists() -> None:
 def test_every_mpswrap_variable_named_in_the_docs_exists() -> None:
     from mpswrap.config import ENV_PREFIX, FIELDS
 
-    source = "".join(p.read_text(encoding="utf-8") for p in (REPO / "mpswrap").rglob("*.py"))
+    source = "".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
     known = {ENV_PREFIX + f.name.upper() for f in FIELDS}
     bad = [
         f"{path.relative_to(REPO)}: {var} is neither a setting nor read by mpswrap"
@@ -250,8 +264,8 @@ def test_the_concepts_module_table_lists_every_module() -> None:
     )
     listed = {folder.rstrip("/"): re.findall(r"`(\w+)`", mods) for folder, mods in rows}
     bad = []
-    for folder in sorted({p.parent for p in (REPO / "mpswrap").rglob("__init__.py")}):
-        name = str(folder.relative_to(REPO / "mpswrap")).replace(".", "")
+    for folder in sorted({p.parent for p in PACKAGE.rglob("__init__.py")}):
+        name = str(folder.relative_to(PACKAGE)).replace(".", "")
         if name == "sim" or "sim/" in name:
             continue  # one row, no module list: the simulator stands apart from the layers
         modules = {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}

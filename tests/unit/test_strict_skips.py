@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from tests.tree import REPO
+
 pytest_plugins = ["pytester"]
-REPO = str(Path(__file__).resolve().parents[2])
 TESTS = {
     "test_a": """
         import pytest
@@ -38,7 +37,7 @@ def _run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, allowed: str | None
 ) -> pytest.RunResult:
     pytester.makepyfile(**TESTS)
-    monkeypatch.setenv("PYTHONPATH", REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv("MPS_STRICT_SKIPS", "1")
     monkeypatch.delenv("MPS_ALLOWED_SKIPS", raising=False)  # tools/test.sh sets its own
     if allowed is not None:
@@ -78,7 +77,7 @@ def test_without_strict_skips_a_skip_passes(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(**TESTS)
-    monkeypatch.setenv("PYTHONPATH", REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.delenv("MPS_STRICT_SKIPS", raising=False)  # tools/test.sh sets it
     res = pytester.runpytest_subprocess("-p", "tests.strict_skips")
     assert res.ret == 0, res.stdout.str()
