@@ -11,7 +11,10 @@
 # (cgroups) and /dev bound in, in a mount namespace of the script's own (the host never sees
 # those mounts; they go with the namespace). Its clusters search for free ports from 7817, so
 # they never take the host tier's ports.
-# Debian 12, as root. Env: ROOT, MIRROR, WHEEL (a built wheel for test_admin_guide.py).
+# The root is kept under a key of its package list (ROOT/.mpswrap-pkgs): a second run on the
+# same machine reuses it and says so; a changed list brings the packages up to it.
+# Debian 12, as root. Env: ROOT, MIRROR, WHEEL (a built wheel for test_admin_guide.py),
+# REPORT (where the run's junit XML goes), MPS_LOAD_JOBS (the load test's length).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd -P)
 ROOT=${ROOT:-/opt/mpswrap-ci/trixie}
@@ -63,7 +66,9 @@ if [ ! -x "$ROOT/usr/sbin/slurmd" ] || [ "$(cat "$ROOT/.mpswrap-pkgs" 2>/dev/nul
     >"$ROOT.log" 2>&1 || { tail -20 "$ROOT.log" >&2; log "apt-get in $ROOT failed"; exit 1; }
   unbind
   echo "$stamp" >"$ROOT/.mpswrap-pkgs"
-  log "Debian 13 root ready in $((SECONDS - start)) s"
+  log "Debian 13 root built in $((SECONDS - start)) s ($ROOT, package list $stamp)"
+else
+  log "Debian 13 root reused: $ROOT, package list $stamp"
 fi
 # shellcheck disable=SC2016  # dpkg-query's own format
 log "$(in_root dpkg-query -W -f='slurm ${Version}' slurmd), $(in_root python3 -V)"
@@ -105,11 +110,13 @@ chmod -R a+rX "$ROOT/opt/mpswrap-ci"
 [ $# -gt 0 ] || set -- tests/integration
 log "pytest $* (Slurm from $ROOT)"
 rc=0
-# shellcheck disable=SC2016  # the inner shell expands its arguments
+junit=/tmp/mpswrap-junit.xml
+rm -f "$ROOT$junit"
 # shellcheck disable=SC2016  # the inner shell expands its arguments
 in_root MPS_TEST_WHEEL="$DIST/$wheel" PORT_BASE=7817 MPS_STRICT_SKIPS="${MPS_STRICT_SKIPS:-1}" \
-  MPS_ALLOWED_SKIPS="$SRC/tests/allowed_skips.txt" \
-  bash -c 'cd "$0" && exec "$1/bin/python" -m pytest -p no:cacheprovider -m "not gpu" "${@:2}"' \
-  "$SRC" "$VENV" "$@" || rc=$?
+  MPS_ALLOWED_SKIPS="$SRC/tests/allowed_skips.txt" ${MPS_LOAD_JOBS:+MPS_LOAD_JOBS="$MPS_LOAD_JOBS"} \
+  bash -c 'cd "$0" && exec "$1/bin/python" -m pytest -p no:cacheprovider --junitxml="$2" -m "not gpu" "${@:3}"' \
+  "$SRC" "$VENV" "$junit" "$@" || rc=$?
+if [ -n "${REPORT:-}" ] && [ -r "$ROOT$junit" ]; then cp "$ROOT$junit" "$REPORT"; fi
 log "Slurm 24.11 tier: pytest exited $rc"
 exit $rc

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# tools/test.sh -- install everything the test tiers need and run them (lint, unit,
-# functional, contract against the simulator, integration with a real Slurm and Open MPI).
-# Debian 12, as root (the Slurm harness runs slurmd and creates the test users).
-#   bash tools/test.sh            everything but the gpu tier
-#   bash tools/test.sh -k smoke   extra arguments go to pytest (the oldest-Python run is
-#                                 skipped then, unless MPS_MIN_PYTHON=1)
-# Before the tests it builds the wheel and sdist (python -m build), checks that both carry the
-# Slurm shims, installs the wheel into a fresh environment and runs `mpswrap demo` from it;
-# the tests get that wheel as MPS_TEST_WHEEL (tests/integration/test_admin_guide.py).
-# After the full run under Debian's python3, the real-Slurm tests run again on Slurm 24.11 (a
-# Debian 13 root made with debootstrap: tools/slurm-trixie.sh), and the unit and functional
-# tiers run again under the oldest Python that pyproject's requires-python allows (found under
-# pyenv or on PATH), in a fresh environment with the wheel's dependencies (the tests import
-# the source tree, as the main run does): that is the floor CI tests. No such Python fails the run, unless
-# MPS_ALLOW_NO_MIN_PYTHON=1.
+# tools/test.sh -- install everything the tests need, then run every test once, in the tier
+# where it means something. Debian 12, as root (the Slurm harness runs slurmd and creates
+# the test users).
+#   bash tools/test.sh            every tier but the gpu one
+#   bash tools/test.sh -k smoke   one pytest run of those arguments under Debian's python3,
+#                                 from the tree (no tiers)
+# Stages, in order; each tier's line (tests, seconds) is printed again at the end:
+#   lint      ruff, mypy (mpswrap, tests, benchmarks), shellcheck, and the SPANK plugin built
+#             by install.sh (-Wall -Wextra -Werror, its compiler output shown)
+#   build     the wheel and sdist (checked for the Slurm shims); the tiers below use that wheel
+#   python    unit, functional and contract tests under the oldest Python that pyproject's
+#             requires-python allows (found under pyenv or on PATH; none fails the run unless
+#             MPS_ALLOW_NO_MIN_PYTHON=1), with mpswrap installed from the wheel into a fresh
+#             venv and the tests run from a copy of the tree without its package, so nothing
+#             imports the source; in parallel (pytest-xdist, MPS_TEST_WORKERS, default 4: the
+#             tests mostly wait on processes)
+#   slurm     the real-Slurm and Open MPI tests (markers slurm, mpi) on Debian 12's Slurm 22.05,
+#             Debian's python3 and mpi4py; one cluster, one process
+#   slurm-24.11  the tests that depend on the Slurm version (marker slurm_version: hooks,
+#             SPANK, gres/mps shares, the admin guide, the load test with MPS_LOAD_JOBS=5) on
+#             Debian 13's Slurm 24.11, in a Debian 13 root kept between runs
+#             (tools/slurm-trixie.sh)
+# Every pytest call writes junit XML and its slowest tests (--durations) to REPORTS
+# (default /opt/mpswrap-ci/reports). A failing tier fails the run; the later tiers still run.
 # Strict skips: a skip whose reason tests/allowed_skips.txt does not list fails the run, since
 # everything the tests need is installed here (MPS_STRICT_SKIPS=0 turns that off).
 # The gpu tier runs on a GPU machine: bash tests/gpu/run_gpu_tier.sh
@@ -53,15 +62,64 @@ fi
 "$VENV/bin/python" -m pip install -q "${SRC}[test,lint]"
 chmod -R a+rX "$(dirname "$VENV")"
 
+CI_DIR=$(dirname "$VENV")
+REPORTS=${REPORTS:-$CI_DIR/reports}
+rm -rf "$REPORTS"; mkdir -p "$REPORTS"
+STAGES=$REPORTS/stages.txt  # one line per stage: what ran, seconds
+# Not MPSWRAP_*: mpswrap reads those as settings (and warns about unknown ones).
+export MPS_STRICT_SKIPS=${MPS_STRICT_SKIPS:-1} MPS_ALLOWED_SKIPS=$SRC/tests/allowed_skips.txt
+
+# A stage's line: NAME, its start ($SECONDS), its exit code, and its junit XML if it ran tests.
+record() {
+  local name=$1 start=$2 rc=$3 xml=${4:-} counts=""
+  if [ -n "$xml" ] && [ -r "$xml" ]; then
+    counts=$("$VENV/bin/python" - "$xml" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suite = root if root.tag == "testsuite" else root.find("testsuite")
+n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+bad = n["failures"] + n["errors"]
+print(f"{n['tests']} tests ({n['tests'] - bad - n['skipped']} passed, {bad} failed, "
+      f"{n['skipped']} skipped)")
+EOF
+    ) || counts="no readable junit XML"
+  fi
+  local line="$name: ${counts:+$counts, }$((SECONDS - start)) s${rc:+, exit $rc}"
+  echo "$line" >>"$STAGES"
+  log "$line"
+}
+# pytest's own arguments for a tier: its junit XML and slowest tests in REPORTS.
+report_args() { echo "-p no:cacheprovider --junitxml=$REPORTS/$1.xml --durations=25 --durations-min=1"; }
+
+if [ $# -gt 0 ]; then
+  log "pytest $* (Debian's python3, this tree; no tiers)"
+  set +e
+  # shellcheck disable=SC2046  # report_args is a list of words
+  "$VENV/bin/python" -m pytest $(report_args adhoc) -m "not gpu" "$@"
+  rc=$?
+  [ $rc = 5 ] && log "pytest collected no tests"
+  exit $rc
+fi
+
+start=$SECONDS
 log "lint"
 "$VENV/bin/ruff" check mpswrap tests benchmarks examples tools
 "$VENV/bin/ruff" format --check mpswrap tests benchmarks examples tools
-"$VENV/bin/mypy" mpswrap
+"$VENV/bin/mypy"  # pyproject's files: mpswrap, tests, benchmarks; strict
 shellcheck -x mpswrap/slurm/hook mpswrap/slurm/*.sh tools/*.sh tests/gpu/*.sh \
   tests/integration/cluster/*.sh
+# The SPANK plugin as install.sh builds it (-Wall -Wextra -Werror), against this Slurm's spank.h.
+spank=$(mktemp -d)
+bash mpswrap/slurm/install.sh --spank --python "$VENV/bin/python" --config /etc/mpswrap/mpswrap.conf \
+  --dest "$spank/hooks" 2>&1 | grep -E "^install.sh: (cc|gcc|built)|: (warning|error|note)" >&2 ||
+  { rm -rf "$spank"; log "the SPANK plugin did not build"; exit 1; }
+rm -rf "$spank"
+record lint "$start" ""
 
+start=$SECONDS
 log "build: wheel and sdist"
-DIST=$(dirname "$VENV")/dist
+DIST=$CI_DIR/dist
 rm -rf "$DIST"
 "$VENV/bin/python" -m pip install -q build
 "$VENV/bin/python" -m build --outdir "$DIST" . >"$DIST.log" 2>&1 ||
@@ -81,12 +139,9 @@ missing += [f"sdist: {n}" for n in [*need, "LICENSE"] if n not in in_sdist]
 if missing:
     sys.exit("tools/test.sh: missing from the built distributions: " + ", ".join(missing))
 EOF
-log "built $(basename "$WHEEL") and $(basename "$SDIST"); demo from the wheel in a fresh venv"
-WHEEL_VENV=$(dirname "$VENV")/wheel-venv
-rm -rf "$WHEEL_VENV"
-VENV=$WHEEL_VENV WHEEL=$WHEEL PYTHON=/usr/bin/python3 bash tools/install-and-demo.sh
-# Not MPSWRAP_*: mpswrap reads those as settings (and warns about unknown ones).
-export MPS_TEST_WHEEL=$WHEEL
+log "built $(basename "$WHEEL") and $(basename "$SDIST")"
+export MPS_TEST_WHEEL=$WHEEL  # tests/integration/test_admin_guide.py installs it
+record build "$start" ""
 
 # The oldest interpreter requires-python allows: "PATH VERSION", or nothing. pyenv's versions
 # and python3.N on PATH; pyenv's shims are skipped (they are scripts that pick a version).
@@ -132,62 +187,76 @@ world_runnable() {
   echo "$copy/bin/$name"
 }
 
-# The unit and functional tiers under the oldest supported Python, from the built wheel.
-min_python_tier() {
-  local found python version venv start=$SECONDS
+# Unit, functional and contract tests under the oldest supported Python, mpswrap from the
+# wheel: a fresh venv, and a copy of the tree without mpswrap/ to run them from.
+python_tier() {
+  local found python version venv tree start=$SECONDS rc=0
   found=$(oldest_python)
   if [ -z "$found" ]; then
     log "**********************************************************************************"
     log "NO PYTHON SATISFYING requires-python ($(grep -m1 '^requires-python' pyproject.toml))"
-    log "found under pyenv or on PATH: the oldest supported Python was NOT tested"
+    log "found under pyenv or on PATH: the unit, functional and contract tests did NOT run"
     log "**********************************************************************************"
     [ "${MPS_ALLOW_NO_MIN_PYTHON:-}" = 1 ] && return 0
     log "failing (MPS_ALLOW_NO_MIN_PYTHON=1 lets the run pass without it)"
     return 1
   fi
   read -r python version <<<"$found"
-  log "oldest supported Python: $version ($python): unit and functional tiers, the wheel's dependencies"
   if ! runuser -u nobody -- env -i "$python" -c pass 2>/dev/null; then
     python=$(world_runnable "$python") || return 1
     runuser -u nobody -- env -i "$python" -c 'import ssl, sqlite3' ||
       { log "other users cannot run $python"; return 1; }
   fi
-  venv=$(dirname "$VENV")/venv-py$version
-  rm -rf "$venv"
+  venv=$CI_DIR/venv-py$version tree=$CI_DIR/tree-without-package
+  rm -rf "$venv" "$tree"
   "$python" -m venv "$venv"
   # The mpi extra as well: functional tests run session() with mpi4py (a binary wheel; it
   # finds Debian's Open MPI library at run time).
   "$venv/bin/python" -m pip install -q --only-binary mpi4py "${WHEEL}[test,mpi]"
-  chmod -R a+rX "$venv"
-  local rc=0
-  "$venv/bin/python" -m pytest -p no:cacheprovider -m "not gpu and not slurm and not mpi" \
-    tests/unit tests/functional || rc=$?
-  log "oldest supported Python $version: pytest exited $rc after $((SECONDS - start)) s"
+  mkdir -p "$tree"
+  tar -C "$SRC" --exclude=./mpswrap --exclude=./.git --exclude=__pycache__ -cf - . | tar -C "$tree" -xf -
+  chmod -R a+rX "$venv" "$tree"
+  local where
+  where=$(cd "$tree" && "$venv/bin/python" -c 'import mpswrap; print(mpswrap.__file__)')
+  case "$where" in "$venv"/*) ;; *) log "mpswrap imports from $where, not the wheel"; return 1 ;; esac
+  log "python: Python $version, mpswrap from $(basename "$WHEEL"), ${MPS_TEST_WORKERS:-4} workers"
+  # shellcheck disable=SC2046  # report_args is a list of words
+  (cd "$tree" && "$venv/bin/python" -m pytest $(report_args python) -n "${MPS_TEST_WORKERS:-4}" \
+    -m "not gpu and not slurm and not mpi" tests/unit tests/functional tests/contract) || rc=$?
+  record "python (unit, functional, contract; Python $version, from the wheel)" "$start" $rc \
+    "$REPORTS/python.xml"
   return $rc
 }
 
-log "tests"
-export MPS_STRICT_SKIPS=${MPS_STRICT_SKIPS:-1} MPS_ALLOWED_SKIPS=$SRC/tests/allowed_skips.txt
+rcs=()
 set +e
-"$VENV/bin/python" -m pytest -p no:cacheprovider -m "not gpu" "$@"
-rc=$?
-set -e
-[ $rc = 5 ] && { log "pytest collected no tests"; exit 1; }
-if [ $# -gt 0 ] && [ "${MPS_MIN_PYTHON:-}" != 1 ]; then
-  log "Slurm 24.11 and the oldest supported Python: skipped (pytest arguments given;"
-  log "MPS_MIN_PYTHON=1 runs both)"
-  exit $rc
-fi
-# The real-Slurm tests (marker slurm) again on Debian 13's Slurm 24.11, in a chroot beside
-# the host's 22.05 (tools/slurm-trixie.sh); after the main run, not beside it: both tiers
-# start Slurm clusters and time-sensitive jobs on this machine's few cores.
-set +e
+(set -e; python_tier)
+rcs+=("$?")
+
 start=$SECONDS
-WHEEL=$WHEEL bash "$REPO/tools/slurm-trixie.sh" -m slurm tests/integration
-next_rc=$?
-log "Slurm 24.11 tier: exit $next_rc after $((SECONDS - start)) s"
-(set -e; min_python_tier)
-min_rc=$?
+log "slurm: real Slurm 22.05 and Open MPI ($("$VENV/bin/python" -V))"
+# shellcheck disable=SC2046  # report_args is a list of words
+"$VENV/bin/python" -m pytest $(report_args slurm) -m "not gpu and (slurm or mpi)"
+rc=$?
+record "slurm (Slurm $(dpkg-query -W -f='${Version}' slurmd | cut -d- -f1), Open MPI; $("$VENV/bin/python" -V))" \
+  "$start" $rc "$REPORTS/slurm.xml"
+rcs+=("$rc")
+
+# After the 22.05 tier, not beside it: both start Slurm clusters and time-sensitive jobs on
+# this machine's few cores.
+start=$SECONDS
+WHEEL=$WHEEL REPORT=$REPORTS/slurm-24.11.xml MPS_LOAD_JOBS=5 bash "$REPO/tools/slurm-trixie.sh" \
+  --durations=25 --durations-min=1 -m slurm_version tests/integration
+rc=$?
+record "slurm-24.11 (the Slurm-version tests on Slurm 24.11)" "$start" $rc "$REPORTS/slurm-24.11.xml"
+rcs+=("$rc")
 set -e
-for code in $rc $next_rc $min_rc; do [ "$code" != 0 ] && exit "$code"; done
+
+log "---------------------------------------------------------------------------------------"
+while read -r line; do log "$line"; done <"$STAGES"
+log "reports (junit XML, slowest tests): $REPORTS; all stages: $SECONDS s"
+for code in "${rcs[@]}"; do
+  [ "$code" = 5 ] && { log "a tier collected no tests"; exit 1; }
+  [ "$code" != 0 ] && exit "$code"
+done
 exit 0

@@ -11,7 +11,8 @@
 # --spank also builds the SPANK plugin (mpswrap_spank.c: sbatch/salloc/srun --mps[=POLICY])
 # with $CC (default cc, else gcc) against the installed Slurm's slurm/spank.h (found under
 # --slurm-include DIR, /usr/include or /usr/local/include) into DEST/mpswrap_spank.so, and
-# prints the plugstack.conf line.
+# prints the plugstack.conf line. It builds with -Wall -Wextra -Werror (CFLAGS, default -O2,
+# adds flags) and shows the compiler's command and output.
 # Idempotent: running it again replaces the three files (atomically: a job starting at
 # that moment sees the old or the new shim, never half of one).  Undo: uninstall.sh.
 set -euo pipefail
@@ -149,12 +150,20 @@ echo "install.sh: installed $DEST/prolog, $DEST/task_prolog, $DEST/epilog"
 
 if [ "$SPANK" = 1 ]; then
   tmp=$(mktemp "$DEST/.mpswrap_spank.XXXXXX")
-  if ! out=$("$CC" -shared -fPIC -O2 -Wall -I"$SPANK_INCLUDE" -o "$tmp" "$HERE/mpswrap_spank.c" 2>&1); then
+  # A warning is an error: the plugin runs inside srun, sbatch and slurmstepd. CFLAGS (default
+  # -O2) adds to the flags; the compiler's command and output are shown either way.
+  read -r -a cflags <<<"${CFLAGS:--O2}"
+  cc_argv=("$CC" -shared -fPIC -Wall -Wextra -Werror "${cflags[@]}" -I"$SPANK_INCLUDE" -o "$tmp"
+           "$HERE/mpswrap_spank.c")
+  echo "install.sh: ${cc_argv[*]}"
+  if ! out=$("${cc_argv[@]}" 2>&1); then
     rm -f "$tmp"
-    die "building the SPANK plugin against $SPANK_INCLUDE/slurm/spank.h failed: $out"
+    printf '%s\n' "$out" >&2
+    die "building the SPANK plugin against $SPANK_INCLUDE/slurm/spank.h failed (compiler output above)"
   fi
+  [ -z "$out" ] || printf '%s\n' "$out"
   chown root:root "$tmp"; chmod 0755 "$tmp"; mv -f "$tmp" "$DEST/mpswrap_spank.so"
-  echo "install.sh: built $DEST/mpswrap_spank.so against $SPANK_INCLUDE/slurm/spank.h"
+  echo "install.sh: built $DEST/mpswrap_spank.so against $SPANK_INCLUDE/slurm/spank.h (no warnings)"
 fi
 
 cat <<EOF
