@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from mpswrap.paths import JobLayout
+from tests.tree import REPO
 from tests.users import run_as
 
 
@@ -100,6 +101,9 @@ class SimNode(SimFiles):
             MPSWRAP_TERMINATE_TIMEOUT="3",
             MPSWRAP_QUIT_TIMEOUT="2",
             MPSWRAP_COMMAND_TIMEOUT="3",
+            # The mpswrap under test, whatever the working directory (the node's own: what a
+            # command writes relative to it stays in the node, apart from parallel tests).
+            PYTHONPATH=str(REPO),
         )
         env.update(extra)
         return env
@@ -112,22 +116,38 @@ class SimNode(SimFiles):
         argv = [sys.executable, "-m", "mpswrap", *args]
         env = self.env(**extra)
         if user:
-            return run_as(user, argv, env, timeout=timeout)
-        return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
+            return run_as(user, argv, env, cwd=self.root, timeout=timeout)
+        return subprocess.run(
+            argv, env=env, cwd=self.root, text=True, capture_output=True, timeout=timeout
+        )
 
     def run(
         self, *args: str, timeout: float = 60, **extra: str
     ) -> subprocess.CompletedProcess[str]:
         """``python -m mpswrap ARGS`` as this process's user, to completion."""
-        return subprocess.run([sys.executable, "-m", "mpswrap", *args], env=self.env(**extra),
-                              text=True, capture_output=True, timeout=timeout)  # fmt: skip
+        argv = [sys.executable, "-m", "mpswrap", *args]
+        return subprocess.run(
+            argv,
+            env=self.env(**extra),
+            cwd=self.root,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
 
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
         """``python -m mpswrap ARGS`` in its own session, like a job step: the test signals it
         as a whole."""
-        return subprocess.Popen([sys.executable, "-m", "mpswrap", *args], env=self.env(**extra),
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)  # fmt: skip
+        argv = [sys.executable, "-m", "mpswrap", *args]
+        return subprocess.Popen(
+            argv,
+            env=self.env(**extra),
+            cwd=self.root,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     def leftovers(self) -> list[psutil.Process]:
         found = []
