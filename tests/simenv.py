@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from mpswrap.paths import JobLayout
+from mpswrap.paths import GpuDirs, JobLayout
 from tests.tree import REPO
 from tests.users import run_as
 
@@ -89,6 +89,18 @@ class SimNode(SimFiles):
         where ``mpswrap start`` run by this process puts them (root: admin mode)."""
         admin = os.geteuid() == 0 if admin is None else admin
         return JobLayout(self.run_dir if admin else self.user_run_dir, node, job)
+
+    def started(self, job: str, gpu: str = "g0") -> GpuDirs:
+        """The directories of ``gpu`` of ``job`` that ``mpswrap start`` made, on whichever node
+        name it took (this host's) and in whichever run directory (admin or user mode)."""
+        found = [
+            JobLayout(root, node_dir.name, job).gpu(gpu)
+            for root in (self.run_dir, self.user_run_dir)
+            for node_dir in (root.glob("*") if root.is_dir() else ())
+            if (node_dir / job).is_dir()
+        ]
+        assert len(found) == 1, f"job {job} is in {len(found)} places: {found}"
+        return found[0]
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM"))}

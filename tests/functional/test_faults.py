@@ -582,16 +582,13 @@ def test_the_epilog_keeps_a_record_with_the_documented_fields(node: SimNode) -> 
     archive = node.root / "archive"
     admin_config(node, log_archive=str(archive), terminate_window="10")
     assert slurm_hook(node, "prolog", user="root").returncode == 0
-    g0 = admin_job(node) / "g0"
-    env = dict(node.env(), CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"),
-               CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"))  # fmt: skip
+    g0 = node.layout("101", admin=True).gpu("g0")
+    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log))
     clients = [subprocess.Popen([node.client, "--seconds", "60"], env=env, text=True,
                                 stdout=subprocess.DEVNULL) for _ in range(4)]  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while not all(
-            f"NEW CLIENT {c.pid} " in (g0 / "log" / "control.log").read_text() for c in clients
-        ):
+        while not all(f"NEW CLIENT {c.pid} " in g0.control_log.read_text() for c in clients):
             assert time.monotonic() < deadline, "4 clients did not connect"
             time.sleep(0.1)
         end = slurm_hook(node, "epilog", user="root")

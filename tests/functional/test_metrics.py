@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mpswrap.cli import metrics
 from mpswrap.mps import gpu
 from mpswrap.mps.control import CLIENT_FIELDS
+from mpswrap.paths import GpuDirs
 from tests.simenv import SimNode
 
 pytestmark = pytest.mark.functional
@@ -28,11 +29,11 @@ pytestmark = pytest.mark.functional
 def job(node: SimNode) -> Iterator[list[subprocess.Popen[str]]]:
     """Job ``met`` with its daemons and three clients on g0: ranks 0-2, thread shares 10/20/30."""
     assert node.run("start", "--job", "met").returncode == 0
-    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
+    g0 = node.started("met")
     clients = [
         subprocess.Popen([node.client, "--seconds", "60"], text=True, env=node.env(
             OMPI_COMM_WORLD_RANK="abc",  # malformed, and outranked by MPSWRAP_RANK: harmless
-            CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"),
+            CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log),
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(10 * (r + 1)), MPSWRAP_RANK=str(r),
             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={r + 1}G"))
         for r in range(3)
@@ -152,8 +153,8 @@ def test_nvml_figures_prefer_the_mps_view(monkeypatch: pytest.MonkeyPatch) -> No
     assert gpu.usage("GPU-x", "/tmp/gpus.json") is None
 
 
-def _clients(node: SimNode, g0: Path, extra: list[list[str]]) -> list[subprocess.Popen[str]]:
-    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"))
+def _clients(node: SimNode, g0: GpuDirs, extra: list[list[str]]) -> list[subprocess.Popen[str]]:
+    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log))
     return [subprocess.Popen([node.client, *args], env=env, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for args in extra]  # fmt: skip
@@ -169,7 +170,7 @@ def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
     os.utime(old, (time.time() - 40 * 86400,) * 2)  # past log_archive_days (30)
     (archive / "notes.txt").write_text("an admin's file")
     assert node.run("start", "--job", "rec", MPSWRAP_LOG_ARCHIVE=str(archive)).returncode == 0
-    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/rec/g0"))
+    g0 = node.started("rec")
     faulty = _clients(node, g0, [["--seconds", "60", "--fault-after", "0.3"]])
     faulty[0].wait(timeout=30)  # the fault ends the clients of that server, this one first
     clients = _clients(node, g0, [["--seconds", "60"]] * 4)
@@ -194,7 +195,8 @@ def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
     assert "5 client(s) seen" in text.stdout and "fault at" in text.stdout, text.stdout
     assert not old.exists() and (archive / "notes.txt").exists(), "pruned by age, ours only"
     assert sorted(p.name for p in archive.glob("*-rec-g0-*")) == [
-        f"{g0.parent.parent.name}-rec-g0-{n}" for n in ("control.log", "record.json", "server.log")
+        f"{g0.root.parent.parent.name}-rec-g0-{n}"
+        for n in ("control.log", "record.json", "server.log")
     ]
     none = node.run("report", "other", MPSWRAP_LOG_ARCHIVE=str(archive))
     assert none.returncode == 4 and "no record of job other" in none.stderr
@@ -215,11 +217,11 @@ def _listed_in(node: SimNode, job: str, k: int) -> None:
 def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
     node: SimNode, job: list[subprocess.Popen[str]]
 ) -> None:
-    g0 = next(p for root in (node.run_dir, node.user_run_dir) for p in root.glob("*/met/g0"))
+    g0 = node.started("met")
     odd = subprocess.Popen(
         [str(node.client), "--seconds", "60", "--tag", 'a"b\\c\nd\udcff'], text=True,
-        env=node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), SLURM_PROCID="x1",
-                     CUDA_MPS_LOG_DIRECTORY=str(g0 / "log")), errors="surrogateescape",
+        env=node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), SLURM_PROCID="x1",
+                     CUDA_MPS_LOG_DIRECTORY=str(g0.log)), errors="surrogateescape",
     )  # fmt: skip
     try:
         _listed_in(node, "met", 4)
