@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.functional.test_launcher import by_tag, records, signal_tree
+from tests.functional.test_launcher import by_tag, records
+from tests.procs import signal_tree
 from tests.simenv import SimNode
 from tests.waits import wait_until
 

@@ -25,22 +25,12 @@ import psutil
 import pytest
 
 from mpswrap import _proc
+from tests.procs import signal_tree
 from tests.simenv import SimNode
 from tests.users import ensure_test_user
 from tests.waits import sh_wait_for_records, wait_until
 
 pytestmark = pytest.mark.functional
-
-
-def signal_tree(proc: subprocess.Popen[str], sig: int) -> int:
-    """Signal every process of the run at once, as scancel does to a step."""
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for member in tree:
-        try:
-            member.send_signal(sig)
-        except psutil.Error:
-            pass
-    return len(tree)
 
 
 def records(path: Path) -> list[dict[str, Any]]:

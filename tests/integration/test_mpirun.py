@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.procs import signal_tree
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.waits import sh_wait_for_records
 
@@ -83,17 +84,6 @@ def wait_for_program(proc: subprocess.Popen[Any], argv: list[str]) -> psutil.Pro
         assert proc.poll() is None, f"exited {proc.returncode} before running {argv}"
         time.sleep(0.02)
     raise AssertionError(f"{argv} not started in 30 s")
-
-
-def signal_everything(proc: subprocess.Popen[str], sig: int) -> int:
-    """Like scancel: every process of the run gets the signal at the same moment."""
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for member in tree:
-        try:
-            member.send_signal(sig)
-        except psutil.Error:
-            pass
-    return len(tree)
 
 
 class PrologDaemons:
@@ -162,7 +152,7 @@ def test_sigterm_to_every_process_ends_each_client_through_mps(node: SimNode) ->
             start_new_session=True,
         )  # fmt: skip
         wait_for_starts(rec, 4, proc)
-        assert signal_everything(proc, signal.SIGTERM) >= 9  # mpswrap, mpirun, 4 ranks, 4 clients
+        assert signal_tree(proc, signal.SIGTERM) >= 9  # mpswrap, mpirun, 4 ranks, 4 clients
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 143, err
         assert end_reasons(rec) == ["terminated"] * 4, err
@@ -183,7 +173,7 @@ def test_sigterm_to_every_process_with_user_mode_daemons_leaves_nothing(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     wait_for_starts(rec, 4, proc)
-    signal_everything(proc, signal.SIGTERM)
+    signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert end_reasons(rec) == ["terminated"] * 4, err
