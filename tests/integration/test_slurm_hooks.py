@@ -25,7 +25,7 @@ from tests.integration.harness import (
     why_not_runnable,
 )
 from tests.tree import PACKAGE
-from tests.waits import wait_until
+from tests.waits import sh_wait_for_file, wait_until
 
 _skip = why_not_runnable()
 pytestmark = [
@@ -290,18 +290,22 @@ def test_exclusive_process_for_whole_gpus_and_back_after_the_job(
 ) -> None:
     """``exclusive_process = yes`` (simulator only): a job's whole GPU is EXCLUSIVE_PROCESS
     while it runs and DEFAULT again after its epilog; a gres/mps job's GPU keeps its mode."""
-    marker = workdir / "running"
-    script = f"#!/bin/sh\ntouch {marker}\nsleep 3\n"
+    marker, release = workdir / "running", workdir / "release"
+    # Each job runs until the test has looked at it: it ends once the release file is there.
+    script = f"#!/bin/sh\ntouch {marker}\n{sh_wait_for_file(release)}\n"
     with cluster.config(exclusive_process="yes"):
         job = cluster.sbatch(script, "-w", "node1", "--gres=gpu:1", "--comment=mps", cwd=workdir)
         cluster.wait_started(marker, job)
         during = _compute_modes(cluster)
+        release.touch()
         assert cluster.wait_gone(job) == "COMPLETED"
         after = _compute_modes(cluster)
         marker.unlink()
+        release.unlink()
         shared = cluster.sbatch(script, "-w", "node1", "--gres=mps:50", cwd=workdir)
         cluster.wait_started(marker, shared)
         during_shared = _compute_modes(cluster)
+        release.touch()
         assert cluster.wait_gone(shared) == "COMPLETED"
     assert sorted(during.values()) == ["DEFAULT", "EXCLUSIVE_PROCESS"], during
     assert set(after.values()) == {"DEFAULT"}, after

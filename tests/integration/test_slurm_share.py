@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import SAFE_PATH, Cluster, running_cluster, sh, why_not_runnable
+from tests.waits import sh_wait_for_file
 
 _skip = why_not_runnable()
 pytestmark = [
@@ -73,7 +74,11 @@ def test_each_daemon_runs_on_the_jobs_cpus_of_its_node(shared: Cluster) -> None:
     """Two jobs of one CPU each on one node: each job's daemons run on that job's CPU alone,
     the CPU Slurm's cgroup gives the job's tasks, not on all of the GPU's CPUs."""
     work = shared.workdir("job-cpus")
-    script = "#!/bin/sh\ngrep Cpus_allowed_list /proc/self/status > {out}\nsleep 6\n"
+    release = work / "release"  # the jobs run until the test has looked at both
+    script = (
+        "#!/bin/sh\ngrep Cpus_allowed_list /proc/self/status > {out}\n"
+        f"{sh_wait_for_file(release)}\n"
+    )
     jobs = []
     for i in range(2):
         out = work / f"cpus.{i}"
@@ -89,6 +94,7 @@ def test_each_daemon_runs_on_the_jobs_cpus_of_its_node(shared: Cluster) -> None:
         cpus = _daemon_cpus(shared, job)
         assert cpus and all(c == cpus[0] for c in cpus), cpus
         seen[job] = (task_cpus, cpus[0])
+    release.touch()
     for job in jobs:
         assert shared.wait_gone(job) == "COMPLETED"
     # Each job's daemon CPUs are the CPUs its tasks got from Slurm's cgroup: one CPU each,
@@ -105,7 +111,11 @@ def test_shares_of_two_gpus_give_each_gpu_its_percentage(shared: Cluster) -> Non
     if _slurm_version() < (23, 11):
         pytest.skip("Slurm < 23.11 gives a job gres/mps of one GPU per node")
     work = shared.workdir("two-gpu-shares")
-    script = "#!/bin/sh\necho $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE > {out}\nsleep 4\n"
+    release = work / "release"  # the job runs until the test has looked at it
+    script = (
+        "#!/bin/sh\necho $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE > {out}\n"
+        f"{sh_wait_for_file(release)}\n"
+    )
     out = work / "percentage"
     job = shared.sbatch(
         script.replace("{out}", str(out)), "-w", "node1", "-n1", "--gres=mps:150", cwd=work
@@ -113,6 +123,7 @@ def test_shares_of_two_gpus_give_each_gpu_its_percentage(shared: Cluster) -> Non
     shared.wait_started(out, job)
     gpus = shared.status(job, "node1")["gpus"]
     detail = shared.slurm("scontrol", "show", "job", "-d", job).stdout
+    release.touch()
     assert shared.wait_gone(job) == "COMPLETED"
     assert out.read_text().strip() == "150"  # Slurm's one value for the job
     # Slurm's own split, by gres position: mps:150(100/100,50/100) -> g0 100, g1 50.
