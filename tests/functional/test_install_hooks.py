@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tree import PACKAGE
 from tests.users import ensure_test_user
 
 pytestmark = [
@@ -132,3 +133,24 @@ def test_uninstall_refuses_while_plugstack_names_the_plugin(tmp: Path) -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     assert not plugin.exists() and not dest.exists()
+
+
+@pytest.mark.skipif(
+    not Path("/usr/include/slurm/spank.h").exists() or shutil.which("cc") is None,
+    reason="needs Slurm's headers and cc for the SPANK plugin",
+)
+def test_a_compiler_warning_fails_the_spank_build_and_is_shown(tmp: Path) -> None:
+    """The plugin runs inside srun and slurmstepd: install.sh builds it with -Werror and shows
+    what the compiler said. A copy of the package's installer, its source given a warning."""
+    slurm = tmp / "slurm"
+    shutil.copytree(PACKAGE / "slurm", slurm, ignore=shutil.ignore_patterns("__pycache__"))
+    with (slurm / "mpswrap_spank.c").open("a") as source:
+        source.write("int mpswrap_warned(void) { int unused; return 0; }\n")
+    config, dest = str(tmp / "mpswrap.conf"), str(tmp / "hooks")
+    install = [str(slurm / "install.sh"), "--spank", "--python", sys.executable]
+    argv = ["bash", *install, "--config", config, "--dest", dest]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0, res.stdout
+    assert "-Wall -Wextra -Werror" in res.stdout, res.stdout
+    assert "unused variable" in res.stderr and "compiler output above" in res.stderr, res.stderr
+    assert not (tmp / "hooks" / "mpswrap_spank.so").exists()
