@@ -3,7 +3,7 @@
 #
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
-# ./gpu-out). Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
+# ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
 # metrics farm trust teardown startup bench farmbench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
@@ -60,11 +60,12 @@ export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
 bounded() {  # a phase that hangs fails, and the phases after it still run
   timeout "${PHASE_TIMEOUT:-540}" "$@"
 }
-pt() {  # pt NAME ARGS... : one pytest run with its own log
+pt() {  # pt NAME ARGS... : one pytest run with its own log, junit XML and slowest tests
   local name=$1; shift
   # pyproject's strictness kept (filterwarnings = error is not an addopt); -rA reports all.
   bounded "$PY" -m pytest -p no:cacheprovider \
     -o addopts="--strict-markers --strict-config" -o timeout=300 -rA \
+    --junitxml="$OUT/$name.xml" --durations=10 --durations-min=1 \
     "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
 }
 rc=0
