@@ -20,6 +20,9 @@ from mpswrap.paths import GpuDirs, JobLayout
 from tests.tree import REPO
 from tests.users import run_as
 
+#: mpswrap's command line, run by this interpreter.
+MPSWRAP = [sys.executable, "-m", "mpswrap"]
+
 
 @dataclass(frozen=True)
 class SimFiles:
@@ -125,8 +128,7 @@ class SimNode(SimFiles):
     ) -> subprocess.CompletedProcess[str]:
         """``python -m mpswrap ARGS`` to completion, as ``user`` (with exactly this node's
         environment) or as this process's user."""
-        argv = [sys.executable, "-m", "mpswrap", *args]
-        env = self.env(**extra)
+        argv, env = [*MPSWRAP, *args], self.env(**extra)
         if user:
             return run_as(user, argv, env, cwd=self.root, timeout=timeout)
         return subprocess.run(
@@ -137,22 +139,13 @@ class SimNode(SimFiles):
         self, *args: str, timeout: float = 60, **extra: str
     ) -> subprocess.CompletedProcess[str]:
         """``python -m mpswrap ARGS`` as this process's user, to completion."""
-        argv = [sys.executable, "-m", "mpswrap", *args]
-        return subprocess.run(
-            argv,
-            env=self.env(**extra),
-            cwd=self.root,
-            text=True,
-            capture_output=True,
-            timeout=timeout,
-        )
+        return self.mpswrap(*args, timeout=timeout, **extra)
 
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
         """``python -m mpswrap ARGS`` in its own session, like a job step: the test signals it
         as a whole."""
-        argv = [sys.executable, "-m", "mpswrap", *args]
         return subprocess.Popen(
-            argv,
+            [*MPSWRAP, *args],
             env=self.env(**extra),
             cwd=self.root,
             text=True,
