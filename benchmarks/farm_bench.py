@@ -71,8 +71,21 @@ def farm(n: int, k: int, steps: int, tmp: Path) -> float:
     tasks = tmp / "tasks.txt"
     tasks.write_text("".join(" ".join(task_argv(steps, s)) + "\n" for s in range(n)))
     env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(tmp / "run"))
-    argv = [PY, "-m", "mpswrap", "farm", "--gpus", "0", "--per-gpu", str(k), "--progress",
-            "off", "--dir", str(tmp / "farm"), str(tasks)]  # fmt: skip
+    argv = [
+        PY,
+        "-m",
+        "mpswrap",
+        "farm",
+        "--gpus",
+        "0",
+        "--per-gpu",
+        str(k),
+        "--progress",
+        "off",
+        "--dir",
+        str(tmp / "farm"),
+        str(tasks),
+    ]
     start = time.monotonic()
     res = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=900)
     took = time.monotonic() - start
@@ -101,15 +114,36 @@ def calibrate(res: Results, steps: int, counts: str, repeats: int) -> None:
         return
     tmp = _fresh()
     try:
-        argv = [PY, "-m", "mpswrap", "calibrate", "--gpus", "0", "--counts", counts,
-                "--repeats", str(repeats), "--json", "--dir", str(tmp / "cal"), "--",
-                *task_argv(steps, "$MPSWRAP_TASK")[:-2]]  # fmt: skip
+        argv = [
+            PY,
+            "-m",
+            "mpswrap",
+            "calibrate",
+            "--gpus",
+            "0",
+            "--counts",
+            counts,
+            "--repeats",
+            str(repeats),
+            "--json",
+            "--dir",
+            str(tmp / "cal"),
+            "--",
+            *task_argv(steps, "$MPSWRAP_TASK")[:-2],
+        ]
         env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(tmp / "run"))
         out = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=1800)
         if out.returncode:
             raise RuntimeError(f"calibrate exit {out.returncode}: {out.stderr[-2000:]}")
-        res.add("calibrate", {"what": "calibrate", "counts": counts, "repeats": repeats,
-                              "report": json.loads(out.stdout)})  # fmt: skip
+        res.add(
+            "calibrate",
+            {
+                "what": "calibrate",
+                "counts": counts,
+                "repeats": repeats,
+                "report": json.loads(out.stdout),
+            },
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -129,8 +163,13 @@ def main() -> int:
     if set(parts) - set(PARTS):
         ap.error(f"unknown part: {', '.join(sorted(set(parts) - set(PARTS)))}")
     res = Results(args.out)
-    res.data["meta"] = {**machine_meta(), **revision(), "tasks": args.tasks,
-                        "per_gpu": args.per_gpu, "steps": args.steps}  # fmt: skip
+    res.data["meta"] = {
+        **machine_meta(),
+        **revision(),
+        "tasks": args.tasks,
+        "per_gpu": args.per_gpu,
+        "steps": args.steps,
+    }
     n, k, steps = args.tasks, args.per_gpu, args.steps
     for part in parts:  # in the order given: what matters most first, where time is short
         if part == "alone":

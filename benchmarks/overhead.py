@@ -217,8 +217,13 @@ def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
             t0 = time.time()
             out = subprocess.run(
                 [PY, "-m", "mpswrap", "--", "date", "+%s.%N"],
-                env=env, capture_output=True, text=True, timeout=60, check=True, cwd="/",
-            )  # fmt: skip
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+                cwd="/",
+            )
             start.append(float(out.stdout) - t0)
         for _ in range(3):
             proc = subprocess.Popen([PY, "-m", "mpswrap", "--", "sleep", "2"], env=env, cwd="/")

@@ -117,8 +117,11 @@ def mpswrap_daemon(tmp: Path) -> Iterator[dict[str, str]]:
     where = ["--run-dir", str(tmp / "run"), "--job", "bench"]
     out = subprocess.run(
         [*base, "start", *where, "--gpus", "0"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     # "g0 <uuid> daemon <pid> user <name> cpus <list> pipe <dir>"
     words = out.split()
     pipe = Path(words[words.index("pipe") + 1])

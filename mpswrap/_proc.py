@@ -142,9 +142,11 @@ def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
         ) from exc
     except subprocess.SubprocessError as exc:  # the child failed before exec (preexec_fn)
         raise ProcError(
-            "cannot start program", thing=argv[0], argv=list(argv),
+            "cannot start program",
+            thing=argv[0],
+            argv=list(argv),
             cause="setting its CPU affinity or signal dispositions failed",
-        ) from exc  # fmt: skip
+        ) from exc
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
@@ -321,8 +323,11 @@ def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
         proc = psutil.Process(pid)
     except psutil.Error:
         return out
-    for key, read in (("cmdline", lambda: " ".join(proc.cmdline())),
-                      ("start_time", proc.create_time), ("user", proc.username)):  # fmt: skip
+    for key, read in (
+        ("cmdline", lambda: " ".join(proc.cmdline())),
+        ("start_time", proc.create_time),
+        ("user", proc.username),
+    ):
         try:
             out[key] = read()
         except (psutil.Error, OSError):

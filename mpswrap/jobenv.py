@@ -78,12 +78,25 @@ RANK_VARS = (
 #: beside them (what ``rank``, ``local_rank``, ``local_size`` and ``step_task`` read, and
 #: what frameworks such as PyTorch Lightning read). A process started on its own, as a farm's
 #: task is, must not inherit them from the step that started its starter.
-PLACE_IN_LAUNCH_VARS = frozenset({
-    *RANK_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS,
-    "MPSWRAP_NPROCS", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID",
-})  # fmt: skip
+PLACE_IN_LAUNCH_VARS = frozenset(
+    {
+        *RANK_VARS,
+        *LOCAL_RANK_VARS,
+        *LOCAL_SIZE_VARS,
+        "MPSWRAP_NPROCS",
+        "WORLD_SIZE",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_SIZE",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NODEID",
+    }
+)
 
 
 #: Tags a rank and everything it starts, so that the rank's whole tree ends with it

@@ -108,8 +108,9 @@ def matches(shown: str, actual: str) -> bool:
     return re.fullmatch("".join(pattern), actual.rstrip("\n") + "\n") is not None
 
 
-def run_blocks(blocks: Sequence[Block], env: Mapping[str, str], cwd: Path,
-               state: Path, timeout: float = 120.0) -> list[Ran]:  # fmt: skip
+def run_blocks(
+    blocks: Sequence[Block], env: Mapping[str, str], cwd: Path, state: Path, timeout: float = 120.0
+) -> list[Ran]:
     """Run ``blocks`` in order with bash (``set -e``); ``state`` keeps exports and the
     directory between them. Stops after the first block that fails."""
     state.write_text(f"cd {_quote(str(cwd))}\n")
@@ -120,10 +121,16 @@ def run_blocks(blocks: Sequence[Block], env: Mapping[str, str], cwd: Path,
             f"{{ export -p; echo cd {_quote_var('PWD')}; }} > {_quote(str(state))}\n"
         )
         proc = subprocess.run(
-            ["bash", "-c", script], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+            ["bash", "-c", script],
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
             check=False,
-        )  # fmt: skip
+        )
         done.append(Ran(block, proc.returncode, proc.stdout))
         if proc.returncode:
             break

@@ -267,7 +267,7 @@ def metric_series() -> list[str]:
     from mpswrap.cli.metrics import FAMILIES
 
     return _table(("series", "type", "meaning"),
-                  [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES])  # fmt: skip
+                  [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES])
 
 
 SECTIONS: dict[str, Callable[[], list[str]]] = {

@@ -36,6 +36,17 @@ for _ in range(args.steps):
     opt.step()
     torch.cuda.synchronize()
 end = time.time()
-print(json.dumps({"pid": os.getpid(), "seed": args.seed, "t0": t0, "init_s": ready - t0,
-                  "train_s": end - ready, "loss": loss.item()}), flush=True)  # fmt: skip
+print(
+    json.dumps(
+        {
+            "pid": os.getpid(),
+            "seed": args.seed,
+            "t0": t0,
+            "init_s": ready - t0,
+            "train_s": end - ready,
+            "loss": loss.item(),
+        }
+    ),
+    flush=True,
+)
 sys.exit(0)

@@ -91,8 +91,11 @@ def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[
     procs = []
     for position in plan_positions(n, len(slots)):
         env = dict(os.environ, **client_env(slots[position].dirs, slots[position].uuid))
-        procs.append(_proc.spawn(argv, env=env, new_session=False, stdout=_proc.DEVNULL,
-                                 stderr=_proc.DEVNULL))  # fmt: skip
+        procs.append(
+            _proc.spawn(
+                argv, env=env, new_session=False, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL
+            )
+        )
     return procs
 
 
@@ -105,8 +108,13 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         gpus = load_inventory(settings.gpu_inventory).gpus
         daemons = JobDaemons(state.user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
         print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
-        daemons.start(gpus, _proc.lookup_user(), started_by="cli", shared_parents=False,
-                      defaults=Defaults.from_settings(settings))  # fmt: skip
+        daemons.start(
+            gpus,
+            _proc.lookup_user(),
+            started_by="cli",
+            shared_parents=False,
+            defaults=Defaults.from_settings(settings),
+        )
         procs += _start_clients(daemons, _client_argv(tmp, simulate, seconds=120), n_clients)
         print("3. mpswrap status")
         print_status(_wait_for_clients(daemons, len(procs), timeout=90))

@@ -19,16 +19,23 @@ __all__ = ["add_parsers", "cmd_calibrate", "cmd_farm"]
 def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
     """``farm`` and ``calibrate``; ``add(parser, options, inherited)`` adds a table, and the
     ``inherited`` tables (wrapper options, verbosity) are accepted after the word too."""
-    p = sub.add_parser("farm", help="run many independent commands, K at a time per GPU",
-                       usage="mpswrap farm [options] TASKS")  # fmt: skip
+    p = sub.add_parser(
+        "farm",
+        help="run many independent commands, K at a time per GPU",
+        usage="mpswrap farm [options] TASKS",
+    )
     for options in inherited:
         add(p, options, inherited=True)
     add(p, FARM_OPTIONS)
-    p.add_argument("tasks", metavar="TASKS", help="a file with one command per line, or - "
-                   "for standard input")  # fmt: skip
-    p = sub.add_parser("calibrate", help="time 1, 2, 4, ... copies of a command per GPU, "
-                       "time-sliced and under MPS, and recommend K and a thread policy",
-                       usage="mpswrap calibrate [options] -- PROGRAM ...")  # fmt: skip
+    p.add_argument(
+        "tasks", metavar="TASKS", help="a file with one command per line, or - for standard input"
+    )
+    p = sub.add_parser(
+        "calibrate",
+        help="time 1, 2, 4, ... copies of a command per GPU, "
+        "time-sliced and under MPS, and recommend K and a thread policy",
+        usage="mpswrap calibrate [options] -- PROGRAM ...",
+    )
     for options in inherited:
         add(p, options, inherited=True)
     add(p, CALIBRATE_OPTIONS)
@@ -37,8 +44,13 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
 def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
     from ..entry.farm import FarmOptions, run_farm
 
-    farm_opts = FarmOptions(per_gpu=args.per_gpu, retries=args.retries, directory=args.farm_dir,
-                            share=args.share, progress=args.progress)  # fmt: skip
+    farm_opts = FarmOptions(
+        per_gpu=args.per_gpu,
+        retries=args.retries,
+        directory=args.farm_dir,
+        share=args.share,
+        progress=args.progress,
+    )
     return run_farm(opts, farm_opts, args.tasks)
 
 
@@ -50,5 +62,13 @@ def cmd_calibrate(args: argparse.Namespace, opts: LaunchOptions, command: list[s
         if not re.fullmatch(r"[1-9][0-9]{0,3}(,[1-9][0-9]{0,3})*", args.counts):
             raise UsageError("bad --counts", thing=args.counts, hint="e.g. 1,4,8,12")
         counts = sorted({int(c) for c in args.counts.split(",")})
-    return run_calibrate(opts, command, top=args.top, counts=counts, repeats=args.repeats,
-                         plot=args.plot, as_json=args.json, directory=args.farm_dir)  # fmt: skip
+    return run_calibrate(
+        opts,
+        command,
+        top=args.top,
+        counts=counts,
+        repeats=args.repeats,
+        plot=args.plot,
+        as_json=args.json,
+        directory=args.farm_dir,
+    )

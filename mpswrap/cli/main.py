@@ -67,8 +67,9 @@ def _add(parser: Any, options: Options, inherited: bool = False) -> None:
     """Add ``options``; ``inherited``: the top level set them already (no default here, or
     argparse would overwrite the top level's value with this one's)."""
     for flags, kwargs in options:
-        parser.add_argument(*flags, **({**kwargs, "default": argparse.SUPPRESS}
-                                       if inherited else kwargs))  # fmt: skip
+        parser.add_argument(
+            *flags, **({**kwargs, "default": argparse.SUPPRESS} if inherited else kwargs)
+        )
 
 
 def _common(parser: argparse.ArgumentParser, config: bool = True) -> None:
@@ -120,8 +121,11 @@ def _commands(sub: Any) -> None:
         default="auto",
         help="use the built-in MPS simulator (auto: when no GPU/MPS is found)",
     )
-    p = sub.add_parser("run", help="run N ranks of a command on this node: run -n N -- CMD",
-                       usage="mpswrap run -n N [options] -- PROGRAM ...")  # fmt: skip
+    p = sub.add_parser(
+        "run",
+        help="run N ranks of a command on this node: run -n N -- CMD",
+        usage="mpswrap run -n N [options] -- PROGRAM ...",
+    )
     _add(p, WRAPPER_OPTIONS, inherited=True)
     _add(p, VERBOSITY, inherited=True)
     _add(p, RUN_OPTIONS)
@@ -135,16 +139,27 @@ def _admin_commands(sub: Any) -> None:
     p.add_argument("job_id", metavar="JOB", help="the job id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub.choices["status"].add_argument(
-        "--watch", nargs="?", type=float, const=2.0, metavar="S",
-        help="print it again every S seconds (default 2) until interrupted")  # fmt: skip
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="S",
+        help="print it again every S seconds (default 2) until interrupted",
+    )
     p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
     _common(p)
     _job_args(p)
     for parser in (sub.choices["status"], p):
-        parser.add_argument("--all", action="store_true", help="every job here (root: "
-                            "every user's), even inside a job")  # fmt: skip
-    p.add_argument("--textfile", metavar="DIR", help="write DIR/mpswrap.prom instead (for "
-                   "node_exporter's textfile collector)")  # fmt: skip
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            help="every job here (root: every user's), even inside a job",
+        )
+    p.add_argument(
+        "--textfile",
+        metavar="DIR",
+        help="write DIR/mpswrap.prom instead (for node_exporter's textfile collector)",
+    )
     for name in HOOK_COMMANDS:
         _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
     _common(sub.add_parser("version", help="print the version"), config=False)
@@ -174,8 +189,10 @@ def build_parser(commands: bool = True) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mpswrap {__version__}")
-    _add(parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
-         WRAPPER_OPTIONS)  # fmt: skip
+    _add(
+        parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
+        WRAPPER_OPTIONS,
+    )
     _add(parser.add_argument_group("output"), VERBOSITY)
     if commands:
         _commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="mpswrap"))
@@ -347,8 +364,9 @@ def dispatch(argv: list[str]) -> int:
     return per_rank(opts, rest)
 
 
-def _command_after_dashes(parser: argparse.ArgumentParser, mode: str, head: list[str],
-                          rest: list[str]) -> int:  # fmt: skip
+def _command_after_dashes(
+    parser: argparse.ArgumentParser, mode: str, head: list[str], rest: list[str]
+) -> int:
     """``run`` and ``calibrate``: their options, then ``--`` and the program."""
     own = RUN_OPTIONS if mode == "run" else CALIBRATE_OPTIONS
     mode_head, command, _ = split_options(rest, _valued((*WRAPPER_OPTIONS, *own)))

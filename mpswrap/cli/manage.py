@@ -58,9 +58,11 @@ def _allowed_cpus(text: str | None) -> frozenset[int] | None:
     asked = frozenset(parse_int_list(text, "--cpus"))
     if not asked <= mine:
         raise UsageError(
-            "bad --cpus", thing=text, cause=f"CPU(s) {_cpus(sorted(asked - mine))} not available "
-            f"to this process", hint=f"choose among CPUs {_cpus(sorted(mine))}",
-        )  # fmt: skip
+            "bad --cpus",
+            thing=text,
+            cause=f"CPU(s) {_cpus(sorted(asked - mine))} not available to this process",
+            hint=f"choose among CPUs {_cpus(sorted(mine))}",
+        )
     return asked
 
 
@@ -85,15 +87,21 @@ def cmd_start(args: argparse.Namespace) -> int:
     else:
         layout = (state.admin_layout if admin else state.user_layout)(settings, node, job)
     manifests = JobDaemons(layout, settings).start(
-        gpus, user, started_by="cli", defaults=Defaults.from_settings(settings),
-        shared_parents=admin, allowed_cpus=_allowed_cpus(args.cpus),
-    )  # fmt: skip
+        gpus,
+        user,
+        started_by="cli",
+        defaults=Defaults.from_settings(settings),
+        shared_parents=admin,
+        allowed_cpus=_allowed_cpus(args.cpus),
+    )
     if args.json:
         print(json.dumps([json.loads(m.to_json()) for m in manifests], indent=1))
         return 0
     for m in manifests:
-        print(f"{m.key} {m.gpu_uuid} daemon {m.daemon_pid} user {m.user} "
-              f"cpus {_cpus(m.cpus)} pipe {layout.gpu(m.key).pipe}")  # fmt: skip
+        print(
+            f"{m.key} {m.gpu_uuid} daemon {m.daemon_pid} user {m.user} "
+            f"cpus {_cpus(m.cpus)} pipe {layout.gpu(m.key).pipe}"
+        )
     print(
         f"export CUDA_MPS_PIPE_DIRECTORY={layout.gpu(manifests[0].key).pipe}"
         if len(manifests) == 1
@@ -201,10 +209,16 @@ def unhealthy(job: dict[str, Any]) -> list[str]:
             found.append(f"{at}: daemon {daemon.get('pid')} not running")
         elif gpu.get("error"):
             found.append(f"{at}: daemon does not answer: {gpu['error']}")
-        found += [f"{at}: server {s['pid']} is {s['status']}"
-                  for s in gpu.get("servers", []) if s["status"] != "ACTIVE"]  # fmt: skip
-        found += [f"{at}: fault at {f['time']} not recovered"
-                  for f in gpu.get("faults", []) if not f["recovered"]]  # fmt: skip
+        found += [
+            f"{at}: server {s['pid']} is {s['status']}"
+            for s in gpu.get("servers", [])
+            if s["status"] != "ACTIVE"
+        ]
+        found += [
+            f"{at}: fault at {f['time']} not recovered"
+            for f in gpu.get("faults", [])
+            if not f["recovered"]
+        ]
     return found
 
 
@@ -238,8 +252,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     """The records a job's teardowns kept under log_archive (mps/record): 0, or 4 for none."""
     settings = _settings(args)
     if not settings.log_archive:
-        raise UsageError("no log_archive is set: teardowns keep no records",
-                         hint="set log_archive in the admin file (slurm/README.md)")  # fmt: skip
+        raise UsageError(
+            "no log_archive is set: teardowns keep no records",
+            hint="set log_archive in the admin file (slurm/README.md)",
+        )
     found = read_records(Path(settings.log_archive), validate_name("job id", args.job_id))
     if args.json:
         print(json.dumps(found, indent=1))
@@ -252,8 +268,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _record_line(rec: dict[str, Any]) -> str:
     took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
-    faults = "; ".join(f"fault at {f['time']}: server {f['server_pid']}, client(s) "
-                       f"{f['reported_by']}" for f in rec["faults"]) or "no fault"  # fmt: skip
+    faults = (
+        "; ".join(
+            f"fault at {f['time']}: server {f['server_pid']}, client(s) {f['reported_by']}"
+            for f in rec["faults"]
+        )
+        or "no fault"
+    )
     left = ", ".join(rec["leftovers"])
     return (
         f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"

@@ -38,7 +38,7 @@ FAMILIES = (
     ("mpswrap_gpu_utilization_percent", "gauge", "GPU utilisation over NVML's last sample"),
     ("mpswrap_faults", "gauge", "fatal GPU faults in the server log (its last 8 MiB)"),
     ("mpswrap_faults_unrecovered", "gauge", "faults whose server has not come back"),
-)  # fmt: skip
+)
 FILE = "mpswrap.prom"
 
 
@@ -63,9 +63,14 @@ def _samples(status: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], floa
     for job in status["jobs"]:
         for gpu in job["gpus"]:
             daemon = gpu.get("daemon") or {}
-            at = {"node": job["node"], "job": job["job"], "user": daemon.get("user"),
-                  "gpu_uuid": gpu.get("uuid"), "gpu": gpu["key"],
-                  "job_dir": job["job_dir"]}  # fmt: skip
+            at = {
+                "node": job["node"],
+                "job": job["job"],
+                "user": daemon.get("user"),
+                "gpu_uuid": gpu.get("uuid"),
+                "gpu": gpu["key"],
+                "job_dir": job["job_dir"],
+            }
             yield "mpswrap_daemon_up", at, 1 if daemon.get("alive") else 0
             yield from _gpu_samples(gpu, at)
             usage, its = gpu.get("usage") or {}, {"node": job["node"], "gpu_uuid": gpu.get("uuid")}
@@ -87,9 +92,11 @@ def _gpu_samples(
         for client in server["clients"]:
             who = {**here, "pid": client["pid"], "rank": client.get("rank")}
             yield "mpswrap_client_info", {**who, "command": client.get("cmdline", "")[:200]}, 1
-            for key, name in (("gpu_memory_bytes", "gpu_memory_bytes"),
-                              ("active_thread_percentage", "active_thread_percentage"),
-                              ("uptime_s", "uptime_seconds")):  # fmt: skip
+            for key, name in (
+                ("gpu_memory_bytes", "gpu_memory_bytes"),
+                ("active_thread_percentage", "active_thread_percentage"),
+                ("uptime_s", "uptime_seconds"),
+            ):
                 if client.get(key) is not None:
                     yield f"mpswrap_client_{name}", who, client[key]
 

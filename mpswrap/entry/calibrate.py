@@ -81,9 +81,17 @@ def recommend(rows: Sequence[Calibration]) -> Calibration | None:
     return max(good, key=lambda r: r.throughput, default=None)
 
 
-def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | None,
-                  counts: Sequence[int] | None, repeats: int, plot: str | None, as_json: bool,
-                  directory: str) -> int:  # fmt: skip
+def run_calibrate(
+    opts: LaunchOptions,
+    command: Sequence[str],
+    *,
+    top: int | None,
+    counts: Sequence[int] | None,
+    repeats: int,
+    plot: str | None,
+    as_json: bool,
+    directory: str,
+) -> int:
     if not command:
         raise UsageError("no command to calibrate", hint="mpswrap calibrate -- python train.py")
     if repeats < 1 or (top is not None and top < 1) or any(c < 1 for c in counts or ()):
@@ -106,8 +114,16 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
             cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
             plan_counts = _counts(counts, top, limit, n_gpus, cpus)
             plan = FarmPlan(0, opts.grace_s(settings), env.node)
-            bench = _Bench(opts, att, slot, shlex.join(command), plan, directory, no_mps,
-                           existed=os.path.exists(directory))  # fmt: skip
+            bench = _Bench(
+                opts,
+                att,
+                slot,
+                shlex.join(command),
+                plan,
+                directory,
+                no_mps,
+                existed=os.path.exists(directory),
+            )
             code = _measure(bench, plan_counts, repeats, trap, rows)
         finally:
             try:
@@ -123,18 +139,23 @@ def run_calibrate(opts: LaunchOptions, command: Sequence[str], *, top: int | Non
     return 0 if clean else 1
 
 
-def _counts(counts: Sequence[int] | None, top: int | None, limit: int, n_gpus: int,
-            cpus: int) -> list[int]:  # fmt: skip
+def _counts(
+    counts: Sequence[int] | None, top: int | None, limit: int, n_gpus: int, cpus: int
+) -> list[int]:
     """The copies to try: as given (within the GPU's client limit), or 1, 2, 4, ... up to
     ``--max`` or what ``mpswrap farm`` would take by default."""
     if counts and max(counts) > limit:
-        raise UsageError("--counts asks for more clients than the GPU takes",
-                         thing=str(max(counts)), cause=f"its limit is {limit}")  # fmt: skip
+        raise UsageError(
+            "--counts asks for more clients than the GPU takes",
+            thing=str(max(counts)),
+            cause=f"its limit is {limit}",
+        )
     return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
 
 
-def _gpu(att: Attachment, settings: Settings,
-         chosen: list[GpuInfo] | None) -> tuple[Slot, int, int]:  # fmt: skip
+def _gpu(
+    att: Attachment, settings: Settings, chosen: list[GpuInfo] | None
+) -> tuple[Slot, int, int]:
     """The first GPU of the job (or of ``--gpus``), its client limit less what runs there,
     and how many GPUs a farm of this job would share the CPUs among."""
     inventory = attached_inventory(att, settings)
@@ -161,13 +182,17 @@ class _Bench:
 
     def env(self, lane: Lane, seat: int, copies: int, threads: str | None) -> dict[str, str]:
         if lane.daemon is None:
-            return {"CUDA_VISIBLE_DEVICES": self.slot.uuid, "CUDA_MPS_PIPE_DIRECTORY": self.no_mps,
-                    "CUDA_MPS_LOG_DIRECTORY": self.no_mps}  # fmt: skip
+            return {
+                "CUDA_VISIBLE_DEVICES": self.slot.uuid,
+                "CUDA_MPS_PIPE_DIRECTORY": self.no_mps,
+                "CUDA_MPS_LOG_DIRECTORY": self.no_mps,
+            }
         opts = replace(self.opts, threads=threads)
         return opts.place([self.slot], seat, copies, policy="block").env
 
-    def run(self, copies: int, mode: tuple[str, bool, str | None],
-            trap: SignalTrap) -> tuple[int, float, int]:  # fmt: skip
+    def run(
+        self, copies: int, mode: tuple[str, bool, str | None], trap: SignalTrap
+    ) -> tuple[int, float, int]:
         """(exit code: 0 or 128+signal, makespan, copies that failed) of one run."""
         name, mps, threads = mode
         daemon = self.att.daemons.daemon(self.slot.key) if mps else None
@@ -177,17 +202,22 @@ class _Bench:
             self.created.append(str(farm_dir.path))
         tasks = parse_tasks([self.command] * copies)
         farmer = Farmer(
-            [lane], tasks, self.plan, farm_dir=farm_dir.create(), report=Progress("off").report,
+            [lane],
+            tasks,
+            self.plan,
+            farm_dir=farm_dir.create(),
+            report=Progress("off").report,
             client_env=lambda ln, seat: self.env(ln, seat, copies, threads),
-        )  # fmt: skip
+        )
         start = time.monotonic()
         code = farmer.run(trap)
         took = time.monotonic() - start
         return code, took, sum(r.status != DONE for r in farmer.records)
 
 
-def _measure(bench: _Bench, counts: list[int], repeats: int, trap: SignalTrap,
-             rows: list[Calibration]) -> int:  # fmt: skip
+def _measure(
+    bench: _Bench, counts: list[int], repeats: int, trap: SignalTrap, rows: list[Calibration]
+) -> int:
     """Every configuration, the repeats interleaved; 128+signal when told to stop."""
     runs: dict[tuple[int, str], list[float]] = {}
     failed: dict[tuple[int, str], int] = {}
@@ -218,13 +248,17 @@ def _report(rows: Sequence[Calibration], as_json: bool, plot: str | None) -> Non
         data = [{**asdict(r), "median": r.median, "throughput": r.throughput} for r in rows]
         print(json.dumps({"rows": data, "recommended": best and asdict(best)}, indent=1))
     else:
-        print(f"{'copies':>6}  {'mode':<12} {'median s':>9} {'spread s':>9} {'copies/s':>9}"
-              f" {'vs sliced':>9} {'failed':>6}")  # fmt: skip
+        print(
+            f"{'copies':>6}  {'mode':<12} {'median s':>9} {'spread s':>9} {'copies/s':>9}"
+            f" {'vs sliced':>9} {'failed':>6}"
+        )
         for r in rows:
             spread = max(r.seconds) - min(r.seconds)
             gain = r.throughput / sliced[r.copies] if sliced.get(r.copies) else 0.0
-            print(f"{r.copies:>6}  {r.mode:<12} {r.median:>9.2f} {spread:>9.2f} "
-                  f"{r.throughput:>9.3f} {gain:>8.2f}x {r.failed:>6}")  # fmt: skip
+            print(
+                f"{r.copies:>6}  {r.mode:<12} {r.median:>9.2f} {spread:>9.2f} "
+                f"{r.throughput:>9.3f} {gain:>8.2f}x {r.failed:>6}"
+            )
         print(_advice(best, sliced))
     if plot:
         _plot(rows, plot)

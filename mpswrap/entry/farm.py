@@ -93,9 +93,17 @@ def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
     return result.code
 
 
-def farm(tasks: Sequence[str], *, directory: str = "mpswrap.farm", per_gpu: int | None = None,
-         retries: int = 1, gpus: str | None = None, threads: str | None = None,
-         share: str | None = None, progress: str = "off") -> FarmResult:  # fmt: skip
+def farm(
+    tasks: Sequence[str],
+    *,
+    directory: str = "mpswrap.farm",
+    per_gpu: int | None = None,
+    retries: int = 1,
+    gpus: str | None = None,
+    threads: str | None = None,
+    share: str | None = None,
+    progress: str = "off",
+) -> FarmResult:
     """Run ``tasks`` (command lines, as the lines of a task list) on this job's GPUs, as
     ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU, logs and state in ``directory``
     (tasks done there before are skipped), ``retries`` more runs of a task a fatal GPU fault
@@ -108,8 +116,9 @@ def farm(tasks: Sequence[str], *, directory: str = "mpswrap.farm", per_gpu: int 
     return farm_tasks(opts, farm_opts, parse_tasks(tasks), directory)
 
 
-def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
-               directory: str) -> FarmResult:  # fmt: skip
+def farm_tasks(
+    opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task], directory: str
+) -> FarmResult:
     """The farm of checked ``farm_opts`` (``_check``): both callers check before reading."""
     settings = opts.settings()
     opts = replace(opts, verify_attach=opts.verify_mode(settings))
@@ -135,8 +144,16 @@ def farm_tasks(opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task],
     job = env.job_key(given=opts.job, fresh=f"farm-{os.getpid()}")
     assert job is not None
     with _only_farm(farm_dir):
-        return _run(opts, farm_opts, settings=settings, env=env, job=job, todo=todo,
-                    farm_dir=farm_dir, result=result)  # fmt: skip
+        return _run(
+            opts,
+            farm_opts,
+            settings=settings,
+            env=env,
+            job=job,
+            todo=todo,
+            farm_dir=farm_dir,
+            result=result,
+        )
 
 
 @contextmanager
@@ -146,22 +163,38 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
     try:
         held.acquire()
     except LockTimeout:
-        raise UsageError("another farm runs in this directory", thing=str(farm_dir.path),
-                         hint="wait for it, or give --dir another directory") from None  # fmt: skip
+        raise UsageError(
+            "another farm runs in this directory",
+            thing=str(farm_dir.path),
+            hint="wait for it, or give --dir another directory",
+        ) from None
     try:
         yield
     finally:
         held.release()
 
 
-def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env: JobEnv,
-         job: str, todo: list[Task], farm_dir: FarmDir,
-         result: FarmResult) -> FarmResult:  # fmt: skip
+def _run(
+    opts: LaunchOptions,
+    farm_opts: FarmOptions,
+    *,
+    settings: Settings,
+    env: JobEnv,
+    job: str,
+    todo: list[Task],
+    farm_dir: FarmDir,
+    result: FarmResult,
+) -> FarmResult:
     inventory, chosen = opts.nvml_choice(settings)
     view = Progress(farm_opts.progress)
-    plan = FarmPlan(retries=farm_opts.retries, grace=opts.grace_s(settings), node=env.node,
-                    shield=not opts.no_shield, verify=opts.verify_attach,
-                    verify_timeout=opts.verify_timeout)  # fmt: skip
+    plan = FarmPlan(
+        retries=farm_opts.retries,
+        grace=opts.grace_s(settings),
+        node=env.node,
+        shield=not opts.no_shield,
+        verify=opts.verify_attach,
+        verify_timeout=opts.verify_timeout,
+    )
     with SignalTrap() as trap:
         att = attach(settings, env, job, gpus=chosen)
         farmer: Farmer | None = None
@@ -169,19 +202,33 @@ def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env
             att.announce()
             inventory = inventory or attached_inventory(att, settings)
             slots = attached_slots(att, inventory, chosen)
-            per_gpu = _per_gpu(farm_opts, slots, settings=settings, inventory=inventory,
-                               running=att.daemons.clients(), env=env)  # fmt: skip
+            per_gpu = _per_gpu(
+                farm_opts,
+                slots,
+                settings=settings,
+                inventory=inventory,
+                running=att.daemons.clients(),
+                env=env,
+            )
             daemons = [att.daemons.daemon(s.key) for s in slots]
-            lanes = [Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
-                     for i, (s, d) in enumerate(zip(slots, daemons, strict=True))]  # fmt: skip
-            log.info("farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
-                     len(todo), per_gpu, len(lanes), farm_dir.logs)  # fmt: skip
+            lanes = [
+                Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
+                for i, (s, d) in enumerate(zip(slots, daemons, strict=True))
+            ]
+            log.info(
+                "farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
+                len(todo),
+                per_gpu,
+                len(lanes),
+                farm_dir.logs,
+            )
 
             def client_env(lane: Lane, seat: int) -> dict[str, str]:
                 return opts.place([lane.slot], seat, per_gpu, policy="block").env
 
-            farmer = Farmer(lanes, todo, plan, farm_dir=farm_dir, client_env=client_env,
-                            report=view.report)  # fmt: skip
+            farmer = Farmer(
+                lanes, todo, plan, farm_dir=farm_dir, client_env=client_env, report=view.report
+            )
             early = [sig for sig in trap.pop() if sig in TERMINATING]
             code = 128 + early[0] if early else farmer.run(trap)
         finally:
@@ -193,16 +240,24 @@ def _run(opts: LaunchOptions, farm_opts: FarmOptions, *, settings: Settings, env
 def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:
     result.records, result.not_run = farmer.records, farmer.not_run
     counts: Counts = farmer.counts
-    for line in summary_lines(result.records, result.not_run, result.skipped, counts,
-                              str(farm_dir.path)):  # fmt: skip
+    for line in summary_lines(
+        result.records, result.not_run, result.skipped, counts, str(farm_dir.path)
+    ):
         print(line, flush=True)
     failed = counts.failed or result.not_run
     result.code = code if code else (1 if failed else 0)
     return result
 
 
-def _per_gpu(farm_opts: FarmOptions, slots: list[Slot], *, settings: Settings,
-             inventory: Inventory, running: dict[str, int], env: JobEnv) -> int:  # fmt: skip
+def _per_gpu(
+    farm_opts: FarmOptions,
+    slots: list[Slot],
+    *,
+    settings: Settings,
+    inventory: Inventory,
+    running: dict[str, int],
+    env: JobEnv,
+) -> int:
     """K: as given, or ``default_per_gpu``; refused when K more clients would not fit."""
     uuids = [s.uuid for s in slots]
     limits = capacity_limits(uuids, inventory, settings)
@@ -219,8 +274,9 @@ def _check(farm_opts: FarmOptions) -> None:
     if farm_opts.retries < 0:
         raise UsageError("bad --retries", thing=str(farm_opts.retries), cause="must be >= 0")
     if farm_opts.progress not in ("auto", "bar", "lines", "off"):
-        raise UsageError("bad --progress", thing=farm_opts.progress,
-                         hint="use auto, bar, lines or off")  # fmt: skip
+        raise UsageError(
+            "bad --progress", thing=farm_opts.progress, hint="use auto, bar, lines or off"
+        )
     if farm_opts.share is not None:
         parse_share(farm_opts.share)
 

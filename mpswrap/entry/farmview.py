@@ -102,16 +102,24 @@ class Progress:
 
 
 def _attempt_line(record: TaskRecord) -> str:
-    how = {DONE: "done", FAILED: f"failed (exit {record.code})",
-           FAULT: f"ended by a GPU fault (exit {record.code})"}[record.status]  # fmt: skip
+    how = {
+        DONE: "done",
+        FAILED: f"failed (exit {record.code})",
+        FAULT: f"ended by a GPU fault (exit {record.code})",
+    }[record.status]
     attempt = f" attempt {record.attempt}" if record.attempt > 1 else ""
     where = f"gpu {record.gpu_index}, {record.seconds:.1f} s"
     log = f", log {record.stderr}" if record.status != DONE else ""
     return f"task {record.task}{attempt} {how} ({where}{log})"
 
 
-def summary_lines(records: Sequence[TaskRecord], not_run: Sequence[Task], skipped: int,
-                  counts: Counts, directory: str) -> list[str]:  # fmt: skip
+def summary_lines(
+    records: Sequence[TaskRecord],
+    not_run: Sequence[Task],
+    skipped: int,
+    counts: Counts,
+    directory: str,
+) -> list[str]:
     """The totals, a row per GPU, the failed tasks."""
     final = {r.task: r for r in records}  # the last attempt of each task
     waiting = {t.number for t in not_run}
@@ -122,19 +130,26 @@ def summary_lines(records: Sequence[TaskRecord], not_run: Sequence[Task], skippe
         f" {len(not_run)} not run, {skipped} done before; {faults} attempt(s) ended by a"
         f" GPU fault; {time.time() - counts.started:.1f} s; logs in {directory}/logs"
     )
-    lines = [head, f"  {'gpu':<4} {'uuid':<40} {'attempts':>8} {'done':>5} {'failed':>6} "
-             f"{'fault':>5} {'median s':>8}"]  # fmt: skip
+    lines = [
+        head,
+        f"  {'gpu':<4} {'uuid':<40} {'attempts':>8} {'done':>5} {'failed':>6} "
+        f"{'fault':>5} {'median s':>8}",
+    ]
     for index in sorted({r.gpu_index for r in records}):
         mine = [r for r in records if r.gpu_index == index]
         took = [r.seconds for r in mine if r.status == DONE]
         median = f"{statistics.median(took):.2f}" if took else "-"
-        lines.append(f"  {index:<4} {mine[0].gpu:<40} {len(mine):>8} "
-                     f"{sum(r.status == DONE for r in mine):>5} "
-                     f"{sum(r.status == FAILED for r in mine):>6} "
-                     f"{sum(r.status == FAULT for r in mine):>5} {median:>8}")  # fmt: skip
+        lines.append(
+            f"  {index:<4} {mine[0].gpu:<40} {len(mine):>8} "
+            f"{sum(r.status == DONE for r in mine):>5} "
+            f"{sum(r.status == FAILED for r in mine):>6} "
+            f"{sum(r.status == FAULT for r in mine):>5} {median:>8}"
+        )
     for record in failed[:SHOWN_FAILURES]:
-        lines.append(f"  failed: task {record.task} (exit {record.code}, {record.status}): "
-                     f"{record.command}  log: {record.stderr}")  # fmt: skip
+        lines.append(
+            f"  failed: task {record.task} (exit {record.code}, {record.status}): "
+            f"{record.command}  log: {record.stderr}"
+        )
     if len(failed) > SHOWN_FAILURES:
         lines.append(f"  ... and {len(failed) - SHOWN_FAILURES} more failed (see the state file)")
     for task in not_run[:SHOWN_FAILURES]:

@@ -86,12 +86,26 @@ class LaunchOptions:
     def grace_s(self, settings: Settings) -> float:
         return settings.kill_grace if self.grace is None else self.grace
 
-    def place(self, slots: Sequence[Slot], rank: int, size: int, *, policy: str,
-              rank_cpus: frozenset[int] | None = None) -> Placement:  # fmt: skip
+    def place(
+        self,
+        slots: Sequence[Slot],
+        rank: int,
+        size: int,
+        *,
+        policy: str,
+        rank_cpus: frozenset[int] | None = None,
+    ) -> Placement:
         """A rank's GPU and client environment under these options."""
-        return place(slots, rank, size, policy=policy, rank_cpus=rank_cpus,
-                     threads=self.threads, mem_limit=self.mem_limit,
-                     priority=self.priority)  # fmt: skip
+        return place(
+            slots,
+            rank,
+            size,
+            policy=policy,
+            rank_cpus=rank_cpus,
+            threads=self.threads,
+            mem_limit=self.mem_limit,
+            priority=self.priority,
+        )
 
     def chosen_gpus(self, inventory: Inventory) -> list[GpuInfo] | None:
         return None if self.gpus is None else resolve_gpus(self.gpus, inventory)
@@ -172,13 +186,19 @@ def attached_inventory(att: Attachment, settings: Settings) -> Inventory:
     return found
 
 
-def _dry_run(opts: LaunchOptions, command: list[str], slots: list[Slot], env: JobEnv,
-             position: tuple[int, int, str]) -> int:  # fmt: skip
+def _dry_run(
+    opts: LaunchOptions,
+    command: list[str],
+    slots: list[Slot],
+    env: JobEnv,
+    position: tuple[int, int, str],
+) -> int:
     """Say where this rank would run: the GPU, its variables, the command."""
     rank, size, policy = position
     found = opts.place(slots, rank, size, policy=policy, rank_cpus=env.cpus_allowed)
-    print(f"[{rank}] gpu {found.position} ({found.uuid}): {_shown(found.env)} "
-          f"{shlex.join(command)}")  # fmt: skip
+    print(
+        f"[{rank}] gpu {found.position} ({found.uuid}): {_shown(found.env)} {shlex.join(command)}"
+    )
     return 0
 
 
@@ -210,13 +230,19 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
             early = [s for s in trap.pop() if s in TERMINATING]
             if early:
                 return 128 + early[0]
-            outcomes.append(supervise(
-                command, {**os.environ, **found.env},
-                daemon=att.daemons.daemon(found.slot.key), grace=opts.grace_s(settings),
-                shield=not opts.no_shield, verify_attach=opts.verify_mode(settings),
-                verify_timeout=opts.verify_timeout, start=start,
-                name=f"rank {rank if env.rank is None else env.rank}",
-            ))  # fmt: skip
+            outcomes.append(
+                supervise(
+                    command,
+                    {**os.environ, **found.env},
+                    daemon=att.daemons.daemon(found.slot.key),
+                    grace=opts.grace_s(settings),
+                    shield=not opts.no_shield,
+                    verify_attach=opts.verify_mode(settings),
+                    verify_timeout=opts.verify_timeout,
+                    start=start,
+                    name=f"rank {rank if env.rank is None else env.rank}",
+                )
+            )
         finally:
             left = finish(att, outcomes, "rank")
     return outcomes[0].code or int(left > 0)
@@ -245,8 +271,9 @@ def _shown(env: Mapping[str, str]) -> str:
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
 
 
-def planned_slots(settings: Settings, env: JobEnv, job: str, inventory: Inventory,
-                  chosen: list[GpuInfo] | None) -> list[Slot]:  # fmt: skip
+def planned_slots(
+    settings: Settings, env: JobEnv, job: str, inventory: Inventory, chosen: list[GpuInfo] | None
+) -> list[Slot]:
     """What ``attach`` would use, without starting anything (``--dry-run``)."""
     admin = JobDaemons(state.admin_layout(settings, env.node, job), settings)
     if admin.live_manifests():
@@ -263,8 +290,9 @@ def prefix(opts: LaunchOptions, argv: list[str]) -> int:
     env = dict(os.environ)
     exported = [v for s in line.segments for v in s.values("export")]
     if any(not v.startswith("ALL") for v in exported):  # srun passes only what it names
-        log.warning("srun --export=%s: MPSWRAP_* settings reach the ranks only if named there",
-                    exported[-1])  # fmt: skip
+        log.warning(
+            "srun --export=%s: MPSWRAP_* settings reach the ranks only if named there", exported[-1]
+        )
     fresh = f"mpirun-{os.getpid()}" if line.family == launchargs.OMPI else None
     # srun outside an allocation: its ranks get the new job's SLURM_JOB_ID.
     job = JobEnv(env).job_key(given=opts.job, fresh=fresh)
@@ -300,9 +328,13 @@ def _launch_env(
     return extra
 
 
-def _check_launch_capacity(line: launchargs.CommandLine, opts: LaunchOptions,
-                           settings: Settings, env: Mapping[str, str],
-                           job: str | None) -> None:  # fmt: skip
+def _check_launch_capacity(
+    line: launchargs.CommandLine,
+    opts: LaunchOptions,
+    settings: Settings,
+    env: Mapping[str, str],
+    job: str | None,
+) -> None:
     """Refuse before launch when a GPU would get too many clients: the command line's ranks
     per node, plus the clients the job already runs on this node."""
     per_node = launchargs.ranks_per_node(line, env)
@@ -347,8 +379,12 @@ def _run_launcher(argv: list[str], env: Mapping[str, str], settle: float) -> int
         def send_due() -> float:
             if steps and time.monotonic() >= steps[0][0]:
                 sig = steps.pop(0)[1]
-                log.warning("%s still running %g s after a signal: sending it signal %d",
-                            argv[0], settle, sig)  # fmt: skip
+                log.warning(
+                    "%s still running %g s after a signal: sending it signal %d",
+                    argv[0],
+                    settle,
+                    sig,
+                )
                 tree = _proc.children_of(ident.pid) if sig == signal.SIGKILL else []
                 _proc.kill_procs([ident, *tree], sig)
             return max(0.0, steps[0][0] - time.monotonic()) if steps else 1.0

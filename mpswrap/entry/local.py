@@ -82,9 +82,16 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
             early = [sig for sig in trap.pop() if sig in TERMINATING]
             if early:
                 return 128 + early[0]
-            code, outcomes = _run_ranks(att, opts, command, nprocs, trap=trap, start=start,
-                                        place_rank=functools.partial(place_in, slots),
-                                        grace=opts.grace_s(settings))  # fmt: skip
+            code, outcomes = _run_ranks(
+                att,
+                opts,
+                command,
+                nprocs,
+                trap=trap,
+                start=start,
+                place_rank=functools.partial(place_in, slots),
+                grace=opts.grace_s(settings),
+            )
         finally:
             left = finish(att, outcomes, f"job {job}")
     return code or int(left > 0)
@@ -121,20 +128,35 @@ def _rank_env(base: Mapping[str, str], placement: Placement, rank: int, n: int) 
     return env
 
 
-def _run_ranks(att: Attachment, opts: LaunchOptions, command: Sequence[str], n: int, *,
-               place_rank: Callable[[int, int], Placement], trap: SignalTrap, grace: float,
-               start: float) -> tuple[int, list[Outcome]]:  # fmt: skip
+def _run_ranks(
+    att: Attachment,
+    opts: LaunchOptions,
+    command: Sequence[str],
+    n: int,
+    *,
+    place_rank: Callable[[int, int], Placement],
+    trap: SignalTrap,
+    grace: float,
+    start: float,
+) -> tuple[int, list[Outcome]]:
     """Start, watch and end the N ranks: (the exit code, how each rank ended)."""
     ranks: list[Rank] = []
     pumps: list[threading.Thread] = []
     try:
         for index in range(n):
             found = place_rank(index, n)
-            ranks.append(spawn_rank(
-                command, _rank_env(os.environ, found, index, n),
-                att.daemons.daemon(found.slot.key), shield=not opts.no_shield,
-                name=f"rank {index}", stdout=_proc.PIPE, stderr=_proc.PIPE, stdin=_proc.DEVNULL,
-            ))  # fmt: skip
+            ranks.append(
+                spawn_rank(
+                    command,
+                    _rank_env(os.environ, found, index, n),
+                    att.daemons.daemon(found.slot.key),
+                    shield=not opts.no_shield,
+                    name=f"rank {index}",
+                    stdout=_proc.PIPE,
+                    stderr=_proc.PIPE,
+                    stdin=_proc.DEVNULL,
+                )
+            )
         with guarded(ranks, grace), killed_on_error(ranks):  # forked before the output threads
             for index, rank in enumerate(ranks):
                 pumps += _start_pumps(rank, index)

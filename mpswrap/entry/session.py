@@ -212,8 +212,15 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
         uuids = [s.uuid for s in slots]
         limits = capacity_limits(uuids, inventory, settings)
         check_capacity(uuids, size, settings.gpu_policy, limits)  # every local rank of ours
-        found = place(slots, rank, size, policy=settings.gpu_policy, rank_cpus=env.cpus_allowed,
-                      threads=self.threads, mem_limit=self.mem_limit)  # fmt: skip
+        found = place(
+            slots,
+            rank,
+            size,
+            policy=settings.gpu_policy,
+            rank_cpus=env.cpus_allowed,
+            threads=self.threads,
+            mem_limit=self.mem_limit,
+        )
         manifest = next(m for m in self._att.manifests if m.gpu_uuid == found.uuid)
         shown = manifest.settings.get("active_thread_percentage")
         return Session(

@@ -174,8 +174,13 @@ def node_share(env: JobEnv) -> NodeShare | None:
             log.warning("scontrol's job details: %s", exc.line())
             return None
     if len(found) != 1 or len(found[0].cpu_ids) != (cpus_here(env) or len(found[0].cpu_ids)):
-        log.warning("scontrol's job details: not one line for node %s that matches the job's "
-                    "%s CPUs here (%d found)", env.node, cpus_here(env), len(found))  # fmt: skip
+        log.warning(
+            "scontrol's job details: not one line for node %s that matches the job's "
+            "%s CPUs here (%d found)",
+            env.node,
+            cpus_here(env),
+            len(found),
+        )
         return None
     return NodeShare(found[0].cpu_ids, mps_shares(found[0].gres), found[0].gres)
 

@@ -135,8 +135,16 @@ Report = Callable[[TaskRecord | None, Counts], None]
 class Farmer:
     """Runs ``tasks`` on ``lanes`` until each is done, failed, or the farm is told to stop."""
 
-    def __init__(self, lanes: Sequence[Lane], tasks: Sequence[Task], plan: FarmPlan, *,
-                 farm_dir: FarmDir, client_env: ClientEnv, report: Report) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        tasks: Sequence[Task],
+        plan: FarmPlan,
+        *,
+        farm_dir: FarmDir,
+        client_env: ClientEnv,
+        report: Report,
+    ) -> None:
         self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
         self.client_env, self.report = client_env, report
         self.tasks = list(tasks)
@@ -157,9 +165,16 @@ class Farmer:
         """0 once every task ran (each record says how), or 128+signal."""
         try:
             with killed_on_error(self.ranks):
-                code = watch(self.ranks, trap, grace=self.plan.grace, checks=self.checks,
-                             on_terminate=self._stop, tick=self._tick, isolated=True,
-                             more=self._more)  # fmt: skip
+                code = watch(
+                    self.ranks,
+                    trap,
+                    grace=self.plan.grace,
+                    checks=self.checks,
+                    on_terminate=self._stop,
+                    tick=self._tick,
+                    isolated=True,
+                    more=self._more,
+                )
             self._tick()
             self._decide(time.time(), final=True)
         finally:
@@ -169,8 +184,11 @@ class Farmer:
         if self.error is not None:
             if isinstance(self.error, MpswrapError):
                 raise self.error
-            raise LayoutError("cannot write the farm's files", thing=str(self.dir.path),
-                              cause=self.error.strerror or str(self.error))  # fmt: skip
+            raise LayoutError(
+                "cannot write the farm's files",
+                thing=str(self.dir.path),
+                cause=self.error.strerror or str(self.error),
+            )
         return code
 
     @property
@@ -202,8 +220,11 @@ class Farmer:
         self.stopping = True
         for attempt in self.live:
             attempt.stopped = True
-        log.warning("farm: %s: ending %d running task(s), starting no more",
-                    why or f"signal {sig}", len(self.live))  # fmt: skip
+        log.warning(
+            "farm: %s: ending %d running task(s), starting no more",
+            why or f"signal {sig}",
+            len(self.live),
+        )
         end_ranks(self.ranks, sig, self.plan.grace)
 
     def _reap(self, now: float) -> None:
@@ -243,8 +264,11 @@ class Farmer:
                 mine = [a for a in self.live if a.lane is lane]
                 lane.holding = {id(a) for a in [a for a in mine if a.pids & named] or mine}
                 lane.paused_at = lane.paused_at or now
-                log.warning("farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
-                            "there until its server recovers", lane.position)  # fmt: skip
+                log.warning(
+                    "farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
+                    "there until its server recovers",
+                    lane.position,
+                )
             if lane.paused_at is not None and self._recovered(lane, now):
                 for fault in lane.watch.unrecovered():
                     fault.recovered_at = now
@@ -258,8 +282,11 @@ class Farmer:
             return True
         if now - lane.paused_at < HOLD_MAX:
             return False
-        log.warning("farm: gpu %d: no recovery from the fault after %g s: taking tasks again",
-                    lane.position, HOLD_MAX)  # fmt: skip
+        log.warning(
+            "farm: gpu %d: no recovery from the fault after %g s: taking tasks again",
+            lane.position,
+            HOLD_MAX,
+        )
         return True
 
     def _decide(self, now: float, final: bool = False) -> None:
@@ -297,39 +324,80 @@ class Farmer:
         env.update({TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)})
         start = time.time()
         try:
-            rank = spawn_rank(task.argv, env, lane.daemon, shield=self.plan.shield,
-                              name=f"task {task.number}", stdout=out, stderr=err,
-                              stdin=_proc.DEVNULL)  # fmt: skip
+            rank = spawn_rank(
+                task.argv,
+                env,
+                lane.daemon,
+                shield=self.plan.shield,
+                name=f"task {task.number}",
+                stdout=out,
+                stderr=err,
+                stdin=_proc.DEVNULL,
+            )
         except OSError as exc:  # not found, not executable: a failure of this task alone
             text = exc.render() if isinstance(exc, MpswrapError) else str(exc)
             os.write(err, f"{text}\n".encode())
             lane.seats.append(seat)
-            self._record_parts(task, number, lane, status=FAILED, span=(start, time.time()),
-                               code=getattr(exc, "exit_code", 126))  # fmt: skip
+            self._record_parts(
+                task,
+                number,
+                lane,
+                status=FAILED,
+                span=(start, time.time()),
+                code=getattr(exc, "exit_code", 126),
+            )
             return
         finally:
             os.close(out)
             os.close(err)
         attempt = Attempt(task, number, lane, seat, rank, start, {rank.ident.pid})
         if self.plan.verify not in (None, "off") and lane.daemon is not None:
-            attempt.check = Verifier(rank, lane.daemon, self.plan.verify_timeout,
-                                     str(self.plan.verify), self.listings)  # fmt: skip
+            attempt.check = Verifier(
+                rank, lane.daemon, self.plan.verify_timeout, str(self.plan.verify), self.listings
+            )
             self.checks.append(attempt.check)
         self.live.append(attempt)
         self.ranks.append(rank)  # before its guard: a failed fork still ends it, by the ladder
         attempt.guard = guard_ranks([rank], self.plan.grace)
 
     def _record(self, attempt: Attempt, status: str, retried: bool = False) -> None:
-        self._record_parts(attempt.task, attempt.number, attempt.lane, status=status,
-                           code=attempt.code, span=(attempt.start, attempt.end),
-                           retried=retried)  # fmt: skip
+        self._record_parts(
+            attempt.task,
+            attempt.number,
+            attempt.lane,
+            status=status,
+            code=attempt.code,
+            span=(attempt.start, attempt.end),
+            retried=retried,
+        )
 
-    def _record_parts(self, task: Task, number: int, lane: Lane, *, status: str, code: int,
-                      span: tuple[float, float], retried: bool = False) -> None:  # fmt: skip
+    def _record_parts(
+        self,
+        task: Task,
+        number: int,
+        lane: Lane,
+        *,
+        status: str,
+        code: int,
+        span: tuple[float, float],
+        retried: bool = False,
+    ) -> None:
         out, err = self.dir.log_paths(task, number)
-        record = TaskRecord(task.number, task.key, task.command, number, status, code,
-                            self.plan.node, lane.slot.uuid, lane.position, span[0], span[1],
-                            str(out), str(err))  # fmt: skip
+        record = TaskRecord(
+            task.number,
+            task.key,
+            task.command,
+            number,
+            status,
+            code,
+            self.plan.node,
+            lane.slot.uuid,
+            lane.position,
+            span[0],
+            span[1],
+            str(out),
+            str(err),
+        )
         self.dir.append(record)
         self.records.append(record)
         if not retried:

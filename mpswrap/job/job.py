@@ -150,9 +150,14 @@ class JobDaemons:
         try:
             for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=True):
                 steps = self.daemon(key).starting(
-                    gpu, user, node=self.layout.node, job_id=self.layout.job_id,
-                    started_by=started_by, defaults=gpu_defaults, allowed_cpus=allowed_cpus,
-                )  # fmt: skip
+                    gpu,
+                    user,
+                    node=self.layout.node,
+                    job_id=self.layout.job_id,
+                    started_by=started_by,
+                    defaults=gpu_defaults,
+                    allowed_cpus=allowed_cpus,
+                )
                 next(steps)  # launched, its lock held
                 pending.append(steps)
             return [finish(steps) for steps in pending]
@@ -231,8 +236,11 @@ class JobDaemons:
                 self.layout.job_dir,
             )
         if found:
-            log.warning("%s not entered: ending %s, found by their environment",
-                        self.layout.job_dir, " ".join(map(_proc.describe, found)))  # fmt: skip
+            log.warning(
+                "%s not entered: ending %s, found by their environment",
+                self.layout.job_dir,
+                " ".join(map(_proc.describe, found)),
+            )
         left = end_by_signal(found)
         return [f"process {_proc.describe(p)} still running" for p in left]
 
@@ -268,9 +276,14 @@ class Attachment:
 
     def announce(self) -> None:
         """Say which job this is and where its state lives (status and stop find it so)."""
-        log.info("job %s on %s: %d GPU daemon(s) (%s mode), state in %s",
-                 self.layout.job_id, self.layout.node, len(self.manifests),
-                 "user" if self.mode == "user" else "prolog", self.layout.job_dir)  # fmt: skip
+        log.info(
+            "job %s on %s: %d GPU daemon(s) (%s mode), state in %s",
+            self.layout.job_id,
+            self.layout.node,
+            len(self.manifests),
+            "user" if self.mode == "user" else "prolog",
+            self.layout.job_dir,
+        )
 
 
 def attach(
@@ -302,9 +315,12 @@ def attach(
         raise LayoutError("job directory removed as it was made", thing=str(daemons.layout.job_dir))
     with _lock.file_lock(daemons.layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
         manifests = daemons.start(
-            gpus, user, started_by="user", shared_parents=False,
+            gpus,
+            user,
+            started_by="user",
+            shared_parents=False,
             defaults=defaults or Defaults.from_settings(settings),
-        )  # fmt: skip
+        )
         ref = add_ref(daemons.layout)
         ensure_watchdog(daemons.layout, dir_id, manifests)
     return Attachment(daemons, manifests, "user", ref)

@@ -165,15 +165,21 @@ def place(
 ) -> Placement:
     """GPU and client environment of ``local_rank`` of ``local_size`` ranks."""
     gpu_cpus = [s.cpus for s in slots]
-    position = choose_gpu(local_rank, local_size, len(slots), policy=policy,
-                          rank_cpus=rank_cpus, gpu_cpus=gpu_cpus)  # fmt: skip
+    position = choose_gpu(
+        local_rank, local_size, len(slots), policy=policy, rank_cpus=rank_cpus, gpu_cpus=gpu_cpus
+    )
     plan = plan_positions(local_size, len(slots), policy)
     sharing = max(plan.count(position), 1)
     index = plan[: min(local_rank, len(plan))].count(position)
     share = provision_threads(threads, sharing, index)
     slot = slots[position]
-    env = client_env(slot.dirs, slot.uuid, threads=share, priority=priority,
-                     mem_limit=_mem_limit(mem_limit, slot, sharing))  # fmt: skip
+    env = client_env(
+        slot.dirs,
+        slot.uuid,
+        threads=share,
+        priority=priority,
+        mem_limit=_mem_limit(mem_limit, slot, sharing),
+    )
     return Placement(position, slot, env, share)
 
 

@@ -201,9 +201,11 @@ def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayo
         if uid is None or _owner(lay.job_dir) == uid
     ]
     users = [
-        lay for root, owner in _user_roots_of(settings, uid)
-        for lay in _jobs_under(root, node, owner) if owned_by(lay, owner)
-    ]  # fmt: skip
+        lay
+        for root, owner in _user_roots_of(settings, uid)
+        for lay in _jobs_under(root, node, owner)
+        if owned_by(lay, owner)
+    ]
     found = {lay.job_dir: lay for lay in reversed([*admin, *users])}
     return sorted(found.values(), key=lambda lay: (str(lay.run_dir), lay.job_id))
 

@@ -110,9 +110,11 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     path = program if "/" in program else shutil.which(program, path=env.get("PATH", ""))
     if not path or not os.path.exists(path):
         err = ProcError(
-            "program not found", thing=program or "(none)", argv=list(argv),
+            "program not found",
+            thing=program or "(none)",
+            argv=list(argv),
             hint="check the name and PATH",
-        )  # fmt: skip
+        )
         err.exit_code = NOT_FOUND
         raise err
     if os.path.isdir(path) or not os.access(path, os.X_OK):
@@ -138,11 +140,15 @@ def spawn_rank(
     check_program(argv, env)
     tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
     proc = _proc.spawn(
-        argv, env={**env, TREE_VAR: tag},
+        argv,
+        env={**env, TREE_VAR: tag},
         new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
-        ignore_signals=_proc.SHIELDED if shield else (), stdin=stdin, stdout=stdout,
-        stderr=stderr, cwd=None,
-    )  # fmt: skip
+        ignore_signals=_proc.SHIELDED if shield else (),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=None,
+    )
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
     return Rank(proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR))
@@ -211,8 +217,13 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
         wait_child(rank.proc, max(0.0, deadline - time.monotonic()))
     log.debug("ladder: %d of %d rank(s) still running", sum(r.running() for r in live), len(live))
     for rank in (r for r in live if r.running()):
-        log.warning("%s (pid %d) still running %g s after signal %d: killing it",
-                    rank.name, rank.ident.pid, grace, sig)  # fmt: skip
+        log.warning(
+            "%s (pid %d) still running %g s after signal %d: killing it",
+            rank.name,
+            rank.ident.pid,
+            grace,
+            sig,
+        )
         _proc.kill_procs(rank.tree(), signal.SIGKILL)
         wait_child(rank.proc, 5.0)
 
@@ -317,8 +328,13 @@ def watch(
                 _refuse_unattached(pending, grace)
             elif ended_by is None and failed is None:
                 failed = _first_failure(ranks, grace) or _failed_check(ranks, pending, grace)
-            wake = min([IDLE_WAKE, *(c.due_in() for c in pending if not c.done),
-                        *([tick()] if tick else [])])  # fmt: skip
+            wake = min(
+                [
+                    IDLE_WAKE,
+                    *(c.due_in() for c in pending if not c.done),
+                    *([tick()] if tick else []),
+                ]
+            )
             live = [r for r in ranks if r.running()]
             if not live and not (more is not None and ended_by is None and more()):
                 break  # a farm's last task is reaped by the tick above
@@ -338,8 +354,9 @@ def _exit_code(
     return 0 if isolated else code or int(any(r.left for r in ranks))
 
 
-def _take_signals(ranks: Sequence[Rank], trap: SignalTrap, ended_by: int | None,
-                  terminate: Callable[[int], None]) -> int | None:  # fmt: skip
+def _take_signals(
+    ranks: Sequence[Rank], trap: SignalTrap, ended_by: int | None, terminate: Callable[[int], None]
+) -> int | None:
     """USR1/USR2 to the live ranks; the first terminating signal runs ``terminate``. Returns
     the terminating signal that came, if any."""
     for sig in trap.pop():
@@ -356,8 +373,9 @@ def _first_failure(ranks: Sequence[Rank], grace: float) -> int | None:
         code = rank.proc.poll()
         if code:
             if any(r.running() for r in ranks):
-                log.error("%s exited with code %d: ending the other ranks",
-                          rank.name, exit_code(code))  # fmt: skip
+                log.error(
+                    "%s exited with code %d: ending the other ranks", rank.name, exit_code(code)
+                )
                 end_ranks(ranks, signal.SIGTERM, grace)
             return exit_code(code)
     return None

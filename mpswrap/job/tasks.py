@@ -167,8 +167,9 @@ class FarmDir:
         try:
             self.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LayoutError("cannot create the farm directory", thing=str(self.logs),
-                              cause=exc.strerror) from None  # fmt: skip
+            raise LayoutError(
+                "cannot create the farm directory", thing=str(self.logs), cause=exc.strerror
+            ) from None
         return self
 
     @property

@@ -69,8 +69,14 @@ class Listings:
 class Verifier:
     """Polls the daemon's client list until the rank (or a descendant) is listed; bounded."""
 
-    def __init__(self, rank: Watched, daemon: Daemon, timeout: float, mode: str,
-                 listings: Listings | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rank: Watched,
+        daemon: Daemon,
+        timeout: float,
+        mode: str,
+        listings: Listings | None = None,
+    ) -> None:
         self.rank, self.daemon, self.timeout, self.mode = rank, daemon, timeout, mode
         self.listings = listings or Listings()
         self.start = time.monotonic()

@@ -62,8 +62,11 @@ class Seen:
     @classmethod
     def now(cls, layout: JobLayout, settings: Settings) -> Seen:
         """What is there now: for a watchdog started by hand, without SEEN."""
-        return cls(dir_identity(layout.job_dir) or (-1, -1), _daemons_of(layout, settings),
-                   live_refs(layout))  # fmt: skip
+        return cls(
+            dir_identity(layout.job_dir) or (-1, -1),
+            _daemons_of(layout, settings),
+            live_refs(layout),
+        )
 
 
 def watchdog(job_dir: Path, seen_text: str | None = None) -> int:
@@ -125,8 +128,11 @@ def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
     """No socket is left to quit them through: kill the daemons and their servers."""
     for daemon in (d for d in daemons if _proc.is_alive(d)):
         servers = _proc.children_of(daemon.pid)
-        log.warning("job directory gone: killing MPS daemon %d and servers %s",
-                    daemon.pid, [s.pid for s in servers])  # fmt: skip
+        log.warning(
+            "job directory gone: killing MPS daemon %d and servers %s",
+            daemon.pid,
+            [s.pid for s in servers],
+        )
         _proc.kill_procs([daemon, *servers], signal.SIGKILL)
 
 

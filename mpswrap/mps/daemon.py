@@ -230,8 +230,13 @@ class Daemon:
         out = create_job_file(self.dirs.log / START_ERR)  # root's, in the user's directory
         try:
             return _proc.spawn(
-                [binary, "-d"], env=env, user=user, cpus=cpus, stdout=out, stderr=out,
-            )  # fmt: skip
+                [binary, "-d"],
+                env=env,
+                user=user,
+                cpus=cpus,
+                stdout=out,
+                stderr=out,
+            )
         finally:
             os.close(out)
 
@@ -283,15 +288,32 @@ class Daemon:
         listed = self.control.server_list() if defaults.prestart_server else []
         servers = [p.to_json() for p in map(_proc.identify, listed) if p]
         manifest = Manifest(
-            gpu_uuid=gpu.uuid, gpu_index=gpu.index, gpu_minor=gpu.minor, key=self.dirs.key,
-            user=user.name, uid=user.uid, gid=user.gid, daemon_pid=daemon.pid,
-            daemon_start_time=daemon.start_time, cpus=cpus, settings=applied, servers=servers,
-            control_binary=binary, node=origin["node"], job_id=origin["job_id"],
-            started_by=origin["started_by"], gpu=gpu.to_json(),
-        )  # fmt: skip
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            gpu_minor=gpu.minor,
+            key=self.dirs.key,
+            user=user.name,
+            uid=user.uid,
+            gid=user.gid,
+            daemon_pid=daemon.pid,
+            daemon_start_time=daemon.start_time,
+            cpus=cpus,
+            settings=applied,
+            servers=servers,
+            control_binary=binary,
+            node=origin["node"],
+            job_id=origin["job_id"],
+            started_by=origin["started_by"],
+            gpu=gpu.to_json(),
+        )
         write_manifest(self.dirs.manifest, manifest, user.uid, user.gid)
-        log.info("started MPS daemon pid %d for %s (%s) cpus %s",
-                 daemon.pid, gpu.uuid, self.dirs.key, _cpu_text(cpus))  # fmt: skip
+        log.info(
+            "started MPS daemon pid %d for %s (%s) cpus %s",
+            daemon.pid,
+            gpu.uuid,
+            self.dirs.key,
+            _cpu_text(cpus),
+        )
         return manifest
 
     def _wait_ready(self, gpu: GpuInfo) -> _proc.ProcId:

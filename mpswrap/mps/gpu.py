@@ -93,8 +93,11 @@ class Inventory:
 
     def to_json(self) -> dict[str, Any]:
         gpus = [gpu.to_json() for gpu in self.gpus]
-        return {"driver_version": self.driver_version, "gpus": gpus,
-                "cuda_driver_version": self.cuda_driver_version}  # fmt: skip
+        return {
+            "driver_version": self.driver_version,
+            "gpus": gpus,
+            "cuda_driver_version": self.cuda_driver_version,
+        }
 
     def compute_pids(self, uuid: str) -> list[int]:
         """PIDs NVML lists as compute processes of that GPU (empty for a file inventory).
@@ -205,8 +208,12 @@ def init_nvml() -> Any:
 
 
 def nvml_failed(what: str, exc: Exception) -> GpuError:
-    return GpuError("NVML failed", thing=what, cause=str(exc),
-                    hint="is the NVIDIA driver loaded? run nvidia-smi")  # fmt: skip
+    return GpuError(
+        "NVML failed",
+        thing=what,
+        cause=str(exc),
+        hint="is the NVIDIA driver loaded? run nvidia-smi",
+    )
 
 
 def _from_nvml() -> Inventory:

@@ -88,8 +88,10 @@ def _same_gpus(data: dict[str, Any]) -> bool:
     """The inventory's GPUs (UUID, minor number) are the fingerprint's, one for one."""
     try:
         listed = {(str(g["uuid"]), int(g["minor"])) for g in data["gpus"]}
-        kernel = {(_field(t, "GPU UUID"), int(_field(t, "Device Minor")))
-                  for t in data["fingerprint"]["gpus"].values()}  # fmt: skip
+        kernel = {
+            (_field(t, "GPU UUID"), int(_field(t, "Device Minor")))
+            for t in data["fingerprint"]["gpus"].values()
+        }
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
     return listed == kernel and len(listed) == len(data["gpus"])

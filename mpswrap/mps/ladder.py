@@ -117,8 +117,12 @@ class Ladder:
         link = next((p for p in (dirs.root, dirs.pipe, dirs.log) if os.path.islink(p)), None)
         if link is None and self.control is not None:
             daemon, servers = self._identify(report)
-            log.debug("%s: stopping daemon %s, servers %s", dirs.key, daemon and daemon.pid,
-                      [s.pid for s in servers])  # fmt: skip
+            log.debug(
+                "%s: stopping daemon %s, servers %s",
+                dirs.key,
+                daemon and daemon.pid,
+                [s.pid for s in servers],
+            )
             # No manifest or pid file to go by: what names this pipe directory may be the
             # daemon, and the commands reach it through the pipe directory all the same.
             ended = [daemon] if daemon else _proc.procs_mentioning(str(dirs.pipe))

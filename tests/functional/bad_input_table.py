@@ -441,11 +441,23 @@ def stop_everything(node: SimNode) -> None:
         for job_dir in run_dir.glob("*/*"):
             if job_dir.is_dir() and not job_dir.is_symlink():
                 subprocess.run(
-                    [sys.executable, "-m", "mpswrap", "stop", "--run-dir", str(run_dir),
-                     "--node", job_dir.parent.name, "--job", job_dir.name],
-                    env={**node.env(), "PYTHONPATH": str(REPO)}, capture_output=True, timeout=120,
+                    [
+                        sys.executable,
+                        "-m",
+                        "mpswrap",
+                        "stop",
+                        "--run-dir",
+                        str(run_dir),
+                        "--node",
+                        job_dir.parent.name,
+                        "--job",
+                        job_dir.name,
+                    ],
+                    env={**node.env(), "PYTHONPATH": str(REPO)},
+                    capture_output=True,
+                    timeout=120,
                     check=False,
-                )  # fmt: skip
+                )
 
 
 # --- the markdown table -----------------------------------------------------------------------

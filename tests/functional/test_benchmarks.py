@@ -72,8 +72,10 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     plain = modes.split(",")
     expected = {f"{w}/{m}/n{n}/r0" for w in ("mlp", "nbody") for m in plain for n in (1, 3)}
     expected |= {"mixed/timesliced/n10/r0", "mixed/rawmps/n10/r0", "mixed/mpswrap-daemon/n10/r0"}
-    expected |= {f"mixed/mpswrap-{p}/n10/r0" for p in
-                 ("none", "uniform", "oversubscribe", "4-4-1-1-1-1-1-1-1-1")}  # fmt: skip
+    expected |= {
+        f"mixed/mpswrap-{p}/n10/r0"
+        for p in ("none", "uniform", "oversubscribe", "4-4-1-1-1-1-1-1-1-1")
+    }
     assert set(runs) == expected
     for key, run in runs.items():
         assert len(run["workers"]) == run["n"], key

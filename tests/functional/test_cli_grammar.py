@@ -43,9 +43,12 @@ class _NoNvml(types.ModuleType):
     ],
 )
 def test_an_unknown_word_is_a_usage_error_before_any_gpu_work(
-    argv: list[str], suggestion: str | None, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
-) -> None:  # fmt: skip
+    argv: list[str],
+    suggestion: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _NoNvml("pynvml"))
     monkeypatch.setenv("MPSWRAP_GPU_INVENTORY", "nvml")
     monkeypatch.setenv("MPSWRAP_USER_RUN_DIR", str(tmp_path / "run"))
@@ -141,9 +144,17 @@ def _codes(node: SimNode, tmp_path: Path) -> dict[str, int]:
     found["126"] = node.mpswrap("run", "-n", "1", "--", str(plain)).returncode
     found["127"] = node.mpswrap("run", "-n", "1", "--", "no-such-program-x").returncode
     found["69"] = node.mpswrap(
-        "run", "-n", "1", "--verify-attach", "fail", "--verify-timeout", "0.5", "--",
-        "sleep", "20",
-    ).returncode  # fmt: skip
+        "run",
+        "-n",
+        "1",
+        "--verify-attach",
+        "fail",
+        "--verify-timeout",
+        "0.5",
+        "--",
+        "sleep",
+        "20",
+    ).returncode
     # Ranks ignore TERM (mpswrap ends them through MPS first), so the program kills itself.
     killed = node.mpswrap("run", "-n", "1", "--", "sh", "-c", "kill -KILL $$").returncode
     found["128+N"] = 128 if killed == 128 + signal.SIGKILL else killed
@@ -159,23 +170,90 @@ def test_every_documented_exit_code_is_produced(node: SimNode, tmp_path: Path) -
 
 
 # --- no argv gives a traceback -------------------------------------------------------------
-_WORDS = st.sampled_from([
-    "status", "config", "version", "help", "run", "stauts", "srun", "mpirun", "--",
-    "true", "./nothere", "-n", "0", "2", "-1", "x", "--gpus", "all", "0,1", "GPU-x", "--policy",
-    "cyclic", "--threads", "uniform", "150", "1:2", "--mem-limit", "8G", "auto", "--priority",
-    "--verify-attach", "warn", "--verify-timeout", "nan", "--grace", "--job", "j/1", "--node",
-    "--run-dir", "/nonexistent", "--json", "-v", "-q", "--debug", "--config", "=", "-np", "-",
-    "--dry-run", "--no-shield", "", "é", "--help-me", "-vvq",
-])  # fmt: skip
-_OPTION = st.sampled_from([
-    ["--gpus", "0"], ["--gpus", "9"], ["--gpus", "GPU-nope"], ["--threads", "150"],
-    ["--threads", "1:0"], ["--threads", "uniform"], ["--mem-limit", "0G"], ["--mem-limit", "8G"],
-    ["--priority", "2"], ["--verify-attach", "maybe"], ["--verify-timeout", "-1"],
-    ["--grace", "nan"], ["--job", "../x"], ["--job", "j1"], ["--policy", "affinity"], ["-v"],
-    ["-q"], ["--debug"], ["--no-shield"],
-])  # fmt: skip
-_MODE = st.sampled_from(["status", "config", "version", "help", "run", "srun", "mpirun", "true",
-                         "--", "sh", "stuatus"])  # fmt: skip
+_WORDS = st.sampled_from(
+    [
+        "status",
+        "config",
+        "version",
+        "help",
+        "run",
+        "stauts",
+        "srun",
+        "mpirun",
+        "--",
+        "true",
+        "./nothere",
+        "-n",
+        "0",
+        "2",
+        "-1",
+        "x",
+        "--gpus",
+        "all",
+        "0,1",
+        "GPU-x",
+        "--policy",
+        "cyclic",
+        "--threads",
+        "uniform",
+        "150",
+        "1:2",
+        "--mem-limit",
+        "8G",
+        "auto",
+        "--priority",
+        "--verify-attach",
+        "warn",
+        "--verify-timeout",
+        "nan",
+        "--grace",
+        "--job",
+        "j/1",
+        "--node",
+        "--run-dir",
+        "/nonexistent",
+        "--json",
+        "-v",
+        "-q",
+        "--debug",
+        "--config",
+        "=",
+        "-np",
+        "-",
+        "--dry-run",
+        "--no-shield",
+        "",
+        "é",
+        "--help-me",
+        "-vvq",
+    ]
+)
+_OPTION = st.sampled_from(
+    [
+        ["--gpus", "0"],
+        ["--gpus", "9"],
+        ["--gpus", "GPU-nope"],
+        ["--threads", "150"],
+        ["--threads", "1:0"],
+        ["--threads", "uniform"],
+        ["--mem-limit", "0G"],
+        ["--mem-limit", "8G"],
+        ["--priority", "2"],
+        ["--verify-attach", "maybe"],
+        ["--verify-timeout", "-1"],
+        ["--grace", "nan"],
+        ["--job", "../x"],
+        ["--job", "j1"],
+        ["--policy", "affinity"],
+        ["-v"],
+        ["-q"],
+        ["--debug"],
+        ["--no-shield"],
+    ]
+)
+_MODE = st.sampled_from(
+    ["status", "config", "version", "help", "run", "srun", "mpirun", "true", "--", "sh", "stuatus"]
+)
 #: Shaped like real use: options, a mode word, then arguments.
 _SHAPED = st.tuples(st.lists(_OPTION, max_size=3), _MODE, st.lists(_WORDS, max_size=4)).map(
     lambda t: [w for opt in t[0] for w in opt] + [t[1], *t[2]]
@@ -195,13 +273,20 @@ _ENV = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(argv=st.one_of(st.lists(_WORDS, max_size=7), _SHAPED), env=_ENV)
 def test_no_argv_gives_a_traceback(
-    argv: list[str], env: dict[str, str], node: SimNode, monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    env: dict[str, str],
+    node: SimNode,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """Any argv: a documented exit code and, on failure, an ``mpswrap:`` line (+ hint);
     never an internal error. Launch modes only plan (``--dry-run``): nothing starts; ``stop``
     and ``start`` are left to the tests above."""

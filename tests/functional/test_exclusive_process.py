@@ -50,9 +50,19 @@ def _other_job_on(settings: Settings, uuid: str, job: str = "8") -> None:
     dirs = layout.gpu("g0")
     dirs.root.mkdir(parents=True)
     manifest = Manifest(
-        gpu_uuid=uuid, gpu_index=0, gpu_minor=0, key="g0", node="n1", job_id=job, user="root",
-        uid=0, gid=0, started_by="prolog", daemon_pid=1, daemon_start_time=0.0,
-    )  # fmt: skip
+        gpu_uuid=uuid,
+        gpu_index=0,
+        gpu_minor=0,
+        key="g0",
+        node="n1",
+        job_id=job,
+        user="root",
+        uid=0,
+        gid=0,
+        started_by="prolog",
+        daemon_pid=1,
+        daemon_start_time=0.0,
+    )
     write_manifest(dirs.manifest, manifest, 0, 0)
 
 
@@ -76,8 +86,11 @@ def test_whole_gpus_become_exclusive_and_the_last_job_restores_them(setup: Any) 
 def test_shared_gpus_and_unknown_allocations_keep_their_mode(setup: Any) -> None:
     env, settings, uuid, inventory = setup
     gpu = load_inventory(str(inventory)).by_uuid(uuid)
-    for share in (NodeShare((0,), {0: 50.0}, "mps:50(50/100,0/100)"),
-                  NodeShare((0,), {}, "gpu:1(IDX:0),shard:2(IDX:0)"), None):  # fmt: skip
+    for share in (
+        NodeShare((0,), {0: 50.0}, "mps:50(50/100,0/100)"),
+        NodeShare((0,), {}, "gpu:1(IDX:0),shard:2(IDX:0)"),
+        None,
+    ):
         make_exclusive(env, settings, share, [gpu])
         assert get_mode(uuid, str(inventory)) == "DEFAULT", share
     assert not list(Path(settings.run_dir).glob("compute-mode.*"))

@@ -43,8 +43,10 @@ def forty_tasks(node: SimNode, rec: Path) -> Path:
     mark = node.root / "faulted-once"
     lines = [task_line(node, rec, 0.4) for _ in range(40)]
     lines[7] = "echo task seven fails >&2; exit 3"
-    lines[20] = (f"if [ -e {mark} ]; then {task_line(node, rec, 0.4)}; else touch {mark}; "
-                 f"{task_line(node, rec, 5, '--fault-after 0.6')}; fi")  # fmt: skip
+    lines[20] = (
+        f"if [ -e {mark} ]; then {task_line(node, rec, 0.4)}; else touch {mark}; "
+        f"{task_line(node, rec, 5, '--fault-after 0.6')}; fi"
+    )
     tasks = node.root / "tasks.txt"
     tasks.write_text("# forty tasks\n\n" + "\n".join(lines) + "\n")
     return tasks
@@ -120,8 +122,7 @@ def test_sigterm_mid_farm_ends_every_task_through_terminate_client_and_leaves_no
     rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
     tasks = node.root / "tasks.txt"
     tasks.write_text("\n".join(task_line(node, rec, 60) for _ in range(10)) + "\n")
-    proc = node.start("farm", "--per-gpu", "2", "--grace", "5", "--dir", str(farm_dir),
-                      str(tasks))  # fmt: skip
+    proc = node.start("farm", "--per-gpu", "2", "--grace", "5", "--dir", str(farm_dir), str(tasks))
     wait_until(lambda: len(by_tag(records(rec), "start")) == 4, 30, "4 tasks started")
     assert signal_tree(proc, signal.SIGTERM) >= 5
     out, err = proc.communicate(timeout=60)
@@ -150,17 +151,31 @@ def test_a_farm_killed_outright_has_its_tasks_ended_by_their_guards(node: SimNod
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize(("extra", "share_env", "picked", "state_name"), [
-    ((), {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3"},
-     [1, 4], "state-1of3.jsonl"),
-    (("--share", "0/2"), {}, [0, 2, 4], "state-0of2.jsonl"),
-    ((), {"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
-     [0, 1, 2, 3, 4], "state.jsonl"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "share_env", "picked", "state_name"),
+    [
+        (
+            (),
+            {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3"},
+            [1, 4],
+            "state-1of3.jsonl",
+        ),
+        (("--share", "0/2"), {}, [0, 2, 4], "state-0of2.jsonl"),
+        (
+            (),
+            {"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"},
+            [0, 1, 2, 3, 4],
+            "state.jsonl",
+        ),
+    ],
+)
 def test_a_share_runs_its_tasks_only_and_keeps_its_own_state_file(
-    node: SimNode, extra: tuple[str, ...], share_env: dict[str, str], picked: list[int],
+    node: SimNode,
+    extra: tuple[str, ...],
+    share_env: dict[str, str],
+    picked: list[int],
     state_name: str,
-) -> None:  # fmt: skip
+) -> None:
     rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
     tasks = node.root / "tasks.txt"
     tasks.write_text("\n".join(task_line(node, rec, 0.1) for _ in range(5)) + "\n")
@@ -173,24 +188,50 @@ def test_a_share_runs_its_tasks_only_and_keeps_its_own_state_file(
 def test_tasks_from_stdin_and_the_python_api(node: SimNode) -> None:
     rec = node.root / "rec.jsonl"
     lines = [task_line(node, rec, 0.1) for _ in range(3)]
-    res = subprocess.run([sys.executable, "-m", "mpswrap", "farm", "--dir", "f", "-"],
-                         input="\n".join(lines), env=node.env(), cwd=node.root, text=True,
-                         capture_output=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "mpswrap", "farm", "--dir", "f", "-"],
+        input="\n".join(lines),
+        env=node.env(),
+        cwd=node.root,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert "3 done, 0 failed" in res.stdout
-    code = ("import mpswrap, sys; r = mpswrap.farm(sys.argv[1:], directory='api', per_gpu=2); "
-            "print('result', r.code, [x.status for x in r.records]); sys.exit(r.code)")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code, *lines, "exit 5"], env=node.env(),
-                         cwd=node.root, text=True, capture_output=True, timeout=60)  # fmt: skip
+    code = (
+        "import mpswrap, sys; r = mpswrap.farm(sys.argv[1:], directory='api', per_gpu=2); "
+        "print('result', r.code, [x.status for x in r.records]); sys.exit(r.code)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, *lines, "exit 5"],
+        env=node.env(),
+        cwd=node.root,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert res.returncode == 1, res.stderr
     assert "result 1" in res.stdout and res.stdout.count("'done'") == 3, res.stdout
 
 
 def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> None:
     rec = node.root / "rec.jsonl"
-    res = node.run("calibrate", "--counts", "1,2", "--repeats", "1", "--json", "--dir",
-                   str(node.root / "cal"), "--", "sh", "-c",
-                   task_line(node, rec, 0.3), timeout=120)  # fmt: skip
+    res = node.run(
+        "calibrate",
+        "--counts",
+        "1,2",
+        "--repeats",
+        "1",
+        "--json",
+        "--dir",
+        str(node.root / "cal"),
+        "--",
+        "sh",
+        "-c",
+        task_line(node, rec, 0.3),
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     configs = [(r["copies"], r["mode"]) for r in report["rows"]]
@@ -203,25 +244,49 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
     mine = node.root / "results"
     mine.mkdir()
     (mine / "keep.txt").write_text("mine")
-    res = node.run("calibrate", "--counts", "1", "--repeats", "1", "--dir", str(mine), "--",
-                   node.client, "--seconds", "0.1", timeout=60)  # fmt: skip
+    res = node.run(
+        "calibrate",
+        "--counts",
+        "1",
+        "--repeats",
+        "1",
+        "--dir",
+        str(mine),
+        "--",
+        node.client,
+        "--seconds",
+        "0.1",
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert [p.name for p in mine.iterdir()] == ["keep.txt"]  # only its own runs removed
-    table = node.run("calibrate", "--counts", "1", "--repeats", "1", "--", node.client,
-                     "--seconds", "0.1", timeout=60)  # fmt: skip
+    table = node.run(
+        "calibrate",
+        "--counts",
+        "1",
+        "--repeats",
+        "1",
+        "--",
+        node.client,
+        "--seconds",
+        "0.1",
+        timeout=60,
+    )
     assert table.returncode == 0, table.stderr
     assert "recommended: mpswrap farm --per-gpu 1 --threads" in table.stdout
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("farm", "/nonexistent/tasks.txt"), "cannot read the task list"),
-    (("farm", "--per-gpu", "0", "t"), "bad --per-gpu"),
-    (("farm", "--share", "2/2", "t"), "bad --share"),
-    (("farm", "--retries", "-1", "t"), "bad --retries"),
-    (("calibrate", "--counts", "0,x", "--", "true"), "bad --counts"),
-    (("calibrate", "--"), "no command to calibrate"),
-
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("farm", "/nonexistent/tasks.txt"), "cannot read the task list"),
+        (("farm", "--per-gpu", "0", "t"), "bad --per-gpu"),
+        (("farm", "--share", "2/2", "t"), "bad --share"),
+        (("farm", "--retries", "-1", "t"), "bad --retries"),
+        (("calibrate", "--counts", "0,x", "--", "true"), "bad --counts"),
+        (("calibrate", "--"), "no command to calibrate"),
+    ],
+)
 def test_bad_farm_input_is_one_line_and_exit_2(
     node: SimNode, args: tuple[str, ...], says: str
 ) -> None:
@@ -253,16 +318,34 @@ def test_calibrate_saves_a_plot_and_without_matplotlib_refuses_before_running(
     node: SimNode,
 ) -> None:
     png = node.root / "calibrate.png"
-    argv = ["calibrate", "--counts", "1,2", "--repeats", "1", "--plot", str(png), "--",
-            node.client, "--seconds", "0.1"]  # fmt: skip
+    argv = [
+        "calibrate",
+        "--counts",
+        "1,2",
+        "--repeats",
+        "1",
+        "--plot",
+        str(png),
+        "--",
+        node.client,
+        "--seconds",
+        "0.1",
+    ]
     res = node.run(*argv, timeout=120)
     assert res.returncode == 0, res.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     png.unlink()
-    hide = ("import sys; sys.modules['matplotlib'] = None; from mpswrap.cli.main import main; "
-            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", hide, *argv], env=node.env(), text=True,
-                         capture_output=True, timeout=60)  # fmt: skip
+    hide = (
+        "import sys; sys.modules['matplotlib'] = None; from mpswrap.cli.main import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", hide, *argv],
+        env=node.env(),
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "mpswrap: --plot needs matplotlib" in res.stderr, res.stderr
     assert "started MPS daemon" not in res.stderr and not png.exists()
 
@@ -272,9 +355,11 @@ def test_a_task_that_exits_0_when_the_farm_is_stopped_is_not_recorded_as_done(
 ) -> None:
     farm_dir, ready = node.root / "farm", node.root / "ready"
     ready.mkdir()
-    script = (f"import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
-              f"sys.exit(0)); open('{ready}/' + os.environ['MPSWRAP_TASK'], 'w').close(); "
-              f"time.sleep(60)")  # fmt: skip
+    script = (
+        f"import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+        f"sys.exit(0)); open('{ready}/' + os.environ['MPSWRAP_TASK'], 'w').close(); "
+        f"time.sleep(60)"
+    )
     tasks = node.root / "tasks.txt"
     tasks.write_text(f'{sys.executable} -c "{script}"\n' * 2)
     proc = node.start("farm", "--per-gpu", "1", "--dir", str(farm_dir), str(tasks))
@@ -302,8 +387,13 @@ def test_a_second_farm_on_the_same_directory_is_refused(node: SimNode) -> None:
 def test_a_task_sees_no_rank_of_the_step_that_runs_the_farm(node: SimNode) -> None:
     tasks = node.root / "tasks.txt"
     tasks.write_text("env\n")
-    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
-            "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}  # fmt: skip
+    step = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_LOCALID": "0",
+    }
     res = node.run("farm", "--dir", str(node.root / "f"), str(tasks), **step)  # type: ignore[arg-type]
     assert res.returncode == 0, res.stderr
     seen = one((node.root / "f" / "logs").glob("0000-*.out")).read_text()

@@ -429,11 +429,16 @@ def test_four_prologs_of_four_jobs_at_once_then_four_epilogs(node: SimNode) -> N
                 for k, v in os.environ.items()
                 if not k.startswith(("MPSWRAP_", "SLURM", "CUDA"))
             }
-            env.update(MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"), SLURM_JOB_ID=job,
-                       SLURM_JOB_UID=str(entry.pw_uid), SLURM_JOB_GID=str(entry.pw_gid),
-                       SLURMD_NODENAME="n1", SLURM_JOB_GPUS="0,1",
-                       CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
-                       SLURM_CONF=str(node.root / "slurm.conf"))  # fmt: skip
+            env.update(
+                MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"),
+                SLURM_JOB_ID=job,
+                SLURM_JOB_UID=str(entry.pw_uid),
+                SLURM_JOB_GID=str(entry.pw_gid),
+                SLURMD_NODENAME="n1",
+                SLURM_JOB_GPUS="0,1",
+                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
+                SLURM_CONF=str(node.root / "slurm.conf"),
+            )
             envs.append(env)
         return _together([argv] * len(jobs), envs)
 
@@ -584,8 +589,12 @@ def test_the_epilog_keeps_a_record_with_the_documented_fields(node: SimNode) -> 
     assert slurm_hook(node, "prolog", user="root").returncode == 0
     g0 = node.layout("101", admin=True).gpu("g0")
     env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log))
-    clients = [subprocess.Popen([node.client, "--seconds", "60"], env=env, text=True,
-                                stdout=subprocess.DEVNULL) for _ in range(4)]  # fmt: skip
+    clients = [
+        subprocess.Popen(
+            [node.client, "--seconds", "60"], env=env, text=True, stdout=subprocess.DEVNULL
+        )
+        for _ in range(4)
+    ]
     try:
         deadline = time.monotonic() + 30
         while not all(f"NEW CLIENT {c.pid} " in g0.control_log.read_text() for c in clients):
@@ -606,4 +615,7 @@ def test_the_epilog_keeps_a_record_with_the_documented_fields(node: SimNode) -> 
     assert sorted(records[0]["ended_by_terminate_client"]) == sorted(c.pid for c in clients)
     assert records[0]["started_by"] == "prolog" and records[0]["user"] == "root"
     assert sorted(p.name for p in archive.glob("n1-101-g0-*")) == [
-        "n1-101-g0-control.log", "n1-101-g0-record.json", "n1-101-g0-server.log"]  # fmt: skip
+        "n1-101-g0-control.log",
+        "n1-101-g0-record.json",
+        "n1-101-g0-server.log",
+    ]

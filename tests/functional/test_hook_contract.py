@@ -206,8 +206,9 @@ def test_a_job_that_wants_no_mps_gets_nothing_even_under_drain(
 ) -> None:
     admin_config(node, prolog_failure="drain", prolog_mode=mode)
     # A list it never needs to read (and an opt-in trigger it does not match).
-    env = slurmd_env(node, "prolog", SLURM_JOB_GPUS="0,x", SLURM_JOB_COMMENT="",
-                     SLURM_JOB_CONSTRAINTS="")  # fmt: skip
+    env = slurmd_env(
+        node, "prolog", SLURM_JOB_GPUS="0,x", SLURM_JOB_COMMENT="", SLURM_JOB_CONSTRAINTS=""
+    )
     res = run(hooks / "prolog", env)
     expect("prolog-unwanted", "prolog", res)
     assert (res.stdout, res.stderr) == ("", "")

@@ -148,11 +148,39 @@ def test_any_hook_environment_keeps_the_contract(node: SimNode, env: dict[str, s
 # --- the CLI's argv ----------------------------------------------------------------------------
 _words = st.sampled_from(
     [
-        "status", "stop", "start", "run", "demo", "--job", "--node", "--json", "--gpus",
-        "-n", "--", "true", "false", "-v", "-q", "--debug", "--help", "--version", "0", "1",
-        "0,1", "j1", "n1", "-1", "x", "", "--grace", "--bogus", "=", "../..", "/etc",
+        "status",
+        "stop",
+        "start",
+        "run",
+        "demo",
+        "--job",
+        "--node",
+        "--json",
+        "--gpus",
+        "-n",
+        "--",
+        "true",
+        "false",
+        "-v",
+        "-q",
+        "--debug",
+        "--help",
+        "--version",
+        "0",
+        "1",
+        "0,1",
+        "j1",
+        "n1",
+        "-1",
+        "x",
+        "",
+        "--grace",
+        "--bogus",
+        "=",
+        "../..",
+        "/etc",
     ]
-)  # fmt: skip
+)
 
 
 @FUZZ

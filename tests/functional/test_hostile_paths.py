@@ -36,8 +36,11 @@ JOB = "101"
 #: A teardown that refuses, ends the daemon and exits is done in seconds (the simulator's
 #: timeouts are 2-3 s); a read that blocks is killed by slurmd after its own timeout.
 PROMPT = 30.0
-REFUSALS = ("refusing a path that is not a plain directory", "directory has the wrong owner",
-            "directory is open to other users")  # fmt: skip
+REFUSALS = (
+    "refusing a path that is not a plain directory",
+    "directory has the wrong owner",
+    "directory is open to other users",
+)
 
 
 @dataclass
@@ -62,12 +65,15 @@ class Site:
         return self.site / "sentinel"
 
     def level(self, name: str) -> Path:
-        return {"site": self.site, "run": self.run, "node": self.run / "n1",
-                "job": self.run / "n1" / JOB}[name]  # fmt: skip
+        return {
+            "site": self.site,
+            "run": self.run,
+            "node": self.run / "n1",
+            "job": self.run / "n1" / JOB,
+        }[name]
 
     def hook(self, hook: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return slurm_hook(self.node, hook, user=self.job_user.pw_name, gpus="0", timeout=90,
-                          **env)  # fmt: skip
+        return slurm_hook(self.node, hook, user=self.job_user.pw_name, gpus="0", timeout=90, **env)
 
 
 @pytest.fixture
@@ -90,13 +96,15 @@ def _plant_sentinel(root: Path) -> None:
         gpu = root / "n1" / JOB / key
         for sub in ("pipe", "log"):
             (gpu / sub).mkdir(parents=True, mode=0o755)
-        files.update({
-            root / "n1" / JOB / f".{key}.lock": "",
-            gpu / "manifest.json": "{}\n",
-            gpu / "pipe" / "nvidia-cuda-mps-control.pid": "1\n",
-            gpu / "log" / "control.log": "root's log\n",
-            gpu / "log" / "server.log": "root's log\n",
-        })  # fmt: skip
+        files.update(
+            {
+                root / "n1" / JOB / f".{key}.lock": "",
+                gpu / "manifest.json": "{}\n",
+                gpu / "pipe" / "nvidia-cuda-mps-control.pid": "1\n",
+                gpu / "log" / "control.log": "root's log\n",
+                gpu / "log" / "server.log": "root's log\n",
+            }
+        )
     for path, text in files.items():
         path.write_text(text)
         path.chmod(0o600)
@@ -204,8 +212,12 @@ def test_the_epilog_never_follows_a_link_in_the_job_tree_and_ends_the_daemon(
     assert start.returncode == 0, start.stderr
     pids = _daemons(site)
     job = site.level("job")
-    path = {"job": job / "g0", "gpu": job / "g0", "pipe": job / "g0" / "pipe",
-            "log": job / "g0" / "log"}[level]  # fmt: skip
+    path = {
+        "job": job / "g0",
+        "gpu": job / "g0",
+        "pipe": job / "g0" / "pipe",
+        "log": job / "g0" / "log",
+    }[level]
     if level == "job":
         assert run_as(site.job_user.pw_name, ["chmod", "777", str(job)]).returncode == 0
     user = site.other if attacker == "other" else site.job_user
@@ -246,8 +258,11 @@ def test_a_planted_fifo_or_link_never_stalls_or_feeds_the_epilog(
     assert start.returncode == 0, start.stderr
     pids = _daemons(site)
     path = site.level("job") / PLANTED[name]
-    plant = {"fifo": f"mkfifo {path}", "dev-zero": f"ln -s /dev/zero {path}",
-             "root-file": f"ln -s {secret} {path}"}[kind]  # fmt: skip
+    plant = {
+        "fifo": f"mkfifo {path}",
+        "dev-zero": f"ln -s /dev/zero {path}",
+        "root-file": f"ln -s {secret} {path}",
+    }[kind]
     gone_too = site.level("job") / PLANTED["manifest.json"] if name == "pid file" else path
     res = run_as(site.job_user.pw_name, ["sh", "-c", f"rm -f {path} {gone_too} && {plant}"])
     assert res.returncode == 0, res.stderr

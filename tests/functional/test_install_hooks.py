@@ -23,8 +23,18 @@ pytestmark = [
 
 
 def _install(tmp: Path, python: str, config: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "mpswrap", "install-hooks", "--python", python,
-            "--config", str(config), "--dest", str(tmp / "hooks")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "mpswrap",
+        "install-hooks",
+        "--python",
+        python,
+        "--config",
+        str(config),
+        "--dest",
+        str(tmp / "hooks"),
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 

@@ -137,8 +137,20 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
     rec = node.root / "rec.json"
     marker = node.root / "second-run-started"
     limit = {"MPSWRAP_CLIENT_LIMIT": "3"}
-    first = node.start("run", "-n", "2", "--job", "cap", "--gpus", "0", "--",
-                  "sh", "-c", f"exec {client(node, rec, 30)}", **limit)  # fmt: skip
+    first = node.start(
+        "run",
+        "-n",
+        "2",
+        "--job",
+        "cap",
+        "--gpus",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        f"exec {client(node, rec, 30)}",
+        **limit,
+    )
     try:
         wait_until(
             lambda: len(client_pids(status_json(node, "--job", "cap", **limit))) == 2,
@@ -146,8 +158,20 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
             "the first run's 2 clients to be listed",
         )
 
-        second = node.run("run", "-n", "2", "--job", "cap", "--gpus", "0", "--", "sh", "-c",
-                     f"touch {marker}; exec {client(node, rec, 1)}", **limit)  # type: ignore[arg-type]  # fmt: skip
+        second = node.run(
+            "run",
+            "-n",
+            "2",
+            "--job",
+            "cap",
+            "--gpus",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            f"touch {marker}; exec {client(node, rec, 1)}",
+            **limit,
+        )  # type: ignore[arg-type]
         assert not marker.exists(), "a rank of the second run was started"
         assert second.returncode == 1, second.stderr
         assert "limit 3" in second.stderr, second.stderr
@@ -169,9 +193,19 @@ def test_socket_path_too_long_creates_nothing(one_gpu: SimNode, as_user: bool) -
     long_dir = node.root / ("d" * 90)  # <dir>/<node>/longp/g0/pipe/control_privileged > 107
     rec = node.root / "rec.json"
     for attempt in (1, 2):
-        res = node.mpswrap("run", "-n", "1", "--job", "longp", "--", "sh", "-c",
-                           f"exec {client(node, rec, 0.5)}", user=user,
-                           MPSWRAP_USER_RUN_DIR=str(long_dir))  # fmt: skip
+        res = node.mpswrap(
+            "run",
+            "-n",
+            "1",
+            "--job",
+            "longp",
+            "--",
+            "sh",
+            "-c",
+            f"exec {client(node, rec, 0.5)}",
+            user=user,
+            MPSWRAP_USER_RUN_DIR=str(long_dir),
+        )
         assert res.returncode != 0, f"attempt {attempt}: {res.stdout}{res.stderr}"
         assert "too long" in res.stderr, f"attempt {attempt}: {res.stderr}"
         left = sorted(str(p) for p in long_dir.rglob("*")) if long_dir.exists() else []
@@ -187,23 +221,38 @@ def test_undeletable_job_dir_is_reported_and_does_not_block_next_start(one_gpu: 
     user = ensure_test_user()
     rec = node.root / "rec.json"
     job_dir_of = 'dirname "$(dirname "$CUDA_MPS_PIPE_DIRECTORY")"'
-    script = (f'echo "JOBDIR=$({job_dir_of})"; chmod 500 "$({job_dir_of})"; '
-              f"exec {client(node, rec, 0.5)}")  # fmt: skip
+    script = (
+        f'echo "JOBDIR=$({job_dir_of})"; chmod 500 "$({job_dir_of})"; exec {client(node, rec, 0.5)}'
+    )
     job_dir: Path | None = None
     try:
-        first = node.mpswrap("run", "-n", "1", "--job", "undel", "--", "sh", "-c", script,
-                             user=user)  # fmt: skip
+        first = node.mpswrap(
+            "run", "-n", "1", "--job", "undel", "--", "sh", "-c", script, user=user
+        )
         found = [ln.split("JOBDIR=", 1)[1] for ln in first.stdout.splitlines() if "JOBDIR=" in ln]
         assert found, first.stdout + first.stderr
         job_dir = Path(found[0].strip())
         assert job_dir.name == "undel" and job_dir.parent.parent == node.user_run_dir, job_dir
         assert started(rec) == 1, first.stdout + first.stderr
-        reported = [ln for ln in first.stderr.splitlines()
-                    if "left behind" in ln.lower() and str(job_dir) in ln]  # fmt: skip
+        reported = [
+            ln
+            for ln in first.stderr.splitlines()
+            if "left behind" in ln.lower() and str(job_dir) in ln
+        ]
         assert reported, f"no 'left behind' line naming {job_dir}: {first.stderr}"
 
-        second = node.mpswrap("run", "-n", "1", "--job", "undel", "--", "sh", "-c",
-                              f"exec {client(node, rec, 0.5)}", user=user)  # fmt: skip
+        second = node.mpswrap(
+            "run",
+            "-n",
+            "1",
+            "--job",
+            "undel",
+            "--",
+            "sh",
+            "-c",
+            f"exec {client(node, rec, 0.5)}",
+            user=user,
+        )
         assert second.returncode == 0, second.stderr
         assert started(rec) == 2, second.stdout + second.stderr
         assert not job_dir.exists(), f"{job_dir} still exists after the next run"

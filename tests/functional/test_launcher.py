@@ -117,8 +117,15 @@ def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> Non
 
 
 def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode) -> None:
-    res = node.run("run", "-n", "2", "--", "sh", "-c",
-              'printf "out $MPSWRAP_RANK\\nlast"; printf "err\\xff\\n" >&2')  # fmt: skip
+    res = node.run(
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        'printf "out $MPSWRAP_RANK\\nlast"; printf "err\\xff\\n" >&2',
+    )
     assert res.returncode == 0, res.stderr
     for rank in ("0", "1"):
         assert f"[{rank}] out {rank}\n" in res.stdout
@@ -134,8 +141,21 @@ def test_run_refuses_more_clients_than_one_gpu_takes(one_gpu: SimNode) -> None:
 
 
 def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
-    res = node.run("run", "-n", "4", "--dry-run", "--threads", "uniform",
-              "--mem-limit", "auto", "--priority", "1", "--", "app", "x y")  # fmt: skip
+    res = node.run(
+        "run",
+        "-n",
+        "4",
+        "--dry-run",
+        "--threads",
+        "uniform",
+        "--mem-limit",
+        "auto",
+        "--priority",
+        "1",
+        "--",
+        "app",
+        "x y",
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert len(lines) == 4
@@ -178,9 +198,15 @@ def test_run_as_a_regular_user(node: SimNode) -> None:
 # --- per-rank mode ---------------------------------------------------------------------
 def test_rank_mode_uses_the_innermost_launcher_rank(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = node.run("--job", "t1", "--", *client(node, rec, 0.2, tag="x"),
-              SLURM_LOCALID="0", OMPI_COMM_WORLD_LOCAL_RANK="1",
-              OMPI_COMM_WORLD_LOCAL_SIZE="2")  # fmt: skip
+    res = node.run(
+        "--job",
+        "t1",
+        "--",
+        *client(node, rec, 0.2, tag="x"),
+        SLURM_LOCALID="0",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+    )
     assert res.returncode == 0, res.stderr
     (start_rec,) = [r for r in records(rec) if r["event"] == "start"]
     assert Path(start_rec["pipe"]).parent.name == "g1"
@@ -222,8 +248,10 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     proc = node.start("--job", "gone", "--grace", "1", "--", *client(node, rec, 60, tag="r"))
     wait_until(lambda: by_tag(records(rec), "start"), 30, "the client to start")
     job_dir = next(node.user_run_dir.glob("*/gone"))
-    daemons = [psutil.Process(json.loads(m.read_text())["daemon_pid"])
-               for m in job_dir.glob("g*/manifest.json")]  # fmt: skip
+    daemons = [
+        psutil.Process(json.loads(m.read_text())["daemon_pid"])
+        for m in job_dir.glob("g*/manifest.json")
+    ]
     assert daemons and all(d.is_running() for d in daemons)
     shutil.rmtree(job_dir)
     signal_tree(proc, signal.SIGTERM)
@@ -317,16 +345,28 @@ def test_rank_mode_forwards_usr1_untouched(node: SimNode, tmp_path: Path) -> Non
 def _redirected(node: SimNode, rec: Path, tmp_path: Path) -> list[str]:
     """A wrapper script that points the client at a pipe directory with no daemon."""
     script = tmp_path / "wrong-pipe.sh"
-    script.write_text(f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
-                      f"{node.client} --seconds 30 --record {rec}\n")  # fmt: skip
+    script.write_text(
+        f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
+        f"{node.client} --seconds 30 --record {rec}\n"
+    )
     script.chmod(0o755)
     return [str(script)]
 
 
 def test_verify_attach_fail_catches_a_client_without_mps(node: SimNode, tmp_path: Path) -> None:
     rec = node.root / "rec.json"
-    res = node.run("--job", "t5", "--verify-attach", "fail", "--verify-timeout", "2",
-              "--grace", "1", "--", *_redirected(node, rec, tmp_path))  # fmt: skip
+    res = node.run(
+        "--job",
+        "t5",
+        "--verify-attach",
+        "fail",
+        "--verify-timeout",
+        "2",
+        "--grace",
+        "1",
+        "--",
+        *_redirected(node, rec, tmp_path),
+    )
     assert res.returncode == 69, res.stderr
     assert "is not an MPS client" in res.stderr and "/g0/pipe" in res.stderr
     assert "hint: " in res.stderr
@@ -335,8 +375,16 @@ def test_verify_attach_fail_catches_a_client_without_mps(node: SimNode, tmp_path
 
 def test_verify_attach_passes_for_a_real_client(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = node.run("--job", "t6", "--verify-attach", "fail", "--verify-timeout", "10",
-              "--", *client(node, rec, 1.5, tag="v"))  # fmt: skip
+    res = node.run(
+        "--job",
+        "t6",
+        "--verify-attach",
+        "fail",
+        "--verify-timeout",
+        "10",
+        "--",
+        *client(node, rec, 1.5, tag="v"),
+    )
     assert res.returncode == 0, res.stderr
     assert "not an MPS client" not in res.stderr
 
@@ -344,19 +392,34 @@ def test_verify_attach_passes_for_a_real_client(node: SimNode) -> None:
 def test_verify_attach_warn_continues(node: SimNode, tmp_path: Path) -> None:
     rec = node.root / "rec.json"
     script = tmp_path / "short.sh"
-    script.write_text(f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
-                      f"{node.client} --seconds 2 --record {rec}\n")  # fmt: skip
+    script.write_text(
+        f"#!/bin/sh\nCUDA_MPS_PIPE_DIRECTORY={tmp_path}/nowhere exec "
+        f"{node.client} --seconds 2 --record {rec}\n"
+    )
     script.chmod(0o755)
-    res = node.run("--job", "t7", "--verify-attach", "warn", "--verify-timeout", "0.5",
-              "--", str(script))  # fmt: skip
+    res = node.run(
+        "--job", "t7", "--verify-attach", "warn", "--verify-timeout", "0.5", "--", str(script)
+    )
     assert res.returncode == 0, res.stderr
     assert "is not an MPS client" in res.stderr
 
 
 # --- prefix mode (without running a launcher) ----------------------------------------------
 def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
-    res = node.run("--dry-run", "--policy", "cyclic", "mpirun", "-np", "2", "--mca", "a", "b",
-              "./app", "-np", "9")  # fmt: skip
+    res = node.run(
+        "--dry-run",
+        "--policy",
+        "cyclic",
+        "mpirun",
+        "-np",
+        "2",
+        "--mca",
+        "a",
+        "b",
+        "./app",
+        "-np",
+        "9",
+    )
     assert res.returncode == 0, res.stderr
     cmd = res.stdout.splitlines()[-1]
     assert re.search(r"-m mpswrap --job=mpirun-\d+ --policy=cyclic -- \./app -np 9$", cmd)
@@ -373,14 +436,32 @@ def test_prefix_refuses_49_ranks_on_one_gpu_before_launch(one_gpu: SimNode) -> N
 
 def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -> None:
     rec = node.root / "rec.json"
-    script = (f'if [ "$MPSWRAP_RANK" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={tmp_path}; fi; '
-              f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"')  # fmt: skip
-    res = node.run("run", "-n", "3", "--verify-attach", "fail", "--verify-timeout", "3",
-              "--grace", "2", "--", "sh", "-c", script)  # fmt: skip
+    script = (
+        f'if [ "$MPSWRAP_RANK" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={tmp_path}; fi; '
+        f'exec {node.client} --seconds 60 --record {rec} --tag "$MPSWRAP_RANK"'
+    )
+    res = node.run(
+        "run",
+        "-n",
+        "3",
+        "--verify-attach",
+        "fail",
+        "--verify-timeout",
+        "3",
+        "--grace",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
     assert res.returncode == 69, res.stderr
     assert "rank 1 is not an MPS client" in res.stderr
     assert {t: r["mode"] for t, r in by_tag(records(rec), "start").items()} == {
-        "0": "mps", "1": "non-mps", "2": "mps"}  # fmt: skip
+        "0": "mps",
+        "1": "non-mps",
+        "2": "mps",
+    }
     assert by_tag(records(rec), "end")["0"]["reason"] == "terminated"
 
 
@@ -412,14 +493,26 @@ def test_run_says_when_ranks_run_without_mps(
     (and the simulated client) then runs without MPS, silently. mpswrap must say so."""
     code, warned, attached = expected
     rec = node.root / "rec.json"
-    program = ["env", "CUDA_MPS_PIPE_DIRECTORY=/nonexistent", node.client, "--seconds", "4",
-               "--record", str(rec)]  # fmt: skip
-    res = node.run("run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--",
-                   *program, **env)  # type: ignore[arg-type]  # fmt: skip
+    program = [
+        "env",
+        "CUDA_MPS_PIPE_DIRECTORY=/nonexistent",
+        node.client,
+        "--seconds",
+        "4",
+        "--record",
+        str(rec),
+    ]
+    res = node.run(
+        "run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--", *program, **env
+    )  # type: ignore[arg-type]
     assert res.returncode == code, res.stderr
     assert {r["mode"] for r in records(rec) if r["event"] == "start"} == {"non-mps"}
-    not_client = re.findall(r"^mpswrap: rank (\d) is not an MPS client \(pid \d+, pipe "
-                            r"(\S+)\): ", res.stderr, re.M)  # fmt: skip
+    not_client = re.findall(
+        r"^mpswrap: rank (\d) is not an MPS client \(pid \d+, pipe "
+        r"(\S+)\): ",
+        res.stderr,
+        re.M,
+    )
     named = sorted((rank, Path(pipe).parent.name) for rank, pipe in not_client)
     if code == 69:  # the first found ends the run
         assert len(named) == 1 and named[0] in [("0", "g0"), ("1", "g1")], res.stderr
@@ -445,15 +538,22 @@ def test_run_summary_counts_exit_codes_and_terminated_clients(node: SimNode) -> 
     ((host, ranks, seen, codes, ended, teardown, seconds),) = summaries(res.stderr)
     assert host == os.uname().nodename
     assert (ranks, seen, codes, ended, teardown) == (
-        "3", "2 attached (1 not seen)", "1 (2), 3 (1)", "2", "clean"), res.stderr  # fmt: skip
+        "3",
+        "2 attached (1 not seen)",
+        "1 (2), 3 (1)",
+        "2",
+        "clean",
+    ), res.stderr
     assert 0 < float(seconds) <= took  # the run's own time
     assert res.stderr.rstrip().endswith(" s"), "the summary is the run's last word"
 
 
 def _barrier(folder: Path, n: int) -> str:
     """Shell: mark this rank started, then wait until ``n`` ranks have (so they overlap)."""
-    return (f'touch {folder}/$MPSWRAP_LOCAL_RANK; '
-            f'while [ "$(ls {folder} | wc -l)" -lt {n} ]; do sleep 0.05; done; ')  # fmt: skip
+    return (
+        f"touch {folder}/$MPSWRAP_LOCAL_RANK; "
+        f'while [ "$(ls {folder} | wc -l)" -lt {n} ]; do sleep 0.05; done; '
+    )
 
 
 def _per_rank_node(node: SimNode, folder: Path, job: str, n: int) -> list[str]:
@@ -465,11 +565,18 @@ def _per_rank_node(node: SimNode, folder: Path, job: str, n: int) -> list[str]:
     folder.mkdir()
     client_then = f"exec {node.client} --seconds 1 --record {rec}"
     procs = [
-        node.start("--job", job, "--", "sh", "-c",
-                   _barrier(folder, n) + ("exit 4" if i == 1 else client_then),
-                   MPSWRAP_LOCAL_RANK=str(i), MPSWRAP_LOCAL_SIZE=str(n))
+        node.start(
+            "--job",
+            job,
+            "--",
+            "sh",
+            "-c",
+            _barrier(folder, n) + ("exit 4" if i == 1 else client_then),
+            MPSWRAP_LOCAL_RANK=str(i),
+            MPSWRAP_LOCAL_SIZE=str(n),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     errs = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [4 if i == 1 else 0 for i in range(n)], errs
     assert len([r for r in records(rec) if r.get("mode") == "mps"]) == n - 1
@@ -482,7 +589,12 @@ def test_per_rank_mode_prints_one_summary_for_the_node(node: SimNode, tmp_path: 
     assert len(found) == 1, errs
     (_, ranks, seen, codes, ended, teardown, _) = found[0]
     assert (ranks, seen, codes, ended, teardown) == (
-        "3", "2 attached (1 not seen)", "0 (2), 4 (1)", "0", "clean"), errs  # fmt: skip
+        "3",
+        "2 attached (1 not seen)",
+        "0 (2), 4 (1)",
+        "0",
+        "clean",
+    ), errs
     assert not any(node.user_run_dir.glob("*/*")), "the job's records must go with it"
 
 
@@ -497,8 +609,13 @@ def test_per_rank_mode_on_prolog_daemons_sums_up_and_leaves_them_be(
             errs = _per_rank_node(node, tmp_path / step, "sum2", 2)
             found = [s for err in errs for s in summaries(err)]
             assert len(found) == 1, errs
-            assert found[0][1:6] == ("2", "1 attached (1 not seen)", "0 (1), 4 (1)", "0",
-                                     "by the epilog"), errs  # fmt: skip
+            assert found[0][1:6] == (
+                "2",
+                "1 attached (1 not seen)",
+                "0 (1), 4 (1)",
+                "0",
+                "by the epilog",
+            ), errs
             assert not (job_dir / "outcomes").exists()
             assert sorted(p.name for p in job_dir.glob("g*")) == ["g0", "g1"]
     finally:
@@ -518,9 +635,16 @@ def test_a_rank_joining_prolog_daemons_takes_its_gpu_from_the_manifest(
     node.inventory.rename(hidden)
     try:
         for rank in (0, 1):
-            out = node.run("--job", "inv1", "--", "sh", "-c",
-                           "echo $CUDA_MPS_PIPE_DIRECTORY $CUDA_VISIBLE_DEVICES",
-                           MPSWRAP_LOCAL_RANK=str(rank), MPSWRAP_LOCAL_SIZE="2")  # fmt: skip
+            out = node.run(
+                "--job",
+                "inv1",
+                "--",
+                "sh",
+                "-c",
+                "echo $CUDA_MPS_PIPE_DIRECTORY $CUDA_VISIBLE_DEVICES",
+                MPSWRAP_LOCAL_RANK=str(rank),
+                MPSWRAP_LOCAL_SIZE="2",
+            )
             assert out.returncode == 0, out.stderr
             assert out.stdout.split() == [
                 str(next(node.run_dir.glob("*/inv1")) / f"g{rank}" / "pipe"),

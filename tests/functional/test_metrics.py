@@ -31,13 +31,20 @@ def job(node: SimNode) -> Iterator[list[subprocess.Popen[str]]]:
     assert node.run("start", "--job", "met").returncode == 0
     g0 = node.started("met")
     clients = [
-        subprocess.Popen([node.client, "--seconds", "60"], text=True, env=node.env(
-            OMPI_COMM_WORLD_RANK="abc",  # malformed, and outranked by MPSWRAP_RANK: harmless
-            CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log),
-            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(10 * (r + 1)), MPSWRAP_RANK=str(r),
-            CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={r + 1}G"))
+        subprocess.Popen(
+            [node.client, "--seconds", "60"],
+            text=True,
+            env=node.env(
+                OMPI_COMM_WORLD_RANK="abc",  # malformed, and outranked by MPSWRAP_RANK: harmless
+                CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe),
+                CUDA_MPS_LOG_DIRECTORY=str(g0.log),
+                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(10 * (r + 1)),
+                MPSWRAP_RANK=str(r),
+                CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={r + 1}G",
+            ),
+        )
         for r in range(3)
-    ]  # fmt: skip
+    ]
     try:
         _listed_in(node, "met", 3)
         yield clients
@@ -73,8 +80,9 @@ def test_metrics_parse_and_carry_every_family(
     assert out.returncode == 0, out.stderr
     families = {f.name: f for f in text_string_to_metric_families(out.stdout)}
     # The parser names a counter's family without its _total, as Prometheus does.
-    assert set(families) == {n.removesuffix("_total") if kind == "counter" else n
-                             for n, kind, _ in metrics.FAMILIES}  # fmt: skip
+    assert set(families) == {
+        n.removesuffix("_total") if kind == "counter" else n for n, kind, _ in metrics.FAMILIES
+    }
     info = families["mpswrap_client_info"].samples
     assert sorted(s.labels["rank"] for s in info) == ["0", "1", "2"]
     assert {s.labels["pid"] for s in info} == {str(p.pid) for p in job}
@@ -88,14 +96,18 @@ def test_metrics_parse_and_carry_every_family(
     assert up == {"g0": 1.0, "g1": 1.0}
     assert [s.value for s in families["mpswrap_server_clients"].samples] == [3.0]
     assert families["mpswrap_faults"].type == "gauge"  # recounted from the log: may go down
-    without_nvml = {"mpswrap_client_gpu_memory_bytes", "mpswrap_gpu_memory_used_bytes",
-                    "mpswrap_gpu_utilization_percent"}  # fmt: skip
+    without_nvml = {
+        "mpswrap_client_gpu_memory_bytes",
+        "mpswrap_gpu_memory_used_bytes",
+        "mpswrap_gpu_utilization_percent",
+    }
     empty = [n for n, f in families.items() if not f.samples and n not in without_nvml]
     assert empty == [], empty
 
 
-def test_the_textfile_is_never_read_half_written(node: SimNode, job: list[subprocess.Popen[str]],
-                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_the_textfile_is_never_read_half_written(
+    node: SimNode, job: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
     text = node.run("metrics", "--job", "met").stdout * 50  # large: a torn read would show
     seen: list[str] = []
     stop = threading.Event()
@@ -147,17 +159,27 @@ def test_nvml_figures_prefer_the_mps_view(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(gpu, "init_nvml", Nvml)
     found = gpu.usage("GPU-x", "nvml")
-    assert found == {"memory_used_bytes": 5 << 30, "memory_total_bytes": 80 << 30,
-                     "utilization_percent": 37,
-                     "processes": {10: 1 << 30, 11: 2 << 30, 12: 4 << 30}}  # fmt: skip
+    assert found == {
+        "memory_used_bytes": 5 << 30,
+        "memory_total_bytes": 80 << 30,
+        "utilization_percent": 37,
+        "processes": {10: 1 << 30, 11: 2 << 30, 12: 4 << 30},
+    }
     assert gpu.usage("GPU-x", "/tmp/gpus.json") is None
 
 
 def _clients(node: SimNode, g0: GpuDirs, extra: list[list[str]]) -> list[subprocess.Popen[str]]:
     env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log))
-    return [subprocess.Popen([node.client, *args], env=env, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for args in extra]  # fmt: skip
+    return [
+        subprocess.Popen(
+            [node.client, *args],
+            env=env,
+            text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for args in extra
+    ]
 
 
 def test_a_job_record_says_who_ran_how_each_ended_and_the_fault(
@@ -219,18 +241,24 @@ def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
 ) -> None:
     g0 = node.started("met")
     odd = subprocess.Popen(
-        [str(node.client), "--seconds", "60", "--tag", 'a"b\\c\nd\udcff'], text=True,
-        env=node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), SLURM_PROCID="x1",
-                     CUDA_MPS_LOG_DIRECTORY=str(g0.log)), errors="surrogateescape",
-    )  # fmt: skip
+        [str(node.client), "--seconds", "60", "--tag", 'a"b\\c\nd\udcff'],
+        text=True,
+        env=node.env(
+            CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe),
+            SLURM_PROCID="x1",
+            CUDA_MPS_LOG_DIRECTORY=str(g0.log),
+        ),
+        errors="surrogateescape",
+    )
     try:
         _listed_in(node, "met", 4)
         status = node.run("status", "--job", "met", "--json")
         assert status.returncode == 0, status.stderr
         out = node.run("metrics", "--job", "met")
         assert out.returncode == 0, out.stderr
-        info = next(f for f in text_string_to_metric_families(out.stdout)
-                    if f.name == "mpswrap_client_info").samples  # fmt: skip
+        info = next(
+            f for f in text_string_to_metric_families(out.stdout) if f.name == "mpswrap_client_info"
+        ).samples
         mine = [s for s in info if s.labels["pid"] == str(odd.pid)]
         assert mine and mine[0].labels["rank"] == "", mine
         assert 'a"b\\c\nd\\udcff' in mine[0].labels["command"], mine[0].labels["command"]
@@ -240,11 +268,18 @@ def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
 
 
 def test_a_gpu_shared_by_two_jobs_and_one_job_id_twice_give_no_duplicate_series() -> None:
-    gpu = {"key": "g0", "uuid": "GPU-1", "daemon": {"user": "u", "alive": True}, "faults": [],
-           "servers": [], "usage": {"memory_used_bytes": 5, "utilization_percent": 7}}  # fmt: skip
-    jobs = [{"node": "n1", "job": j, "job_dir": d, "gpus": [gpu]}
-            for j, d in (("1", "/run/m/n1/1"), ("2", "/run/m/n1/2"),
-                         ("1", "/tmp/u/n1/1"))]  # fmt: skip
+    gpu = {
+        "key": "g0",
+        "uuid": "GPU-1",
+        "daemon": {"user": "u", "alive": True},
+        "faults": [],
+        "servers": [],
+        "usage": {"memory_used_bytes": 5, "utilization_percent": 7},
+    }
+    jobs = [
+        {"node": "n1", "job": j, "job_dir": d, "gpus": [gpu]}
+        for j, d in (("1", "/run/m/n1/1"), ("2", "/run/m/n1/2"), ("1", "/tmp/u/n1/1"))
+    ]
     text = metrics.render({"node": "n1", "jobs": jobs})
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(samples) == len(set(samples))
@@ -256,14 +291,20 @@ def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -
     from mpswrap.mps import record
 
     old = time.time() - 40 * 86400
-    names = ["n1-5-g0-record.json", "n1-5-g0-server.log", "nginx-server.log", "x-record.json",
-             "notes.txt"]  # fmt: skip
+    names = [
+        "n1-5-g0-record.json",
+        "n1-5-g0-server.log",
+        "nginx-server.log",
+        "x-record.json",
+        "notes.txt",
+    ]
     for name in names:
         (tmp_path / name).write_text("x")
         os.utime(tmp_path / name, (old, old))
     record.prune(tmp_path, 30)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [".mpswrap-pruned", "nginx-server.log", "x-record.json", "notes.txt"])  # fmt: skip
+        [".mpswrap-pruned", "nginx-server.log", "x-record.json", "notes.txt"]
+    )
     (tmp_path / "n1-6-g1-control.log").write_text("x")
     os.utime(tmp_path / "n1-6-g1-control.log", (old, old))
     record.prune(tmp_path, 30)

@@ -526,8 +526,9 @@ def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, use
         "import sys; from pathlib import Path; from mpswrap.paths import ensure_private_dir;"
         f"ensure_private_dir(Path({str(target)!r}), {a.pw_uid}, {a.pw_gid})"
     )
-    as_root = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent,
-                             capture_output=True, text=True)  # fmt: skip
+    as_root = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True
+    )
     assert as_root.returncode == 0, as_root.stderr
     assert stat.S_IMODE(os.lstat(target).st_mode) == 0o500, "root changed a user's mode"
     res = run_as(a.pw_name, [sys.executable, "-c", code], basics(PYTHONPATH=str(PACKAGE.parent)))

@@ -37,8 +37,7 @@ def _run(user: str, tmp: Path, *args: str) -> tuple[int, str, str, re.Match[str]
 def test_run_of_four_torch_clients_sums_up_four_attached(
     gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    code, out, err, summary = _run(gpu_user, shared_tmp, "-n", "4", "--", *CLIENT, "--seconds",
-                                   "6")  # fmt: skip
+    code, out, err, summary = _run(gpu_user, shared_tmp, "-n", "4", "--", *CLIENT, "--seconds", "6")
     assert out.count("torch-client") == 8, out  # started and done, each rank
     assert code == 0, err
     assert summary["ranks"] == "4" and summary["attached"] == "4 attached", summary[0]
@@ -49,13 +48,28 @@ def test_run_of_four_torch_clients_sums_up_four_attached(
 
 @pytest.mark.parametrize(("mode", "expected"), [("warn", 0), ("fail", 69)])
 def test_a_rank_without_mps_is_named(
-    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]], mode: str,
+    gpu_user: str,
+    shared_tmp: Path,
+    mps_baseline: set[tuple[int, float]],
+    mode: str,
     expected: int,
-) -> None:  # fmt: skip
+) -> None:
     """Its own CUDA_MPS_PIPE_DIRECTORY names no daemon: CUDA runs it without MPS."""
     wrong = ["env", f"CUDA_MPS_PIPE_DIRECTORY={shared_tmp}/no-daemon-here", *CLIENT]
-    code, out, err, summary = _run(gpu_user, shared_tmp, "-n", "2", "--verify-attach", mode,
-                              "--verify-timeout", "4", "--", *wrong, "--seconds", "12")  # fmt: skip
+    code, out, err, summary = _run(
+        gpu_user,
+        shared_tmp,
+        "-n",
+        "2",
+        "--verify-attach",
+        mode,
+        "--verify-timeout",
+        "4",
+        "--",
+        *wrong,
+        "--seconds",
+        "12",
+    )
     assert code == expected, err
     named = err.count("is not an MPS client")
     assert named == 2 if mode == "warn" else named >= 1, err

@@ -21,8 +21,9 @@ CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
 
 
 def _env(root: Path) -> dict[str, str]:
-    return dict(os.environ, MPSWRAP_USER_RUN_DIR=str(root / "run"),
-                MPSWRAP_RUN_DIR=str(root / "run"))  # fmt: skip
+    return dict(
+        os.environ, MPSWRAP_USER_RUN_DIR=str(root / "run"), MPSWRAP_RUN_DIR=str(root / "run")
+    )
 
 
 def _state(farm_dir: Path) -> list[dict[str, object]]:
@@ -35,14 +36,28 @@ def test_a_real_fault_is_retried_and_every_task_is_a_client(
 ) -> None:
     mark, farm_dir = shared_tmp / "faulted-once", shared_tmp / "farm"
     lines = [f"{CLIENT} --seconds 3" for _ in range(12)]
-    lines[5] = (f"if [ -e {mark} ]; then exec {CLIENT} --seconds 2; else touch {mark}; "
-                f"exec {CLIENT} --seconds 30 --fault-after 1.5; fi")  # fmt: skip
+    lines[5] = (
+        f"if [ -e {mark} ]; then exec {CLIENT} --seconds 2; else touch {mark}; "
+        f"exec {CLIENT} --seconds 30 --fault-after 1.5; fi"
+    )
     tasks = shared_tmp / "tasks.txt"
     tasks.write_text("\n".join(lines) + "\n")
-    argv = [sys.executable, "-m", "mpswrap", "farm", "--per-gpu", "4", "--verify-attach",
-            "fail", "--progress", "lines", "--dir", str(farm_dir), str(tasks)]  # fmt: skip
-    res = subprocess.run(argv, env=_env(shared_tmp), text=True, capture_output=True,
-                         timeout=300)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "mpswrap",
+        "farm",
+        "--per-gpu",
+        "4",
+        "--verify-attach",
+        "fail",
+        "--progress",
+        "lines",
+        "--dir",
+        str(farm_dir),
+        str(tasks),
+    ]
+    res = subprocess.run(argv, env=_env(shared_tmp), text=True, capture_output=True, timeout=300)
     print(res.stdout, res.stderr)
     assert res.returncode == 0, res.stderr
     attempts = _state(farm_dir)
@@ -66,10 +81,25 @@ def test_sigterm_mid_farm_ends_tasks_through_terminate_client_and_leaves_nothing
     tasks = shared_tmp / "tasks.txt"
     tasks.write_text("".join(f"{CLIENT} --seconds 60\n" for _ in range(8)))
     farm_dir = shared_tmp / "farm"
-    argv = [sys.executable, "-m", "mpswrap", "farm", "--per-gpu", "4", "--dir", str(farm_dir),
-            str(tasks)]  # fmt: skip
-    proc = subprocess.Popen(argv, env=_env(shared_tmp), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "mpswrap",
+        "farm",
+        "--per-gpu",
+        "4",
+        "--dir",
+        str(farm_dir),
+        str(tasks),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        env=_env(shared_tmp),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while sum("started" in p.read_text() for p in farm_dir.glob("logs/*.out")) < 4:
         assert time.monotonic() < deadline and proc.poll() is None
@@ -83,8 +113,9 @@ def test_sigterm_mid_farm_ends_tasks_through_terminate_client_and_leaves_nothing
     out, err = proc.communicate(timeout=120)
     print(f"ended in {time.monotonic() - t0:.2f} s", out, err)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    started = [o for p in sorted((farm_dir / "logs").glob("*.out"))
-               if "started" in (o := p.read_text())]  # fmt: skip
+    started = [
+        o for p in sorted((farm_dir / "logs").glob("*.out")) if "started" in (o := p.read_text())
+    ]
     # Each client saw CUDA_ERROR_MPS_CLIENT_TERMINATED (810): terminate_client, not a signal.
     assert len(started) == 4 and all("CUDA error 810" in o for o in started), started
     assert _state(farm_dir) == []

@@ -27,8 +27,13 @@ SIZES = (0, 1024, 2048, 4096, 8192)
 
 
 def _mpswrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mpswrap", *args], env=env, text=True,
-                          capture_output=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mpswrap", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -36,17 +41,30 @@ def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
     variables, an admin file with log_archive); the environment for the hooks and for
     mpswrap's commands, and the one for its clients."""
     conf = tmp / "mpswrap.conf"
-    conf.write_text(f"run_dir = {tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
-                    f"log_archive = {tmp / 'archive'}\nterminate_window = 10\n")  # fmt: skip
-    env = dict(os.environ, MPSWRAP_CONFIG=str(conf), SLURM_JOB_ID=job, SLURM_JOB_UID="0",
-               SLURM_JOB_GID="0", SLURMD_NODENAME="node1", SLURM_JOB_GPUS="0",
-               SLURM_CONF=str(tmp / "slurm.conf"))  # fmt: skip
+    conf.write_text(
+        f"run_dir = {tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
+        f"log_archive = {tmp / 'archive'}\nterminate_window = 10\n"
+    )
+    env = dict(
+        os.environ,
+        MPSWRAP_CONFIG=str(conf),
+        SLURM_JOB_ID=job,
+        SLURM_JOB_UID="0",
+        SLURM_JOB_GID="0",
+        SLURMD_NODENAME="node1",
+        SLURM_JOB_GPUS="0",
+        SLURM_CONF=str(tmp / "slurm.conf"),
+    )
     started = _mpswrap(dict(env, SLURM_SCRIPT_CONTEXT="prolog_slurmd"), "prolog")
     assert started.returncode == 0, started.stderr
     g = tmp / "run" / "node1" / job / "g0"
     manifest = json.loads((g / "manifest.json").read_text())
-    cenv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
-                CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]))  # fmt: skip
+    cenv = dict(
+        env,
+        CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
+        CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]),
+    )
     return env, cenv
 
 
@@ -62,9 +80,12 @@ def _clients(env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _smi() -> dict[int, int]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {int(p): int(m) * MIB for p, m in (line.split(",") for line in out.strip().splitlines())}
 
 
@@ -89,11 +110,14 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
 ) -> None:
     env, cenv = _job(shared_tmp, "met17")
     procs: list[subprocess.Popen[bytes]] = [
-        subprocess.Popen([CLIENT, "--seconds", "120", "--alloc-mib", str(size)],
-                              env=dict(cenv, MPSWRAP_RANK=str(r)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [CLIENT, "--seconds", "120", "--alloc-mib", str(size)],
+            env=dict(cenv, MPSWRAP_RANK=str(r)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for r, size in enumerate(SIZES)
-    ]  # fmt: skip
+    ]
     try:
         clients, smi = wait_until(
             lambda: _held(env, procs), 90, "status and nvidia-smi to show each client's memory"
@@ -101,15 +125,19 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
         metrics = {
             f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)
         }
-        in_metrics = {int(s.labels["pid"]): s.value
-                      for s in metrics["mpswrap_client_gpu_memory_bytes"].samples}  # fmt: skip
+        in_metrics = {
+            int(s.labels["pid"]): s.value
+            for s in metrics["mpswrap_client_gpu_memory_bytes"].samples
+        }
         base = clients[procs[0].pid]["gpu_memory_bytes"]  # a client's own share, seen by NVML
         print(f"every client's own memory (context, buffer): {base / MIB:.0f} MiB")
         print("rank  allocated MiB  status MiB  nvidia-smi MiB  metrics MiB")
         for rank, (proc, size) in enumerate(zip(procs, SIZES, strict=True)):
             got = clients[proc.pid]["gpu_memory_bytes"]
-            print(f"{rank:4}  {size:13}  {got / MIB:10.0f}  {smi.get(proc.pid, 0) / MIB:14.0f}"
-                  f"  {in_metrics.get(proc.pid, 0) / MIB:11.0f}")  # fmt: skip
+            print(
+                f"{rank:4}  {size:13}  {got / MIB:10.0f}  {smi.get(proc.pid, 0) / MIB:14.0f}"
+                f"  {in_metrics.get(proc.pid, 0) / MIB:11.0f}"
+            )
             assert clients[proc.pid]["rank"] == rank
             assert abs(got - smi[proc.pid]) <= max(0.05 * got, 64 * MIB)
             assert in_metrics[proc.pid] == got
@@ -132,15 +160,25 @@ def test_a_fault_shows_in_status_metrics_and_the_record(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
     env, cenv = _job(shared_tmp, "fault17")
-    bystander = subprocess.Popen([CLIENT, "--seconds", "60"], env=cenv, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    bystander = subprocess.Popen(
+        [CLIENT, "--seconds", "60"],
+        env=cenv,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     # The bystander is a client of the server, and in its kernel loop, before the fault.
     pid = bystander.pid
     wait_until(lambda: pid in {c["pid"] for c in _clients(env)}, 120, f"client {pid} listed")
     line = bystander.stdout.readline() if bystander.stdout else ""
     assert "started" in line, line
-    culprit = subprocess.run([CLIENT, "--seconds", "60", "--fault-after", "1"], env=cenv,
-                             text=True, capture_output=True, timeout=120)  # fmt: skip
+    culprit = subprocess.run(
+        [CLIENT, "--seconds", "60", "--fault-after", "1"],
+        env=cenv,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     bystander.communicate(timeout=120)
     assert "CUDA error 700" in culprit.stdout, culprit.stdout
     status = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]["gpus"][0]

@@ -85,11 +85,14 @@ def test_two_jobs_daemons_run_on_their_own_cpus(
     command = f"grep Cpus_allowed_list /proc/self/status > {{out}}\nsrun {CLIENT} --seconds 15"
     jobs = [
         submit(
-            cluster, gpu_user, f"cpus{i}", "--mps -n 1 -c 4 --gres=mps:50",
+            cluster,
+            gpu_user,
+            f"cpus{i}",
+            "--mps -n 1 -c 4 --gres=mps:50",
             command.replace("{out}", str(work / f"cpus{i}.txt")),
         )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     statuses = [_wait_clients(job, cluster["config"], 1) for job in jobs]
     local = set(load_inventory("nvml").gpus[0].cpus)  # the GPU's NUMA-local CPUs (NVML)
     seen = []

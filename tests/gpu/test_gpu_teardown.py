@@ -87,15 +87,23 @@ def test_sigterm_to_a_run_of_48_clients(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
     archive = shared_tmp / "logs"
-    env = base_env({
-        "MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"),
-        "MPSWRAP_LOG_ARCHIVE": str(archive),
-        "MPSWRAP_VERIFY_ATTACH": "off",
-        "MPSWRAP_DEBUG": "1",  # the control commands, in the output
-    })  # fmt: skip
+    env = base_env(
+        {
+            "MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"),
+            "MPSWRAP_LOG_ARCHIVE": str(archive),
+            "MPSWRAP_VERIFY_ATTACH": "off",
+            "MPSWRAP_DEBUG": "1",  # the control commands, in the output
+        }
+    )
     argv = [sys.executable, "-m", "mpswrap", "run", "-n", str(N), "--", CLIENT, "--seconds", "300"]
-    proc = subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     lines = _started(proc, N, timeout=240)
     time.sleep(2)  # every client busy in its kernel loop
     tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
@@ -118,8 +126,10 @@ def test_sigterm_to_a_run_of_48_clients(
     watcher.join(timeout=10)
     exits = sorted(gone.values())
     if exits:
-        print(f"clients gone: first {exits[0]:.3f} s, median {exits[len(exits) // 2]:.3f} s, "
-              f"last {exits[-1]:.3f} s ({len(exits)} of {len(clients)})")  # fmt: skip
+        print(
+            f"clients gone: first {exits[0]:.3f} s, median {exits[len(exits) // 2]:.3f} s, "
+            f"last {exits[-1]:.3f} s ({len(exits)} of {len(clients)})"
+        )
     print(f"teardown of {N} live clients after SIGTERM: {took:.2f} s (target {TARGET_S} s)")
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     terminated = len(re.findall(r"'terminate_client \d+ \d+' -> '0'", out))
@@ -130,9 +140,13 @@ def test_sigterm_to_a_run_of_48_clients(
     assert leftovers(shared_tmp, mps_baseline) == []
     server_log = "".join(p.read_text() for p in archive.glob("*-server.log"))
     assert "fatal" not in server_log.lower()
-    after = subprocess.run([CLIENT, "--seconds", "1"], env={**env, "CUDA_MPS_PIPE_DIRECTORY":
-                           str(shared_tmp / "no-daemon")}, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+    after = subprocess.run(
+        [CLIENT, "--seconds", "1"],
+        env={**env, "CUDA_MPS_PIPE_DIRECTORY": str(shared_tmp / "no-daemon")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert after.returncode == 0, after.stdout + after.stderr  # the GPU is healthy after
     # What mpswrap controls: the server is shut down within the window (plus command time),
     # and the run exits soon after its last client could be reaped. The clients' own exit

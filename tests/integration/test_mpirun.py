@@ -33,14 +33,21 @@ pytestmark = [
 MPSWRAP = [sys.executable, "-m", "mpswrap"]
 #: Root must say so to Open MPI; CI machines have fewer cores than ranks; every rank runs on
 #: this node, so no ssh/rsh is needed (machines without one refuse to start otherwise).
-MPIRUN = ["mpirun", "--oversubscribe", "--mca", "plm_rsh_agent", "false",
-          *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]  # fmt: skip
+MPIRUN = [
+    "mpirun",
+    "--oversubscribe",
+    "--mca",
+    "plm_rsh_agent",
+    "false",
+    *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="prolog-style daemons need root")
 
 
 def mpswrap(node: SimNode, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MPSWRAP, *args], env=node.env(), text=True, capture_output=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [*MPSWRAP, *args], env=node.env(), text=True, capture_output=True, timeout=timeout
+    )
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -97,13 +104,17 @@ class PrologDaemons:
         self.job_dir = next(node.run_dir.glob(f"*/{job}"))
 
     def terminations(self) -> int:
-        return sum(log.read_text().count("Client termination succeeded.")
-                   for log in self.job_dir.glob("g*/log/server.log"))  # fmt: skip
+        return sum(
+            log.read_text().count("Client termination succeeded.")
+            for log in self.job_dir.glob("g*/log/server.log")
+        )
 
     def running(self) -> dict[str, int]:
         """Daemon PID per GPU key, of the daemons that are alive."""
-        found = {p.parent.name: json.loads(p.read_text())["daemon_pid"]
-                 for p in self.job_dir.glob("g*/manifest.json")}  # fmt: skip
+        found = {
+            p.parent.name: json.loads(p.read_text())["daemon_pid"]
+            for p in self.job_dir.glob("g*/manifest.json")
+        }
         return {key: pid for key, pid in found.items() if psutil.pid_exists(pid)}
 
     def stop(self) -> None:
@@ -131,9 +142,25 @@ def test_placement_block_and_cyclic(node: SimNode, policy: str, expected: list[s
 
 def test_valued_options_dashdash_and_mpmd_are_wrapped(node: SimNode) -> None:
     rec = node.root / "rec.json"
-    res = mpswrap(node, *MPIRUN, "-x", "FOO=bar", "--mca", "btl", "self,vader", "--bind-to",
-                  "none", "-np", "1", "--", *client(node, rec, 0.5, "a-$FOO"), ":", "-np", "2",
-                  *client(node, rec, 0.5, "b-$OMPI_COMM_WORLD_RANK"))  # fmt: skip
+    res = mpswrap(
+        node,
+        *MPIRUN,
+        "-x",
+        "FOO=bar",
+        "--mca",
+        "btl",
+        "self,vader",
+        "--bind-to",
+        "none",
+        "-np",
+        "1",
+        "--",
+        *client(node, rec, 0.5, "a-$FOO"),
+        ":",
+        "-np",
+        "2",
+        *client(node, rec, 0.5, "b-$OMPI_COMM_WORLD_RANK"),
+    )
     assert res.returncode == 0, res.stderr
     found = starts(rec)
     assert set(found) == {"a-bar", "b-1", "b-2"}
@@ -146,11 +173,23 @@ def test_sigterm_to_every_process_ends_each_client_through_mps(node: SimNode) ->
     try:
         rec = node.root / "rec.json"
         proc = subprocess.Popen(
-            [*MPSWRAP, "--job", "sig", "--grace", "5", *MPIRUN, "-np", "4",
-             *client(node, rec, 120)],
-            env=node.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                *MPSWRAP,
+                "--job",
+                "sig",
+                "--grace",
+                "5",
+                *MPIRUN,
+                "-np",
+                "4",
+                *client(node, rec, 120),
+            ],
+            env=node.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
         wait_for_starts(rec, 4, proc)
         assert signal_tree(proc, signal.SIGTERM) >= 9  # mpswrap, mpirun, 4 ranks, 4 clients
         _, err = proc.communicate(timeout=120)
@@ -169,9 +208,12 @@ def test_sigterm_to_every_process_with_user_mode_daemons_leaves_nothing(
     rec, archive = node.root / "rec.json", tmp_path / "logs"
     proc = subprocess.Popen(
         [*MPSWRAP, "--grace", "5", *MPIRUN, "-np", "4", *client(node, rec, 120)],
-        env=node.env(MPSWRAP_LOG_ARCHIVE=str(archive)), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        env=node.env(MPSWRAP_LOG_ARCHIVE=str(archive)),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     wait_for_starts(rec, 4, proc)
     signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -193,8 +235,9 @@ def test_failing_rank_sets_the_exit_code_and_others_end_cleanly(node: SimNode) -
             f'if [ "{rank}" = 2 ]; then {fail}; fi; '
             f'exec {node.client} --seconds 120 --record {rec} --tag "{rank}"'
         )
-        res = mpswrap(node, "--job", "fail", "--grace", "5", *MPIRUN, "-np", "4",
-                      "sh", "-c", script)  # fmt: skip
+        res = mpswrap(
+            node, "--job", "fail", "--grace", "5", *MPIRUN, "-np", "4", "sh", "-c", script
+        )
         assert res.returncode == 3, res.stderr
         assert end_reasons(rec) == ["terminated"] * 3, res.stderr
         assert daemons.terminations() == 3
@@ -210,11 +253,23 @@ def test_sigterm_to_mpswrap_alone_is_passed_on_after_settling(node: SimNode) -> 
     try:
         rec = node.root / "rec.json"
         proc = subprocess.Popen(
-            [*MPSWRAP, "--job", "one", "--grace", "1", *MPIRUN, "-np", "2",
-             *client(node, rec, 120)],
-            env=node.env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                *MPSWRAP,
+                "--job",
+                "one",
+                "--grace",
+                "1",
+                *MPIRUN,
+                "-np",
+                "2",
+                *client(node, rec, 120),
+            ],
+            env=node.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
         wait_for_starts(rec, 2, proc)
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
@@ -234,12 +289,19 @@ def test_per_rank_under_mpirun_sums_up_the_node_once(node: SimNode, tmp_path: Pa
     rec, started = node.root / "rec.json", tmp_path / "started"
     started.mkdir()
     rank = "$OMPI_COMM_WORLD_RANK"
-    script = (f"touch {started}/{rank}; "  # every rank is up before any ends: they overlap
-              f'while [ "$(ls {started} | wc -l)" -lt 4 ]; do sleep 0.05; done; '
-              f'if [ "{rank}" = 3 ]; then exit 0; fi; '
-              f'exec {node.client} --seconds 3 --record {rec} --tag "{rank}"')  # fmt: skip
-    res = subprocess.run([*MPIRUN, "-np", "4", *MPSWRAP, "--", "sh", "-c", script],
-                         env=node.env(), text=True, capture_output=True, timeout=120)  # fmt: skip
+    script = (
+        f"touch {started}/{rank}; "  # every rank is up before any ends: they overlap
+        f'while [ "$(ls {started} | wc -l)" -lt 4 ]; do sleep 0.05; done; '
+        f'if [ "{rank}" = 3 ]; then exit 0; fi; '
+        f'exec {node.client} --seconds 3 --record {rec} --tag "{rank}"'
+    )
+    res = subprocess.run(
+        [*MPIRUN, "-np", "4", *MPSWRAP, "--", "sh", "-c", script],
+        env=node.env(),
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert {r["mode"] for r in starts(rec).values()} == {"mps"} and len(starts(rec)) == 3
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap: summary: ")]
@@ -269,12 +331,25 @@ def test_49_ranks_on_one_volta_gpu_are_refused_before_launch() -> None:
 def test_verify_attach_fail_catches_a_wrong_pipe_directory(node: SimNode, tmp_path: Path) -> None:
     rec = node.root / "rec.json"
     script = tmp_path / "app.sh"
-    script.write_text("#!/bin/sh\n# a site wrapper that points CUDA elsewhere\n"
-                      f"CUDA_MPS_PIPE_DIRECTORY={tmp_path}/elsewhere exec {node.client} "
-                      f"--seconds 60 --record {rec}\n")  # fmt: skip
+    script.write_text(
+        "#!/bin/sh\n# a site wrapper that points CUDA elsewhere\n"
+        f"CUDA_MPS_PIPE_DIRECTORY={tmp_path}/elsewhere exec {node.client} "
+        f"--seconds 60 --record {rec}\n"
+    )
     script.chmod(0o755)
-    res = mpswrap(node, "--verify-attach", "fail", "--verify-timeout", "3", "--grace", "1",
-                  *MPIRUN, "-np", "2", str(script))  # fmt: skip
+    res = mpswrap(
+        node,
+        "--verify-attach",
+        "fail",
+        "--verify-timeout",
+        "3",
+        "--grace",
+        "1",
+        *MPIRUN,
+        "-np",
+        "2",
+        str(script),
+    )
     assert res.returncode == 69, res.stderr
     assert "is not an MPS client" in res.stderr and "/pipe" in res.stderr
     assert "CUDA_MPS_PIPE_DIRECTORY" in res.stderr  # the hint names the likely cause
@@ -302,8 +377,12 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
         latencies, rss, bare = [], [], []
         for _ in range(7):
             t0 = time.time()
-            out = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", "import time; print(time.time())"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             bare.append(float(out.stdout) - t0)
             t0 = time.time()
             argv = [*MPSWRAP, "--job", "budget", "--", "date", "+%s.%N"]
@@ -311,8 +390,9 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
             assert t0 < float(out.stdout) < time.time(), out  # the program's own output
             latencies.append(float(out.stdout) - t0)
         for _ in range(3):
-            proc = subprocess.Popen([*MPSWRAP, "--job", "budget", "--", "sleep", "1.5"],
-                                    env=node.env())  # fmt: skip
+            proc = subprocess.Popen(
+                [*MPSWRAP, "--job", "budget", "--", "sleep", "1.5"], env=node.env()
+            )
             program = wait_for_program(proc, ["sleep", "1.5"])
             rss.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
             assert program.environ().get("CUDA_MPS_PIPE_DIRECTORY") in pipes, program.environ()
@@ -320,11 +400,13 @@ def test_budget_report_supervisor_start_and_rss(node: SimNode) -> None:
         # The runs used the prolog's daemons, left them running, and started none of their own.
         assert daemons.running() == prolog and len(prolog) == 2, (prolog, daemons.running())
         assert not list(node.user_run_dir.glob("*/budget"))
-        print(f"\nBUDGET supervisor start: median {statistics.median(latencies) * 1000:.0f} ms "
-              f"(min {min(latencies) * 1000:.0f}; bare python -c: median "
-              f"{statistics.median(bare) * 1000:.0f} ms); RSS per rank: median "
-              f"{statistics.median(rss):.1f} MiB; load {os.getloadavg()[0]:.1f} "
-              f"on {os.cpu_count()} CPUs")  # fmt: skip
+        print(
+            f"\nBUDGET supervisor start: median {statistics.median(latencies) * 1000:.0f} ms "
+            f"(min {min(latencies) * 1000:.0f}; bare python -c: median "
+            f"{statistics.median(bare) * 1000:.0f} ms); RSS per rank: median "
+            f"{statistics.median(rss):.1f} MiB; load {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} CPUs"
+        )
     finally:
         daemons.stop()
     assert not daemons.job_dir.exists()

@@ -46,10 +46,13 @@ echo "srun=$?"
         on[node].add(int(s["tag"]))
     shares = sorted(on.values(), key=min)
     assert shares == [set(range(0, 12, 2)), set(range(1, 12, 2))], on
-    assert {len({pipes[s["pipe"]][1] for s in starts if int(s["tag"]) in share})
-            for share in shares} == {2}, "each node used both its GPUs"  # fmt: skip
-    records = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
-               for p in farm_dir.glob("state*.jsonl")}  # fmt: skip
+    assert {
+        len({pipes[s["pipe"]][1] for s in starts if int(s["tag"]) in share}) for share in shares
+    } == {2}, "each node used both its GPUs"
+    records = {
+        p.name: [json.loads(x) for x in p.read_text().splitlines()]
+        for p in farm_dir.glob("state*.jsonl")
+    }
     assert sorted(records) == ["state-0of2.jsonl", "state-1of2.jsonl"], records
     assert all(len(r) == 6 and all(x["status"] == "done" for x in r) for r in records.values())
     assert out.count("6 done, 0 failed, 0 not run") == 2, out

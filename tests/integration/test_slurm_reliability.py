@@ -137,8 +137,11 @@ def test_four_concurrent_jobs_per_node(cluster: Cluster, workdir: Path) -> None:
     assert sorted(e["reason"] for e in ends.values()) == ["done"] * 8, ends
     t0 = min(s["time"] for s in starts)
     for node in ("node1", "node2"):  # pipe: run_dir/<node>/<job>/g0/pipe
-        spans = [(s["time"] - t0, ends[s["pid"]]["time"] - t0) for s in starts
-                 if Path(s["pipe"]).parts[-4] == node]  # fmt: skip
+        spans = [
+            (s["time"] - t0, ends[s["pid"]]["time"] - t0)
+            for s in starts
+            if Path(s["pipe"]).parts[-4] == node
+        ]
         print(node, [f"{a:.2f}-{b:.2f}" for a, b in sorted(spans)])
         # The four jobs ran at one moment: the node's last client started before its first ended.
         assert len(spans) == 4 and max(a for a, _ in spans) < min(b for _, b in spans), spans

@@ -82,10 +82,17 @@ def test_each_daemon_runs_on_the_jobs_cpus_of_its_node(shared: Cluster) -> None:
     jobs = []
     for i in range(2):
         out = work / f"cpus.{i}"
-        jobs.append(shared.sbatch(
-            script.replace("{out}", str(out)), "-w", "node1", "-n1", "--gres=mps:25",
-            "--comment=mps", cwd=work,
-        ))  # fmt: skip
+        jobs.append(
+            shared.sbatch(
+                script.replace("{out}", str(out)),
+                "-w",
+                "node1",
+                "-n1",
+                "--gres=mps:25",
+                "--comment=mps",
+                cwd=work,
+            )
+        )
     for i, job in enumerate(jobs):
         shared.wait_started(work / f"cpus.{i}", job)
     seen = {}

@@ -80,9 +80,15 @@ def test_the_policy_sets_each_tasks_share(
     """``srun --mps=POLICY`` (a job made by srun): each task of the step gets the share the
     policy gives it among the step's tasks on its GPU, through the task prolog."""
     job = cluster.srun(
-        "-w", "node1", "-N1", f"-n{tasks}", "--gres=gpu:1", f"--mps={policy}",
-        *_task(cluster, workdir), cwd=workdir,
-    )  # fmt: skip
+        "-w",
+        "node1",
+        "-N1",
+        f"-n{tasks}",
+        "--gres=gpu:1",
+        f"--mps={policy}",
+        *_task(cluster, workdir),
+        cwd=workdir,
+    )
     assert job.proc is not None and job.proc.returncode == 0, job.output
     assert _modes(workdir) == {"mps"}
     assert _shares(workdir) == {str(rank): share for rank in range(tasks)}

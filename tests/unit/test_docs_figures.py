@@ -211,10 +211,12 @@ def h100_start_ab() -> list[str]:
     files = ("331babf", "bb6707f", "0c9b392")
     (a, b), (c, d), (e, f) = (load(f"2026-11-24-h100-startup-ab-{n}.json")["trees"] for n in files)
     g, h = load("2026-11-24-h100-startup-ab-deae135.json")["trees"]
-    rows = [("per-rank supervisor start, ms", "start_median_ms"),
-            ("prolog, 1 GPU, ms", "prolog_median_ms"),
-            ("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
-            ("supervisor RSS, MiB", "rss_mib")]  # fmt: skip
+    rows = [
+        ("per-rank supervisor start, ms", "start_median_ms"),
+        ("prolog, 1 GPU, ms", "prolog_median_ms"),
+        ("epilog, 1 GPU, no clients, ms", "epilog_median_ms"),
+        ("supervisor RSS, MiB", "rss_mib"),
+    ]
     profile = REPO / "docs/gpu-results/2026-11-24/ab-bb6707f/prolog-profile.txt"
     walls = re.search(r"prolog wall, plain: .*, (\d+ ms)", profile.read_text())
     assert walls, "no prolog walls in the profile"
@@ -328,8 +330,10 @@ def sim_overheads(name: str) -> list[str]:
 def sim_prose() -> list[str]:
     morning = {r["key"]: r for r in load("2026-11-23-cpu-sim.json")["runs"]}
     later = {r["key"]: r for r in load("2026-11-23-cpu-sim-b.json")["runs"]}
-    twelve = [f"{thousands(f['overhead/sim/epilog/clients12']['epilog']['median_ms'])} ms"
-              for f in (later, morning)]  # fmt: skip
+    twelve = [
+        f"{thousands(f['overhead/sim/epilog/clients12']['epilog']['median_ms'])} ms"
+        for f in (later, morning)
+    ]
     sup = morning["overhead/sim/supervisor"]
     start, rss = whole(sup["start"]["median_ms"]), sup["rss_mib"]
     e48 = morning["overhead/sim/epilog/clients48"]["epilog"]["median_ms"] / 1000

@@ -19,17 +19,20 @@ def test_tasks_skip_blanks_and_comments_and_number_from_zero() -> None:
     assert [(t.number, t.command) for t in tasks] == [(0, "python a.py"), (1, "python b.py")]
 
 
-@pytest.mark.parametrize(("line", "argv"), [
-    ("python train.py --seed 3", ["python", "train.py", "--seed", "3"]),
-    ("python 'my file.py' --name \"a b\"", ["python", "my file.py", "--name", "a b"]),
-    ("python a.py > out.txt", ["/bin/sh", "-c", "python a.py > out.txt"]),
-    ("cd run3 && python a.py", ["/bin/sh", "-c", "cd run3 && python a.py"]),
-    ("SEED=3 python a.py", ["/bin/sh", "-c", "SEED=3 python a.py"]),
-    ("python a.py --seed $MPSWRAP_TASK", ["/bin/sh", "-c", "python a.py --seed $MPSWRAP_TASK"]),
-    ("python a.py data/*.h5", ["/bin/sh", "-c", "python a.py data/*.h5"]),
-    ("python a.py # a comment", ["/bin/sh", "-c", "python a.py # a comment"]),
-    ("python a.py --lr=0.1", ["python", "a.py", "--lr=0.1"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("line", "argv"),
+    [
+        ("python train.py --seed 3", ["python", "train.py", "--seed", "3"]),
+        ("python 'my file.py' --name \"a b\"", ["python", "my file.py", "--name", "a b"]),
+        ("python a.py > out.txt", ["/bin/sh", "-c", "python a.py > out.txt"]),
+        ("cd run3 && python a.py", ["/bin/sh", "-c", "cd run3 && python a.py"]),
+        ("SEED=3 python a.py", ["/bin/sh", "-c", "SEED=3 python a.py"]),
+        ("python a.py --seed $MPSWRAP_TASK", ["/bin/sh", "-c", "python a.py --seed $MPSWRAP_TASK"]),
+        ("python a.py data/*.h5", ["/bin/sh", "-c", "python a.py data/*.h5"]),
+        ("python a.py # a comment", ["/bin/sh", "-c", "python a.py # a comment"]),
+        ("python a.py --lr=0.1", ["python", "a.py", "--lr=0.1"]),
+    ],
+)
 def test_plain_lines_run_directly_and_shell_syntax_runs_under_sh(
     line: str, argv: list[str]
 ) -> None:
@@ -85,15 +88,18 @@ def _fault(at: float, pids: set[int] | None = None, recovered: float | None = No
     return FaultSeen(("stamp", 1, 1), at, pids or set(), recovered_at=recovered)
 
 
-@pytest.mark.parametrize(("start", "end", "victim"), [
-    (90.0, 100.5, True),   # running when the fault came: its client had the error
-    (100.2, 100.3, True),  # started while the server handled it: refused
-    (100.2, 102.8, True),  # started before the server took clients again, failed then
-    (100.2, 104.0, False), # ran on well past the recovery: it was not refused
-    (90.0, 99.5, False),   # failed and gone before the fault
-    (102.5, 103.0, False), # started after the server recovered: its failure is its own
-    (90.0, 500.0, False),  # not hit (it never was a client then): it failed much later
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("start", "end", "victim"),
+    [
+        (90.0, 100.5, True),  # running when the fault came: its client had the error
+        (100.2, 100.3, True),  # started while the server handled it: refused
+        (100.2, 102.8, True),  # started before the server took clients again, failed then
+        (100.2, 104.0, False),  # ran on well past the recovery: it was not refused
+        (90.0, 99.5, False),  # failed and gone before the fault
+        (102.5, 103.0, False),  # started after the server recovered: its failure is its own
+        (90.0, 500.0, False),  # not hit (it never was a client then): it failed much later
+    ],
+)
 def test_a_failure_is_a_faults_victim_when_it_was_alive_while_the_server_handled_it(
     start: float, end: float, victim: bool
 ) -> None:
@@ -124,9 +130,17 @@ def test_stamps_are_local_time_with_milliseconds() -> None:
     assert stamp_time("garbage") is None and stamp_time("") is None
 
 
-@pytest.mark.parametrize(("limit", "gpus", "cpus", "k"), [
-    (48, 1, 16, 16), (48, 1, 64, 16), (48, 2, 16, 8), (48, 4, 2, 1), (3, 1, 16, 3), (0, 1, 8, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("limit", "gpus", "cpus", "k"),
+    [
+        (48, 1, 16, 16),
+        (48, 1, 64, 16),
+        (48, 2, 16, 8),
+        (48, 4, 2, 1),
+        (3, 1, 16, 3),
+        (0, 1, 8, 1),
+    ],
+)
 def test_the_default_k_is_bounded_by_the_limit_the_cpus_and_sixteen(
     limit: int, gpus: int, cpus: int, k: int
 ) -> None:
@@ -157,9 +171,12 @@ def test_durations_read_like_a_clock() -> None:
 
 def _fault_lines(stamp: str, server: int, pids: list[int]) -> str:
     head = f"[{stamp} Server {server}] "
-    lines = [f"Client {{PID: {pids[0]}, Context: 1}} encountered a fatal GPU error.",
-             "The following client process have a sticky error set:", *map(str, pids),
-             "Destroy server context on device 0"]  # fmt: skip
+    lines = [
+        f"Client {{PID: {pids[0]}, Context: 1}} encountered a fatal GPU error.",
+        "The following client process have a sticky error set:",
+        *map(str, pids),
+        "Destroy server context on device 0",
+    ]
     return "".join(head + line + "\n" for line in lines)
 
 

@@ -78,9 +78,11 @@ OWNERS = {
     "pynvml": {"mps.gpu"},
     "mpi4py": {"entry.session"},
 }
-#: A level a concept-sized module never meets: a module past it holds a second concept.
-MAX_MODULE_LINES = 500
-MAX_FUNCTION_LINES = 40
+#: Levels a concept-sized module or function never meets: past them, it holds a second
+#: concept. They catch a grab-bag; they are not a budget to pack code under (the formatter
+#: formats, and modules are split by concept).
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 80
 
 
 def _modules() -> dict[str, Path]:
@@ -159,7 +161,7 @@ def test_the_simulator_stands_alone() -> None:
         assert not outside, f"{path} imports {outside}"
 
 
-def test_modules_and_functions_stay_small() -> None:
+def test_no_module_or_function_holds_two_concepts() -> None:
     problems = []
     for name, path in _modules().items():
         text = path.read_text()
@@ -208,8 +210,13 @@ def test_the_hooks_start_path_is_lean() -> None:
         "'argparse', 'psutil', 'pynvml', 'filelock', 'importlib.resources', 'mpswrap.cli.main', "
         "'mpswrap.entry.launch', 'mpswrap.entry.session') if m in sys.modules)))"
     )
-    out = subprocess.run([sys.executable, "-c", f"{probe}; {code}"], capture_output=True,
-                         text=True, cwd=PACKAGE.parent, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", f"{probe}; {code}"],
+        capture_output=True,
+        text=True,
+        cwd=PACKAGE.parent,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -52,9 +52,26 @@ def test_gpu_lists_slurm_writes_are_read(text: str, refs: tuple[object, ...]) ->
 
 @pytest.mark.parametrize(
     "text",
-    ["", "0,", ",0", "0,,1", "x", "0-", "-1", "3-1", "1000", "0-1000", "0 1", "0;1", "٣",
-     "GPU-zzz", "gpu-5a1d0000-0000-4000-8000-000000000000", f"{UUID}x", "MIG-GPU-x/1/0"],
-)  # fmt: skip
+    [
+        "",
+        "0,",
+        ",0",
+        "0,,1",
+        "x",
+        "0-",
+        "-1",
+        "3-1",
+        "1000",
+        "0-1000",
+        "0 1",
+        "0;1",
+        "٣",
+        "GPU-zzz",
+        "gpu-5a1d0000-0000-4000-8000-000000000000",
+        f"{UUID}x",
+        "MIG-GPU-x/1/0",
+    ],
+)
 def test_anything_else_is_refused_naming_the_variable(text: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_gpu_list(text, "SLURM_STEP_GPUS")
@@ -71,10 +88,12 @@ def test_job_gpus_come_from_cuda_visible_devices_only_in_a_prolog_without_slurm_
 
 
 INVENTORY = Inventory(
-    [GpuInfo(i, f"GPU-5a1d000{i}-0000-4000-8000-00000000000{i}", m, "H100", (9, 0), frozenset())
-     for i, m in enumerate((7, 3))],
+    [
+        GpuInfo(i, f"GPU-5a1d000{i}-0000-4000-8000-00000000000{i}", m, "H100", (9, 0), frozenset())
+        for i, m in enumerate((7, 3))
+    ],
     source="test",
-)  # fmt: skip
+)
 
 
 def test_positions_and_uuids_of_one_gpu_resolve_to_it_once() -> None:

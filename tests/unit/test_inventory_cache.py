@@ -21,11 +21,31 @@ from tests.tree import PACKAGE
 from tests.users import ensure_test_user, run_as
 
 GPUS = [
-    GpuInfo(0, "GPU-00000000-0000-0000-0000-000000000001", 1, "H100", (9, 0),
-            frozenset({0, 1, 2}), 0, False, 80 << 30, "0000:00:06.0"),
-    GpuInfo(1, "GPU-00000000-0000-0000-0000-000000000002", 0, "H100", (9, 0),
-            frozenset({3}), None, False, 80 << 30, "0000:00:07.0"),
-]  # fmt: skip
+    GpuInfo(
+        0,
+        "GPU-00000000-0000-0000-0000-000000000001",
+        1,
+        "H100",
+        (9, 0),
+        frozenset({0, 1, 2}),
+        0,
+        False,
+        80 << 30,
+        "0000:00:06.0",
+    ),
+    GpuInfo(
+        1,
+        "GPU-00000000-0000-0000-0000-000000000002",
+        0,
+        "H100",
+        (9, 0),
+        frozenset({3}),
+        None,
+        False,
+        80 << 30,
+        "0000:00:07.0",
+    ),
+]
 INFO = (
     "Model: \t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
 )
@@ -240,8 +260,11 @@ def test_a_kept_file_that_disagrees_with_the_kernel_is_not_used(
 def test_only_the_prolog_uses_the_file() -> None:
     """A rank, a task prolog or a command asks NVML for its own view (a job's cgroup may hide
     GPUs and renumber the rest): only entry/hooks.py (the prolog's start) asks for the file."""
-    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                   if "node_inventory(" in p.read_text() and p.name != "state.py")  # fmt: skip
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if "node_inventory(" in p.read_text() and p.name != "state.py"
+    )
     assert users == ["entry/hooks.py"]
 
 

@@ -62,8 +62,12 @@ def test_wrap_examples(argv: list[str], wrapped: list[str]) -> None:
 
 def test_parsed_options_are_canonical() -> None:
     seg = la.parse(["srun", "-ln4", "--nodes=2", "--cpus-per-task", "3", "a"]).segments[0]
-    assert seg.options == (("l", ()), ("ntasks", ("4",)), ("nodes", ("2",)),
-                           ("cpus-per-task", ("3",)))  # fmt: skip
+    assert seg.options == (
+        ("l", ()),
+        ("ntasks", ("4",)),
+        ("nodes", ("2",)),
+        ("cpus-per-task", ("3",)),
+    )
     seg = la.parse(["mpirun", "-mca", "a", "b", "-c", "5", "-H", "x,y", "p"]).segments[0]
     assert seg.options == (("mca", ("a", "b")), ("np", ("5",)), ("host", ("x,y",)))
     assert seg.program == ("p",)
@@ -126,18 +130,40 @@ def test_ranks_per_node(argv: list[str], env: dict[str, str], expected: int | No
 def test_extra_options_go_first_in_each_segment() -> None:
     line = la.parse(["mpirun", "-n", "1", "a", ":", "-n", "1", "b"])
     assert line.argv(["w"], ["-x", "V"]) == [
-        "mpirun", "-x", "V", "-n", "1", "w", "a", ":", "-x", "V", "-n", "1", "w", "b",
-    ]  # fmt: skip
+        "mpirun",
+        "-x",
+        "V",
+        "-n",
+        "1",
+        "w",
+        "a",
+        ":",
+        "-x",
+        "V",
+        "-n",
+        "1",
+        "w",
+        "b",
+    ]
 
 
 def test_wrapper_options_end_at_first_word_or_dashdash() -> None:
     valued = {"--gpus", "--policy"}
     assert split_options(["--gpus", "0", "srun", "-n", "2"], valued) == (
-        ["--gpus", "0"], ["srun", "-n", "2"], False)  # fmt: skip
+        ["--gpus", "0"],
+        ["srun", "-n", "2"],
+        False,
+    )
     assert split_options(["--dry-run", "--", "run", "-x"], valued) == (
-        ["--dry-run"], ["run", "-x"], True)  # fmt: skip
+        ["--dry-run"],
+        ["run", "-x"],
+        True,
+    )
     assert split_options(["--policy=cyclic", "./a", "--gpus"], valued) == (
-        ["--policy=cyclic"], ["./a", "--gpus"], False)  # fmt: skip
+        ["--policy=cyclic"],
+        ["./a", "--gpus"],
+        False,
+    )
 
 
 # --- properties --------------------------------------------------------------------------
@@ -201,8 +227,10 @@ def segment(
     return tokens, parsed, dashdash, program
 
 
-def _check(launcher: str, segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool,
-                                           list[str]]]) -> None:  # fmt: skip
+def _check(
+    launcher: str,
+    segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool, list[str]]],
+) -> None:
     argv, expected = [launcher], [launcher]
     for index, (tokens, _, dashdash, program) in enumerate(segments):
         sep = [":"] if index else []
@@ -220,16 +248,21 @@ def _check(launcher: str, segments: list[tuple[list[str], list[tuple[str, tuple[
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(segment(srun_option()), min_size=1, max_size=3))
-def test_srun_property(segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool,
-                                             list[str]]]) -> None:  # fmt: skip
+def test_srun_property(
+    segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool, list[str]]],
+) -> None:
     _check("srun", segments)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(segment(ompi_option()), min_size=1, max_size=3),
-       st.sampled_from(["mpirun", "mpiexec", "orterun"]))  # fmt: skip
-def test_mpirun_property(segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool,
-                                              list[str]]], launcher: str) -> None:  # fmt: skip
+@given(
+    st.lists(segment(ompi_option()), min_size=1, max_size=3),
+    st.sampled_from(["mpirun", "mpiexec", "orterun"]),
+)
+def test_mpirun_property(
+    segments: list[tuple[list[str], list[tuple[str, tuple[str, ...]]], bool, list[str]]],
+    launcher: str,
+) -> None:
     _check(launcher, segments)
 
 

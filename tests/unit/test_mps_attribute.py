@@ -36,12 +36,15 @@ class FakeCuda:
         return self.attribute_rc
 
 
-@pytest.mark.parametrize(("lib", "said"), [
-    (FakeCuda(context=0x1234, mps=1), True),
-    (FakeCuda(context=0x1234, mps=0), False),
-    (FakeCuda(context=0, mps=1), None),  # no current context: cannot say
-    (FakeCuda(context=0x1234, mps=1, attribute_rc=1), None),  # a driver without it
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("lib", "said"),
+    [
+        (FakeCuda(context=0x1234, mps=1), True),
+        (FakeCuda(context=0x1234, mps=0), False),
+        (FakeCuda(context=0, mps=1), None),  # no current context: cannot say
+        (FakeCuda(context=0x1234, mps=1, attribute_rc=1), None),  # a driver without it
+    ],
+)
 def test_the_driver_says_whether_the_context_uses_mps(
     monkeypatch: pytest.MonkeyPatch, lib: FakeCuda, said: bool | None
 ) -> None:
@@ -69,8 +72,9 @@ def _session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Session:
     return sess
 
 
-@pytest.mark.parametrize(("driver", "outcome"), [(True, 0), (False, "driver says"),
-                                                 (None, "client list")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("driver", "outcome"), [(True, 0), (False, "driver says"), (None, "client list")]
+)
 def test_check_attached_takes_the_drivers_word(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver: bool | None, outcome: object
 ) -> None:

@@ -88,14 +88,35 @@ def test_slurms_cpu_ids_are_mapped_by_socket_core_thread(tmp_path: Path) -> None
 
 def test_slurmctld_is_asked_only_for_part_of_a_node(tmp_path: Path) -> None:
     sysfs = _sysfs(tmp_path, {c: (0, c) for c in range(16)})
-    cases = [("16", "n1", False), ("8", "n1", True), ("16(x2)", "n[1-2]", False),
-             ("16,8", "n[1-2]", False), ("8,16", "n[1-2]", True), ("", "n1", False)]  # fmt: skip
+    cases = [
+        ("16", "n1", False),
+        ("8", "n1", True),
+        ("16(x2)", "n[1-2]", False),
+        ("16,8", "n[1-2]", False),
+        ("8,16", "n[1-2]", True),
+        ("", "n1", False),
+    ]
     for text, nodes, asks in cases:
-        env = JobEnv({"SLURMD_NODENAME": "n1", "SLURM_NODELIST": nodes,
-                      **({"SLURM_JOB_CPUS_PER_NODE": text} if text else {})})  # fmt: skip
+        env = JobEnv(
+            {
+                "SLURMD_NODENAME": "n1",
+                "SLURM_NODELIST": nodes,
+                **({"SLURM_JOB_CPUS_PER_NODE": text} if text else {}),
+            }
+        )
         assert holds_part_of_node(env, sysfs) is asks, (text, nodes)
-    assert cpus_here(JobEnv({"SLURMD_NODENAME": "n2", "SLURM_JOB_NODELIST": "n[1-3]",
-                             "SLURM_JOB_CPUS_PER_NODE": "4,2(x2)"})) == 2  # fmt: skip
+    assert (
+        cpus_here(
+            JobEnv(
+                {
+                    "SLURMD_NODENAME": "n2",
+                    "SLURM_JOB_NODELIST": "n[1-3]",
+                    "SLURM_JOB_CPUS_PER_NODE": "4,2(x2)",
+                }
+            )
+        )
+        == 2
+    )
 
 
 REAL = """JobId=7 JobName=train
@@ -106,8 +127,12 @@ REAL = """JobId=7 JobName=train
    MinCPUsNode=4 MinMemoryNode=0 MinTmpDiskNode=0
    Comment={comment}
 """
-ENV = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1",
-       "SLURM_JOB_CPUS_PER_NODE": "4"}  # fmt: skip
+ENV = {
+    "SLURMD_NODENAME": "n1",
+    "SLURM_JOB_ID": "7",
+    "SLURM_NODELIST": "n1",
+    "SLURM_JOB_CPUS_PER_NODE": "4",
+}
 
 
 def _answer(monkeypatch: pytest.MonkeyPatch, text: str) -> None:

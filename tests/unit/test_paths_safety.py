@@ -51,8 +51,10 @@ def test_check_dirs_refuses_a_level_of_an_untrusted_owner(tmp_path: Path) -> Non
 
 # --- removal ---------------------------------------------------------------------------------
 def _listing(root: Path) -> dict[str, bytes]:
-    return {str(p): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
-            for p in [root, *sorted(root.rglob("*"))]}  # fmt: skip
+    return {
+        str(p): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+        for p in [root, *sorted(root.rglob("*"))]
+    }
 
 
 def test_remove_tree_never_leaves_the_tree_through_a_symlink_at_any_level(tmp_path: Path) -> None:
@@ -100,8 +102,13 @@ def _read_in_a_child(reader: str, path: Path) -> subprocess.CompletedProcess[str
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        return subprocess.run([sys.executable, "-c", code, str(path)], env=env, text=True,
-                              capture_output=True, timeout=20)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=20,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"reading {path} blocked")
 

@@ -88,8 +88,9 @@ def test_capacity_counts_running_clients_per_gpu_and_policy() -> None:
 
 def _slots(n: int) -> list[Slot]:
     root = Path("/run/mpswrap/n1/7")
-    return [Slot(GpuDirs(f"g{i}", root / f"g{i}"), f"GPU-{i}", frozenset({i}), 2**33)
-            for i in range(n)]  # fmt: skip
+    return [
+        Slot(GpuDirs(f"g{i}", root / f"g{i}"), f"GPU-{i}", frozenset({i}), 2**33) for i in range(n)
+    ]
 
 
 def test_place_gives_the_rank_its_gpu_and_client_environment() -> None:

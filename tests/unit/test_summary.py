@@ -51,9 +51,15 @@ def test_one_rank_by_the_epilog() -> None:
 
 @pytest.mark.parametrize(
     "record",
-    [[], "x", {"code": "0", "attached": True}, {"code": 0, "attached": "yes"},
-     {"code": 0, "attached": None, "ended": 1.5}, {"code": 0, "attached": None, "start": True}],
-)  # fmt: skip
+    [
+        [],
+        "x",
+        {"code": "0", "attached": True},
+        {"code": 0, "attached": "yes"},
+        {"code": 0, "attached": None, "ended": 1.5},
+        {"code": 0, "attached": None, "start": True},
+    ],
+)
 def test_a_record_that_is_no_outcome_is_refused(record: object) -> None:
     with pytest.raises(ValueError):
         Outcome.from_json(record)
