@@ -36,6 +36,8 @@ class SignalTrap:
     def __init__(self, signals: Sequence[int] = (*TERMINATING, *FORWARDED)) -> None:
         self.signals = tuple(signals)
         self.pending: list[int] = []
+        #: The first terminating signal that came (a run it ended says so).
+        self.stopped_by: int | None = None
         self._saved: dict[int, Any] = {}
         self._fds: tuple[int, int] | None = None
         self._old_wakeup = -1
@@ -61,6 +63,8 @@ class SignalTrap:
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.pending.append(signum)
+        if signum in TERMINATING and self.stopped_by is None:
+            self.stopped_by = signum
 
     @property
     def wake_fd(self) -> int:

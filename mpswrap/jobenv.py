@@ -99,6 +99,9 @@ PLACE_IN_LAUNCH_VARS = frozenset(
 )
 
 
+#: Kinds of run whose fallback job is shared by every process of the node (``run_job``).
+SHARED_FALLBACK = frozenset({"rank", "session", "start"})
+
 #: Tags a rank and everything it starts, so that the rank's whole tree ends with it
 #: (``job.supervise.end_leftovers``); never passed to a process that is not the rank's.
 TREE_VAR = "MPSWRAP_TREE"
@@ -214,6 +217,27 @@ class JobEnv:
             raise MpswrapError("SLURM_JOB_ID is not set")
         validate_name("node name", self.node)
         return validate_name("job id", job)
+
+    @property
+    def nodes_text(self) -> str | None:
+        """The allocation's node count as Slurm writes it (``2``, or ``1-3`` before start)."""
+        return self._get("SLURM_NNODES") or self._get("SLURM_JOB_NUM_NODES")
+
+    @property
+    def ntasks_text(self) -> str | None:
+        """The allocation's task count as Slurm writes it."""
+        return self._get("SLURM_NTASKS")
+
+    def run_job(self, given: str | None, kind: str) -> str:
+        """THE job id of a run of ``kind`` (``run``, ``farm``, ``calibrate``, ``mpirun``,
+        ``rank``, ``session``, ``start``): ``job_key``'s, else the one fallback name. A run
+        that is its job's only owner names a job of its own, ``<kind>-<pid>``; the ranks of no
+        launcher
+        (``mpswrap ./app``, ``session()`` in a plain process) and ``mpswrap start`` share the
+        job ``local``."""
+        fresh = "local" if kind in SHARED_FALLBACK else f"{kind}-{os.getpid()}"
+        found = self.job_key(given)
+        return fresh if found is None else found
 
     def job_key(self, given: str | None = None, fresh: str | None = None) -> str | None:
         """THE job id mpswrap keeps a job's state under, the same for every rank of a node.

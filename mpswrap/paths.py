@@ -29,6 +29,7 @@ __all__ = [
     "GpuDirs",
     "JobLayout",
     "check_dirs",
+    "check_private_dir",
     "create_job_file",
     "ensure_private_dir",
     "ensure_shared_dir",
@@ -280,6 +281,28 @@ def ensure_private_dir(path: Path, uid: int, gid: int, mode: int = 0o700) -> Pat
     return _ensure(path, mode, (uid, gid), lambda fd, st: _check_private(fd, st, path, uid, mode))
 
 
+def check_private_dir(path: Path, uid: int, mode: int = 0o700) -> None:
+    """What ``ensure_private_dir`` would refuse of ``path`` as it is now, changing nothing:
+    a symlink or file in its place, another owner, permissions for others. A missing level
+    passes (it would be made)."""
+    with _failing("cannot check directory", path):
+        try:
+            parent = open_dir(path.parent)
+        except FileNotFoundError:
+            return
+        try:
+            fd = _at(path.name, parent, path, _LIST)
+        except FileNotFoundError:
+            return
+        finally:
+            os.close(parent)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+    _refuse_open(st, path, uid, mode)
+
+
 def ensure_shared_dir(path: Path, trusted: frozenset[int], mode: int = 0o755) -> Path:
     """Create a parent that job users traverse (run_dir, node dir): ours, StrictModes."""
     owner = (os.geteuid(), os.getegid())
@@ -329,6 +352,14 @@ def _settled(fd: int, uid: int) -> os.stat_result:
 def _check_private(fd: int, st: os.stat_result, path: Path, uid: int, mode: int) -> None:
     """``uid``'s own and closed to others. Owner permissions taken from it (``chmod 500`` by
     its user) are given back by that user only: root never changes a job user's mode."""
+    _refuse_open(st, path, uid, mode)
+    bits = stat.S_IMODE(st.st_mode)
+    if bits & 0o700 != mode & 0o700 and st.st_uid == os.geteuid():
+        os.fchmod(fd, bits | (mode & 0o700))
+
+
+def _refuse_open(st: os.stat_result, path: Path, uid: int, mode: int) -> None:
+    """A private directory must be ``uid``'s own and give others nothing ``mode`` does not."""
     bits = stat.S_IMODE(st.st_mode)
     if st.st_uid != uid:
         raise LayoutError(
@@ -340,8 +371,6 @@ def _check_private(fd: int, st: os.stat_result, path: Path, uid: int, mode: int)
     if bits & ~mode & 0o077:
         cause = f"mode {bits:04o}, expected {mode:04o}"
         raise LayoutError("directory is open to other users", thing=str(path), cause=cause)
-    if bits & 0o700 != mode & 0o700 and st.st_uid == os.geteuid():
-        os.fchmod(fd, bits | (mode & 0o700))
 
 
 # --- the files of a job's directories -------------------------------------------------------

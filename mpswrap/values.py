@@ -4,6 +4,7 @@ which form it expected. ``config.FIELDS`` pairs each setting with one of these."
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -22,6 +23,7 @@ __all__ = [
     "priority",
     "program",
     "seconds",
+    "share_percent",
     "triggers",
 ]
 
@@ -135,3 +137,9 @@ def priority(text: str) -> int:
     if text not in ("0", "1"):
         raise ValueError("expected 0 (normal) or 1 (below normal)")
     return int(text)
+
+
+def share_percent(value: float) -> float:
+    """A client's share of a GPU as MPS takes it: in [1, 100], rounded down to a tenth so that
+    the shares of one GPU never add up to more than 100 (6 x 16.7 = 100.2)."""
+    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))

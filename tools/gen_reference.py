@@ -10,7 +10,7 @@ prose outside the markers is hand-written and kept. Sources: the one CLI parser
 table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``), a status
 client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), a job record's
 (``mpswrap.mps.record.FIELDS``), the metric series
-(``mpswrap.cli.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
+(``mpswrap.report.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
 returns). tests/unit/test_reference.py
 runs the check.
 """
@@ -209,7 +209,7 @@ def _signature(func: Callable[..., Any], name: str) -> str:
 
 def python_api() -> list[str]:
     import mpswrap
-    from mpswrap.entry.attached import Session
+    from mpswrap.job.attached import Session
 
     out = ["```python", _signature(mpswrap.session, "mpswrap.session"), "```", ""]
     out += [_rst(inspect.getdoc(mpswrap.session) or ""), ""]
@@ -264,10 +264,11 @@ def job_record() -> list[str]:
 
 
 def metric_series() -> list[str]:
-    from mpswrap.cli.metrics import FAMILIES
+    from mpswrap.report.metrics import FAMILIES
 
-    return _table(("series", "type", "meaning"),
-                  [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES])
+    return _table(
+        ("series", "type", "meaning"), [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES]
+    )
 
 
 SECTIONS: dict[str, Callable[[], list[str]]] = {

@@ -26,7 +26,7 @@ from ..job.placement import plan_positions
 from ..mps.control import client_env, find_binary
 from ..mps.daemon import Defaults
 from ..mps.gpu import load_inventory
-from .manage import print_status
+from ..report.status import print_status
 
 __all__ = ["cli"]
 

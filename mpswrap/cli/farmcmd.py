@@ -11,7 +11,7 @@ from ..errors import UsageError
 from .options import CALIBRATE_OPTIONS, FARM_OPTIONS, Options
 
 if TYPE_CHECKING:  # imported by the handlers: building the parser stays light
-    from ..entry.launch import LaunchOptions
+    from ..job.run import LaunchOptions
 
 __all__ = ["add_parsers", "cmd_calibrate", "cmd_farm"]
 

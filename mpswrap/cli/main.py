@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__, trust
 from ..config import Settings, admin_file, load_settings
-from ..entry import launchargs
 from ..errors import ConfigError, MpswrapError, TrustError, UsageError, internal_error
+from ..job import launchargs
 from ..job.placement import provision_threads
 from .farmcmd import add_parsers
 from .logs import debug_env, setup_logging
@@ -47,7 +47,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
-    from ..entry.launch import LaunchOptions
+    from ..job.run import LaunchOptions
 
 __all__ = ["build_parser", "main"]
 
@@ -219,7 +219,7 @@ def split_options(argv: Sequence[str], valued: set[str]) -> tuple[list[str], lis
 
 
 def _options(args: argparse.Namespace) -> LaunchOptions:
-    from ..entry.launch import LaunchOptions
+    from ..job.run import LaunchOptions
 
     _check_args(args)
     return LaunchOptions(**{f.name: getattr(args, f.name) for f in fields(LaunchOptions)})

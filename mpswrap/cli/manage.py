@@ -18,12 +18,13 @@ from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
 from ..mps.daemon import Defaults
-from ..mps.gpu import load_inventory, resolve_gpus, usage
+from ..mps.gpu import load_inventory, resolve_gpus
 from ..mps.record import read_records
 from ..paths import JobLayout, validate_name
-from . import metrics
+from ..report import metrics
+from ..report.status import cpus_words, node_status, print_status, record_line, unhealthy
 
-__all__ = ["COMMANDS", "print_status", "unhealthy"]
+__all__ = ["COMMANDS"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ def _allowed_cpus(text: str | None) -> frozenset[int] | None:
         raise UsageError(
             "bad --cpus",
             thing=text,
-            cause=f"CPU(s) {_cpus(sorted(asked - mine))} not available to this process",
-            hint=f"choose among CPUs {_cpus(sorted(mine))}",
+            cause=f"CPU(s) {cpus_words(sorted(asked - mine))} not available to this process",
+            hint=f"choose among CPUs {cpus_words(sorted(mine))}",
         )
     return asked
 
@@ -78,14 +79,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     if user.uid != os.geteuid() and os.geteuid() != 0:
         raise UsageError("--user needs root", thing=args.user)
     node = _node(args)
-    job = JobEnv.current().job_key(given=args.job, fresh="local")
-    assert job is not None
+    job = JobEnv.current().run_job(args.job, "start")
     gpus = resolve_gpus(args.gpus, load_inventory(settings.gpu_inventory))
     admin = os.geteuid() == 0 and not args.run_dir
-    if args.run_dir:
-        layout = JobLayout(Path(os.path.abspath(args.run_dir)), node, job)
-    else:
-        layout = (state.admin_layout if admin else state.user_layout)(settings, node, job)
+    layout = state.layout_for(settings, node, job, admin=admin, run_dir=args.run_dir)
     manifests = JobDaemons(layout, settings).start(
         gpus,
         user,
@@ -100,7 +97,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     for m in manifests:
         print(
             f"{m.key} {m.gpu_uuid} daemon {m.daemon_pid} user {m.user} "
-            f"cpus {_cpus(m.cpus)} pipe {layout.gpu(m.key).pipe}"
+            f"cpus {cpus_words(m.cpus)} pipe {layout.gpu(m.key).pipe}"
         )
     print(
         f"export CUDA_MPS_PIPE_DIRECTORY={layout.gpu(manifests[0].key).pipe}"
@@ -108,10 +105,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         else f"# job directory: {layout.job_dir}"
     )
     return 0
-
-
-def _cpus(cpus: list[int]) -> str:
-    return ",".join(map(str, cpus)) if cpus else "all"
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -133,27 +126,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 HEALTHY, UNHEALTHY, NOTHING_FOUND = 0, 3, 4
 
 
-def node_status(args: argparse.Namespace) -> dict[str, Any]:
-    """The jobs' daemons, servers and clients on this node, with NVML's figures where it
-    answers: each GPU's memory and utilisation, each client's GPU memory."""
+def _node_status(args: argparse.Namespace) -> dict[str, Any]:
     settings = _settings(args)
-    jobs = [JobDaemons(layout, settings).status() for layout in _layouts(args, settings)]
-    asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
-    for gpu in (g for job in jobs for g in job["gpus"]):
-        uuid = gpu.get("uuid")
-        if uuid and uuid not in asked:
-            asked[uuid] = usage(uuid, settings.gpu_inventory)
-        found = dict(asked.get(uuid) or {}) if uuid else {}
-        processes = found.pop("processes", {})
-        gpu["usage"] = found or None
-        for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
-            client["gpu_memory_bytes"] = processes.get(client["pid"])
-    return {"node": _node(args), "jobs": jobs}
+    return node_status(settings, _node(args), _layouts(args, settings))
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """The node's state in Prometheus's text format: printed, or kept for node_exporter."""
-    text = metrics.render(node_status(args))
+    text = metrics.render(_node_status(args))
     if args.textfile:
         metrics.write_textfile(Path(args.textfile), text)
     else:
@@ -180,7 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_once(args: argparse.Namespace) -> int:
-    status = node_status(args)
+    status = _node_status(args)
     jobs = status["jobs"]
     if args.json:
         print(json.dumps(status, indent=1))
@@ -196,58 +176,6 @@ def _status_once(args: argparse.Namespace) -> int:
     return HEALTHY if jobs else NOTHING_FOUND
 
 
-def unhealthy(job: dict[str, Any]) -> list[str]:
-    """What in one job's status is not healthy, each naming the job and GPU."""
-    where = f"job {job['job']} on {job['node']}"
-    found = [] if job["gpus"] else [f"{where}: no GPU daemon in {job['job_dir']}"]
-    for gpu in job["gpus"]:
-        at = f"{where}, {gpu['key']}"
-        daemon = gpu.get("daemon")
-        if not daemon:
-            found.append(f"{at}: no manifest (its daemon is starting, or failed to start)")
-        elif not daemon.get("alive"):
-            found.append(f"{at}: daemon {daemon.get('pid')} not running")
-        elif gpu.get("error"):
-            found.append(f"{at}: daemon does not answer: {gpu['error']}")
-        found += [
-            f"{at}: server {s['pid']} is {s['status']}"
-            for s in gpu.get("servers", [])
-            if s["status"] != "ACTIVE"
-        ]
-        found += [
-            f"{at}: fault at {f['time']} not recovered"
-            for f in gpu.get("faults", [])
-            if not f["recovered"]
-        ]
-    return found
-
-
-def print_status(status: dict[str, Any]) -> None:
-    print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
-    for gpu in status["gpus"]:
-        daemon = gpu.get("daemon") or {}
-        state = "running" if daemon.get("alive") else "NOT RUNNING"
-        print(
-            f"  {gpu['key']} {gpu.get('uuid')} daemon {daemon.get('pid')} {state} "
-            f"(by {daemon.get('started_by')}, user {daemon.get('user')}, "
-            f"cpus {_cpus(daemon.get('cpus') or [])})"
-        )
-        for server in gpu.get("servers", []):
-            print(
-                f"    server {server['pid']} {server['status']} "
-                f"threads {server['active_thread_percentage']:g}% "
-                f"clients {len(server['clients'])}"
-            )
-            for client in server["clients"]:
-                print(f"      client {client['pid']}{_client_words(client)} {client['cmdline']}")
-        for fault in gpu.get("faults", []):
-            print(
-                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
-                f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
-                f"{'recovered' if fault['recovered'] else 'not recovered'}"
-            )
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     """The records a job's teardowns kept under log_archive (mps/record): 0, or 4 for none."""
     settings = _settings(args)
@@ -260,42 +188,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, indent=1))
     for rec in [] if args.json else found:
-        print(_record_line(rec))
+        print(record_line(rec))
     if not found:
         log.warning("no record of job %s in %s", args.job_id, settings.log_archive)
     return HEALTHY if found else NOTHING_FOUND
-
-
-def _record_line(rec: dict[str, Any]) -> str:
-    took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
-    faults = (
-        "; ".join(
-            f"fault at {f['time']}: server {f['server_pid']}, client(s) {f['reported_by']}"
-            for f in rec["faults"]
-        )
-        or "no fault"
-    )
-    left = ", ".join(rec["leftovers"])
-    return (
-        f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"
-        f"{f', {took:.0f} s' if took is not None else ''}): {rec['clients_seen_count']} "
-        f"client(s) seen, {len(rec['ended_by_terminate_client'])} ended by terminate_client, "
-        f"{len(rec['ended_with_server'])} with their server, {len(rec['killed'])} killed; "
-        f"{faults}; {'left behind: ' + left if left else 'nothing left behind'}"
-    )
-
-
-def _client_words(client: dict[str, Any]) -> str:
-    """`` rank R, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
-    words = [f"rank {client['rank']}" if client.get("rank") is not None else ""]
-    if client.get("gpu_memory_bytes") is not None:
-        words.append(f"{client['gpu_memory_bytes'] / 2**30:.2f} GiB")
-    if client.get("active_thread_percentage") is not None:
-        words.append(f"{client['active_thread_percentage']:g}% threads")
-    if client.get("uptime_s") is not None:
-        words.append(f"up {client['uptime_s']:.0f} s")
-    shown = ", ".join(w for w in words if w)
-    return f" ({shown})" if shown else ""
 
 
 COMMANDS = {

@@ -24,21 +24,17 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._signals import SignalTrap
-from ..config import Settings
 from ..errors import UsageError
 from ..job.farmer import Farmer, FarmPlan, Lane
-from ..job.job import Attachment, attach
 from ..job.placement import Slot
+from ..job.run import LaunchOptions, Started, execute, plan
 from ..job.tasks import DONE, FarmDir, parse_tasks
-from ..jobenv import JobEnv
-from ..mps.gpu import GpuInfo
+from ..report.farmview import Progress
 from .farm import default_per_gpu
-from .farmview import Progress
-from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
 
 __all__ = ["MODES", "Calibration", "counts_up_to", "recommend", "run_calibrate"]
 
@@ -98,38 +94,40 @@ def run_calibrate(
         raise UsageError("--max, --counts and --repeats must be at least 1")
     if plot:
         _matplotlib()  # refuse before hours of runs, not after
-    settings = opts.settings()
-    opts = replace(opts, verify_attach=opts.verify_mode(settings))
-    env = JobEnv(dict(os.environ))
-    job = env.job_key(given=opts.job, fresh=f"calibrate-{os.getpid()}")
-    assert job is not None
-    chosen = opts.nvml_choice(settings)[1]
+    planned = plan(opts, "calibrate")
+    n_gpus = len(planned.slots)  # a farm of this job would share the CPUs among them
+    planned.use(1, gpus=1)  # the first GPU of the job (or of --gpus)
+    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
+    plan_counts = _counts(counts, top, max(1, planned.free()), n_gpus, cpus)
+    planned.use(max(plan_counts), "block")
+    planned.check_program(command)
+    if opts.dry_run:
+        print(
+            f"calibrate: would run {', '.join(map(str, plan_counts))} copies at once, each "
+            f"{len(MODES)} ways, {repeats} time(s), on {planned.uuids[0]}: {shlex.join(command)}"
+        )
+        return 0
     rows: list[Calibration] = []
-    with SignalTrap() as trap:
-        att = attach(settings, env, job, gpus=chosen)
+
+    def body(run: Started) -> int:
         no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
         try:
-            att.announce()
-            slot, limit, n_gpus = _gpu(att, settings, chosen)
-            cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
-            plan_counts = _counts(counts, top, limit, n_gpus, cpus)
-            plan = FarmPlan(0, opts.grace_s(settings), env.node)
+            settings = planned.settings
+            farm_plan = FarmPlan(0, opts.grace_s(settings), planned.env.node)
             bench = _Bench(
-                opts,
-                att,
-                slot,
+                run,
+                planned.slots[0],
                 shlex.join(command),
-                plan,
+                farm_plan,
                 directory,
                 no_mps,
                 existed=os.path.exists(directory),
             )
-            code = _measure(bench, plan_counts, repeats, trap, rows)
+            return _measure(bench, plan_counts, repeats, run.trap, rows)
         finally:
-            try:
-                shutil.rmtree(no_mps, ignore_errors=True)
-            finally:
-                finish(att, [], f"calibrate {job}")
+            shutil.rmtree(no_mps, ignore_errors=True)
+
+    code = execute(planned, body, summary=lambda done: None)  # its own table, no node line
     if code:  # told to stop: no table of what did not run
         return code
     _report(rows, as_json, plot)
@@ -153,24 +151,11 @@ def _counts(
     return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
 
 
-def _gpu(
-    att: Attachment, settings: Settings, chosen: list[GpuInfo] | None
-) -> tuple[Slot, int, int]:
-    """The first GPU of the job (or of ``--gpus``), its client limit less what runs there,
-    and how many GPUs a farm of this job would share the CPUs among."""
-    inventory = attached_inventory(att, settings)
-    slots = attached_slots(att, inventory, chosen)
-    slot = slots[0]
-    limit = capacity_limits([slot.uuid], inventory, settings)[slot.uuid]
-    return slot, max(1, limit - att.daemons.clients().get(slot.uuid, 0)), len(slots)
-
-
 @dataclass(frozen=True)
 class _Bench:
     """What every run of one calibration shares."""
 
-    opts: LaunchOptions
-    att: Attachment
+    started: Started
     slot: Slot
     command: str
     plan: FarmPlan
@@ -187,15 +172,15 @@ class _Bench:
                 "CUDA_MPS_PIPE_DIRECTORY": self.no_mps,
                 "CUDA_MPS_LOG_DIRECTORY": self.no_mps,
             }
-        opts = replace(self.opts, threads=threads)
-        return opts.place([self.slot], seat, copies, policy="block").env
+        planned = self.started.plan
+        return planned.place(seat, copies, policy="block", threads=threads, slots=[self.slot]).env
 
     def run(
         self, copies: int, mode: tuple[str, bool, str | None], trap: SignalTrap
     ) -> tuple[int, float, int]:
         """(exit code: 0 or 128+signal, makespan, copies that failed) of one run."""
         name, mps, threads = mode
-        daemon = self.att.daemons.daemon(self.slot.key) if mps else None
+        daemon = self.started.daemon(self.slot) if mps else None
         lane = Lane(0, self.slot, daemon, list(range(copies)))
         farm_dir = FarmDir(os.path.join(self.directory, f"{name.replace('/', '')}-{copies}"))
         if not farm_dir.path.exists():

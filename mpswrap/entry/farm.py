@@ -18,21 +18,17 @@ import os
 import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .._lock import file_lock
-from .._signals import TERMINATING, SignalTrap
-from ..config import Settings
 from ..errors import LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
-from ..job.job import attach
-from ..job.placement import Slot, check_capacity
+from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..job.tasks import FarmDir, Share, Task, TaskRecord, parse_share, parse_tasks, read_tasks
 from ..jobenv import JobEnv
-from ..mps.gpu import Inventory
-from .farmview import Progress, summary_lines
-from .launch import LaunchOptions, attached_inventory, attached_slots, capacity_limits, finish
+from ..report.farmview import Progress, summary_lines
+from ..report.summary import print_summary
 
 __all__ = ["FarmOptions", "FarmResult", "default_per_gpu", "farm", "run_farm"]
 
@@ -120,9 +116,7 @@ def farm_tasks(
     opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task], directory: str
 ) -> FarmResult:
     """The farm of checked ``farm_opts`` (``_check``): both callers check before reading."""
-    settings = opts.settings()
-    opts = replace(opts, verify_attach=opts.verify_mode(settings))
-    env = JobEnv(dict(os.environ))
+    env = JobEnv.current()
     share = _share(farm_opts.share, env)
     farm_dir = FarmDir(directory, share)
     mine = [t for t in tasks if share.picks(t)]
@@ -137,23 +131,32 @@ def farm_tasks(
     if not todo:
         print(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
         return result
+    planned = plan(opts, "farm")
+    per_gpu = _per_gpu(planned, farm_opts.per_gpu, len(todo))
     if opts.dry_run:
-        _print_plan(todo, directory)
+        _print_plan(todo, directory, per_gpu, planned)
         return result
     farm_dir.create()
-    job = env.job_key(given=opts.job, fresh=f"farm-{os.getpid()}")
-    assert job is not None
     with _only_farm(farm_dir):
-        return _run(
-            opts,
-            farm_opts,
-            settings=settings,
-            env=env,
-            job=job,
-            todo=todo,
-            farm_dir=farm_dir,
-            result=result,
-        )
+        view = Progress(farm_opts.progress)
+        lanes: list[Farmer] = []
+
+        def body(run: Started) -> int:
+            farmer = _farmer(
+                run, farm_opts=farm_opts, per_gpu=per_gpu, todo=todo, farm_dir=farm_dir, view=view
+            )
+            lanes.append(farmer)
+            try:
+                return farmer.run(run.trap)
+            finally:
+                run.outcomes += farmer.outcomes
+                view.close()
+
+        code = execute(planned, body, summary=print_summary)
+    if not lanes:  # a signal came before the first task
+        result.code = code
+        return result
+    return _result(result, lanes[0], code, farm_dir)
 
 
 @contextmanager
@@ -174,67 +177,43 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
         held.release()
 
 
-def _run(
-    opts: LaunchOptions,
-    farm_opts: FarmOptions,
+def _farmer(
+    run: Started,
     *,
-    settings: Settings,
-    env: JobEnv,
-    job: str,
+    farm_opts: FarmOptions,
+    per_gpu: int,
     todo: list[Task],
     farm_dir: FarmDir,
-    result: FarmResult,
-) -> FarmResult:
-    inventory, chosen = opts.nvml_choice(settings)
-    view = Progress(farm_opts.progress)
-    plan = FarmPlan(
+    view: Progress,
+) -> Farmer:
+    """The engine for this farm: a lane of ``per_gpu`` seats on each GPU the run uses."""
+    planned = run.plan
+    opts, settings = planned.opts, planned.settings
+    plan_ = FarmPlan(
         retries=farm_opts.retries,
         grace=opts.grace_s(settings),
-        node=env.node,
+        node=planned.env.node,
         shield=not opts.no_shield,
-        verify=opts.verify_attach,
+        verify=opts.verify_mode(settings),
         verify_timeout=opts.verify_timeout,
     )
-    with SignalTrap() as trap:
-        att = attach(settings, env, job, gpus=chosen)
-        farmer: Farmer | None = None
-        try:
-            att.announce()
-            inventory = inventory or attached_inventory(att, settings)
-            slots = attached_slots(att, inventory, chosen)
-            per_gpu = _per_gpu(
-                farm_opts,
-                slots,
-                settings=settings,
-                inventory=inventory,
-                running=att.daemons.clients(),
-                env=env,
-            )
-            daemons = [att.daemons.daemon(s.key) for s in slots]
-            lanes = [
-                Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
-                for i, (s, d) in enumerate(zip(slots, daemons, strict=True))
-            ]
-            log.info(
-                "farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
-                len(todo),
-                per_gpu,
-                len(lanes),
-                farm_dir.logs,
-            )
+    daemons = [run.daemon(s) for s in planned.slots]
+    lanes = [
+        Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
+        for i, (s, d) in enumerate(zip(planned.slots, daemons, strict=True))
+    ]
+    log.info(
+        "farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
+        len(todo),
+        per_gpu,
+        len(lanes),
+        farm_dir.logs,
+    )
 
-            def client_env(lane: Lane, seat: int) -> dict[str, str]:
-                return opts.place([lane.slot], seat, per_gpu, policy="block").env
+    def client_env(lane: Lane, seat: int) -> dict[str, str]:
+        return planned.place(seat, per_gpu, policy="block", slots=[lane.slot]).env
 
-            farmer = Farmer(
-                lanes, todo, plan, farm_dir=farm_dir, client_env=client_env, report=view.report
-            )
-            early = [sig for sig in trap.pop() if sig in TERMINATING]
-            code = 128 + early[0] if early else farmer.run(trap)
-        finally:
-            view.close()
-            left = finish(att, farmer.outcomes if farmer else [], f"farm {job}")
-    return _result(result, farmer, code or int(left > 0), farm_dir)
+    return Farmer(lanes, todo, plan_, farm_dir=farm_dir, client_env=client_env, report=view.report)
 
 
 def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:
@@ -249,22 +228,14 @@ def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) ->
     return result
 
 
-def _per_gpu(
-    farm_opts: FarmOptions,
-    slots: list[Slot],
-    *,
-    settings: Settings,
-    inventory: Inventory,
-    running: dict[str, int],
-    env: JobEnv,
-) -> int:
-    """K: as given, or ``default_per_gpu``; refused when K more clients would not fit."""
-    uuids = [s.uuid for s in slots]
-    limits = capacity_limits(uuids, inventory, settings)
-    free = min(limits[u] - running.get(u, 0) for u in uuids)
-    cpus = len(env.cpus_allowed or ()) or os.cpu_count() or 1
-    per_gpu = farm_opts.per_gpu or default_per_gpu(max(1, free), len(uuids), cpus)
-    check_capacity(uuids, per_gpu * len(uuids), "block", limits, running)
+def _per_gpu(planned: Plan, given: int | None, tasks: int) -> int:
+    """K: as given, or ``default_per_gpu``, on as many GPUs as there are tasks (at most the
+    run's); refused when K more clients would not fit on each."""
+    gpus = min(tasks, len(planned.slots))
+    planned.use(gpus, "block", gpus=gpus)
+    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
+    per_gpu = given or default_per_gpu(max(1, planned.free()), gpus, cpus)
+    planned.use(per_gpu * gpus, "block")
     return per_gpu
 
 
@@ -281,8 +252,11 @@ def _check(farm_opts: FarmOptions) -> None:
         parse_share(farm_opts.share)
 
 
-def _print_plan(todo: list[Task], directory: str) -> None:
+def _print_plan(todo: list[Task], directory: str, per_gpu: int, planned: Plan) -> None:
     """``--dry-run``: what would run, and how; nothing is started or written."""
     for task in todo:
         print(f"[task {task.number}] {shlex.join(task.argv)}")
-    print(f"farm: {len(todo)} task(s) would run; logs and state in {directory}")
+    print(
+        f"farm: {len(todo)} task(s) would run, {per_gpu} at a time on each of "
+        f"{len(planned.slots)} GPU(s); logs and state in {directory}"
+    )

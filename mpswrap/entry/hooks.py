@@ -31,14 +31,14 @@ from ..errors import (
     one_line,
 )
 from ..job import state
+from ..job.exclusive import make_exclusive, restore_modes
 from ..job.job import JobDaemons
 from ..job.placement import Slot, place, provision_threads
 from ..jobenv import GpuRef, JobEnv
 from ..mps.daemon import Defaults
 from ..mps.gpu import health_problem
-from ..mps.slurmgpus import default_gres_conf, resolve_slurm_gpus
-from .exclusive import make_exclusive, restore_modes
-from .slurmjob import (
+from ..slurm.gpus import default_gres_conf, resolve_slurm_gpus
+from ..slurm.scontrol import (
     NodeShare,
     gpu_percentages,
     holds_part_of_node,

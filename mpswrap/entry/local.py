@@ -17,17 +17,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from .. import _proc
-from .._signals import TERMINATING, SignalTrap
-from ..config import Settings
 from ..errors import UsageError
-from ..job.job import Attachment, attach
-from ..job.placement import Placement, Slot, check_capacity
-from ..job.summary import Outcome
+from ..job.placement import Placement
+from ..job.run import LaunchOptions, Started, execute, plan
 from ..job.supervise import (
     Rank,
     end_ranks,
@@ -38,9 +34,7 @@ from ..job.supervise import (
     watch,
 )
 from ..job.verify import Verifier
-from ..jobenv import JobEnv
-from ..mps.gpu import Inventory, load_inventory
-from .launch import LaunchOptions, capacity_limits, finish, planned_slots
+from ..report.summary import print_summary
 
 __all__ = ["run_local"]
 
@@ -52,69 +46,25 @@ DRAIN_TIMEOUT = 5.0
 
 
 def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
-    """``mpswrap run -n N -- command``; returns the exit code. Ends with the summary line of
-    the node (``job.summary``)."""
-    start = time.time()
+    """``mpswrap run -n N -- command``; returns the exit code. One run of the run lifecycle
+    (``job.run``): its body starts, watches and ends the N ranks."""
     if nprocs < 1:
         raise UsageError("bad -n", thing=str(nprocs), cause="need at least one rank")
     if not command:
         raise UsageError("no command to run", hint="mpswrap run -n 4 -- python train.py")
-    settings = opts.settings()
-    opts = replace(opts, verify_attach=opts.verify_mode(settings))
-    env = JobEnv(dict(os.environ))
-    # A fresh job per run unless told otherwise: this process is its only owner.
-    job = env.job_key(given=opts.job, fresh=f"run-{os.getpid()}")
-    assert job is not None
-    inventory = load_inventory(settings.gpu_inventory)
-    chosen = opts.chosen_gpus(inventory)
-    # Every rank starts with our CPUs (affinity policy).
-    place_in = functools.partial(opts.place, policy=settings.gpu_policy, rank_cpus=env.cpus_allowed)
+    planned = plan(opts, "run")
+    planned.use(nprocs)
+    planned.check_program(command)
     if opts.dry_run:
-        slots = planned_slots(settings, env, job, inventory, chosen)
-        return _print_plan(functools.partial(place_in, slots), nprocs, command)
-    # Signals are only recorded from here on, so that attach and release always complete.
-    with SignalTrap() as trap:
-        att = attach(settings, env, job, gpus=chosen)
-        outcomes: list[Outcome] = []
-        try:
-            att.announce()
-            slots = _checked_slots(att, inventory, nprocs, settings)
-            early = [sig for sig in trap.pop() if sig in TERMINATING]
-            if early:
-                return 128 + early[0]
-            code, outcomes = _run_ranks(
-                att,
-                opts,
-                command,
-                nprocs,
-                trap=trap,
-                start=start,
-                place_rank=functools.partial(place_in, slots),
-                grace=opts.grace_s(settings),
-            )
-        finally:
-            left = finish(att, outcomes, f"job {job}")
-    return code or int(left > 0)
-
-
-def _checked_slots(att: Attachment, inventory: Inventory, n: int, settings: Settings) -> list[Slot]:
-    """The attachment's GPUs, once ``n`` more clients are known to fit on them."""
-    slots = att.daemons.slots(inventory)
-    uuids = [s.uuid for s in slots]
-    limits = capacity_limits(uuids, inventory, settings)
-    check_capacity(uuids, n, settings.gpu_policy, limits, att.daemons.clients())
-    return slots
-
-
-def _print_plan(place_rank: Callable[[int, int], Placement], n: int, command: Sequence[str]) -> int:
-    """``--dry-run``: each rank's GPU, environment and command, ready to paste."""
-    for rank in range(n):
-        found = place_rank(rank, n)
-        shown = " ".join(
-            f"{k}={shlex.quote(v)}" for k, v in sorted(_rank_env({}, found, rank, n).items())
-        )
-        print(f"[{rank}] gpu {found.position} ({found.uuid}): {shown} {shlex.join(command)}")
-    return 0
+        for rank in range(nprocs):
+            found = planned.place(rank, nprocs)
+            env = sorted(_rank_env({}, found, rank, nprocs).items())
+            shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
+            print(f"[{rank}] gpu {found.position} ({found.uuid}): {shown} {shlex.join(command)}")
+        return 0
+    return execute(
+        planned, functools.partial(_run_ranks, command=command, n=nprocs), summary=print_summary
+    )
 
 
 def _rank_env(base: Mapping[str, str], placement: Placement, rank: int, n: int) -> dict[str, str]:
@@ -128,28 +78,22 @@ def _rank_env(base: Mapping[str, str], placement: Placement, rank: int, n: int) 
     return env
 
 
-def _run_ranks(
-    att: Attachment,
-    opts: LaunchOptions,
-    command: Sequence[str],
-    n: int,
-    *,
-    place_rank: Callable[[int, int], Placement],
-    trap: SignalTrap,
-    grace: float,
-    start: float,
-) -> tuple[int, list[Outcome]]:
-    """Start, watch and end the N ranks: (the exit code, how each rank ended)."""
+def _run_ranks(run: Started, *, command: Sequence[str], n: int) -> int:
+    """Start, watch and end the N ranks; the exit code. How each ended goes to the run
+    record (``run.outcomes``)."""
+    planned = run.plan
+    opts, settings = planned.opts, planned.settings
+    grace = opts.grace_s(settings)
     ranks: list[Rank] = []
     pumps: list[threading.Thread] = []
     try:
         for index in range(n):
-            found = place_rank(index, n)
+            found = planned.place(index, n)
             ranks.append(
                 spawn_rank(
                     command,
                     _rank_env(os.environ, found, index, n),
-                    att.daemons.daemon(found.slot.key),
+                    run.daemon(found.slot),
                     shield=not opts.no_shield,
                     name=f"rank {index}",
                     stdout=_proc.PIPE,
@@ -160,9 +104,11 @@ def _run_ranks(
         with guarded(ranks, grace), killed_on_error(ranks):  # forked before the output threads
             for index, rank in enumerate(ranks):
                 pumps += _start_pumps(rank, index)
-            checks = Verifier.for_ranks(ranks, opts.verify_attach, opts.verify_timeout)
-            code = watch(ranks, trap, grace=grace, checks=checks)
-            return code, outcomes_of(ranks, checks, start)
+            mode = opts.verify_mode(settings)
+            checks = Verifier.for_ranks(ranks, mode, opts.verify_timeout)
+            code = watch(ranks, run.trap, grace=grace, checks=checks)
+            run.outcomes += outcomes_of(ranks, checks, run.start)
+            return code
     except BaseException:
         end_ranks(ranks, signal.SIGTERM, grace)  # an error of ours: end them cleanly
         raise

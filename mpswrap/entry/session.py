@@ -32,16 +32,13 @@ from types import TracebackType
 from typing import Any
 
 from .. import _wait
-from ..config import Settings, load_settings
-from ..errors import DaemonError, GpuError, MpswrapError
-from ..job.job import Attachment, attach, log_teardown, release
-from ..job.placement import Slot, check_capacity, place
+from ..errors import DaemonError, MpswrapError
+from ..job.attached import Session
+from ..job.job import Attachment, log_teardown, release
+from ..job.run import LaunchOptions, Plan, plan
 from ..jobenv import JobEnv
 from ..mps.cuda import cuda_error, cuda_started
-from ..mps.gpu import GpuInfo, Inventory, load_inventory, resolve_gpus
-from ..mps.slurmgpus import visible_gpus
-from .attached import Session
-from .launch import capacity_limits
+from ..mps.gpu import load_inventory
 
 __all__ = ["Session", "session"]
 
@@ -108,25 +105,27 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
         return self._session
 
     def _enter(self) -> Session:
-        settings = load_settings({"pinned_mem_limit": self.mem_limit, "gpu_policy": self.policy})
-        env = JobEnv.current()
-        inventory = load_inventory(settings.gpu_inventory)
+        opts = LaunchOptions(
+            gpus=None if self.gpus == "auto" else self.gpus,
+            policy=self.policy,
+            threads=self.threads,
+            mem_limit=self.mem_limit,
+        )
+        planned = plan(opts, "session", count_running=False, step=True)
+        inventory = load_inventory(planned.settings.gpu_inventory)
         started = cuda_started(inventory)
         if started and not os.environ.get(PIPE_VAR):
             raise cuda_error(started)
         comm = self._initialised_comm()
-        wanted = self._wanted_gpus(env, inventory)
-        job = env.job_key(fresh="local")
-        assert job is not None
         if comm is not None:
-            local = self._attach_leader_first(comm, settings, env, job, wanted)
+            att, local = self._attach_leader_first(comm, planned)
         else:  # before MPI, every rank by itself; no launcher and no MPI: a single process
-            local = _launcher_local(env) or (0, 1)
-            self._att = attach(settings, env, job, gpus=wanted)
-        assert self._att is not None
+            local = _launcher_local(planned.env) or (0, 1)
+            planned.use(local[1])  # every local rank of ours
+            att = self._att = planned.attach()
         if local[0] == 0:
-            self._att.announce()
-        sess = self._place(settings, inventory, env, wanted, local)
+            att.announce()
+        sess = self._place(planned, att, local)
         if started and os.environ.get(PIPE_VAR) != sess.env[PIPE_VAR]:
             raise cuda_error(started)
         self._set_environ(sess.env)
@@ -157,21 +156,15 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             return MPI.COMM_WORLD
         return None
 
-    def _wanted_gpus(self, env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
-        if self.gpus == "auto":
-            return visible_gpus(env, inventory)
-        return resolve_gpus(self.gpus, inventory)
-
-    def _attach_leader_first(
-        self, comm: Any, settings: Settings, env: JobEnv, job: str, wanted: list[GpuInfo]
-    ) -> tuple[int, int]:
+    def _attach_leader_first(self, comm: Any, planned: Plan) -> tuple[Attachment, tuple[int, int]]:
         from mpi4py import MPI
 
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         rank, size = node.Get_rank(), node.Get_size()
         if rank == 0:
             try:
-                self._att = attach(settings, env, job, gpus=wanted)
+                planned.use(size)  # every local rank of ours
+                att = self._att = planned.attach()
             except Exception as exc:
                 _tell(node, size, _as_leader_error(exc))
                 raise
@@ -180,9 +173,10 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             failed = self._wait_leader(node)
             if failed is not None:
                 raise failed  # every rank fails the same way, none waits forever
-            self._att = attach(settings, env, job, gpus=wanted)
+            planned.use(size)
+            att = self._att = planned.attach()
         node.Free()
-        return rank, size
+        return att, (rank, size)
 
     def _wait_leader(self, node: Any) -> MpswrapError | None:
         limit = self.timeout or DEFAULT_TIMEOUT
@@ -198,30 +192,10 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             hint="is local rank 0 stuck or dead? raise timeout= if the daemons start slowly",
         )
 
-    def _place(
-        self,
-        settings: Settings,
-        inventory: Inventory,
-        env: JobEnv,
-        wanted: list[GpuInfo],
-        local: tuple[int, int],
-    ) -> Session:
-        assert self._att is not None
+    def _place(self, planned: Plan, att: Attachment, local: tuple[int, int]) -> Session:
         rank, size = local
-        slots = _candidates(self._att, wanted, inventory)
-        uuids = [s.uuid for s in slots]
-        limits = capacity_limits(uuids, inventory, settings)
-        check_capacity(uuids, size, settings.gpu_policy, limits)  # every local rank of ours
-        found = place(
-            slots,
-            rank,
-            size,
-            policy=settings.gpu_policy,
-            rank_cpus=env.cpus_allowed,
-            threads=self.threads,
-            mem_limit=self.mem_limit,
-        )
-        manifest = next(m for m in self._att.manifests if m.gpu_uuid == found.uuid)
+        found = planned.place(rank, size)
+        manifest = next(m for m in att.manifests if m.gpu_uuid == found.uuid)
         shown = manifest.settings.get("active_thread_percentage")
         return Session(
             gpu_uuid=found.uuid,
@@ -230,9 +204,9 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             pipe_dir=found.slot.dirs.pipe,
             log_dir=found.slot.dirs.log,
             active_thread_percentage=shown if found.threads is None else found.threads,
-            mode=self._att.mode,
+            mode=att.mode,
             env=found.env,
-            settings=settings,
+            settings=planned.settings,
         )
 
     def _set_environ(self, variables: dict[str, str]) -> None:
@@ -302,21 +276,6 @@ def _mpi4py_autoinit() -> bool:
     except ImportError:
         return False
     return bool(mpi4py.rc.initialize)
-
-
-def _candidates(att: Attachment, wanted: list[GpuInfo], inventory: Inventory) -> list[Slot]:
-    """The attachment's daemons for the GPUs this step may use (a prolog starts all the
-    job's GPUs; a step may have fewer)."""
-    uuids = {g.uuid for g in wanted}
-    chosen = [s for s in att.daemons.slots(inventory) if s.uuid in uuids]
-    if not chosen:
-        raise GpuError(
-            "no MPS daemon for this step's GPUs",
-            thing=", ".join(sorted(uuids)),
-            cause=f"the job's daemons ({att.mode}) serve other GPUs",
-            context="session",
-        )
-    return chosen
 
 
 def _verify(sess: Session) -> None:

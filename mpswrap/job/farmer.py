@@ -27,8 +27,8 @@ from ..errors import LayoutError, MpswrapError
 from ..jobenv import PLACE_IN_LAUNCH_VARS
 from ..mps.daemon import Daemon
 from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
+from .outcomes import Outcome
 from .placement import Slot
-from .summary import Outcome
 from .supervise import (
     VERIFY_FAILED,
     Rank,

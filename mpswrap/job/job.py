@@ -27,16 +27,16 @@ from ..config import Settings
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
-from ..mps.gpu import GpuInfo, Inventory, load_inventory
+from ..mps.gpu import GpuInfo, Inventory
 from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
-from ..mps.slurmgpus import visible_gpus
 from ..paths import JobLayout
 from ..removal import remove_tree
-from . import state, summary
+from . import outcomes as records
+from . import state
+from .outcomes import Outcome
 from .owners import OWNER_LOCK, add_ref, counted_ref, dir_identity, ensure_watchdog, live_refs
 from .placement import Slot
-from .summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
 
 __all__ = [
     "Attachment",
@@ -46,6 +46,7 @@ __all__ = [
     "attach",
     "leave",
     "log_teardown",
+    "prolog_daemons",
     "release",
 ]
 
@@ -286,28 +287,35 @@ class Attachment:
         )
 
 
+def prolog_daemons(settings: Settings, node: str, job: str) -> tuple[JobDaemons, list[Manifest]]:
+    """The prolog's daemons of ``job`` and their manifests (none: no prolog started them, or
+    one of them no longer runs)."""
+    admin = JobDaemons(state.admin_layout(settings, node, job), settings)
+    return admin, admin.live_manifests()
+
+
 def attach(
     settings: Settings,
     env: JobEnv,
     job: str,
     *,
-    gpus: list[GpuInfo] | None = None,
+    gpus: Sequence[GpuInfo],
+    keys: Sequence[str] | None = None,
     defaults: Defaults | None = None,
     counted: bool = False,
 ) -> Attachment:
-    """Find the prolog's daemons of ``job``, or start (or join) user-mode ones. A user-mode
-    owner always holds a reference; ``counted``: a prolog-mode one too, so that ``leave``
-    can tell the node's last rank (the summary)."""
-    admin = JobDaemons(state.admin_layout(settings, env.node, job), settings)
-    manifests = admin.live_manifests()
+    """Find the prolog's daemons of ``job``, or start (or join) user-mode ones on ``gpus``
+    (keys ``keys``, else ``g0``, ``g1``, ...). A user-mode owner always holds a reference;
+    ``counted``: a prolog-mode one too, so that ``leave`` can tell the node's last rank."""
+    admin, manifests = prolog_daemons(settings, env.node, job)
     if manifests:
         return Attachment(
             admin, manifests, "prolog", counted_ref(admin.layout) if counted else None
         )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
-    if gpus is None:
-        gpus = visible_gpus(env, load_inventory(settings.gpu_inventory))
-    daemons.check([f"g{i}" for i in range(len(gpus))])  # before anything is created
+    keys = list(keys) if keys is not None else [f"g{i}" for i in range(len(gpus))]
+    state.check_user_tree(daemons.layout)  # before anything is created
+    daemons.check(keys)
     user = _proc.lookup_user()
     state.create(daemons.layout, user.uid, user.gid, shared_parents=False)
     dir_id = dir_identity(daemons.layout.job_dir)  # the directory the daemons' sockets go in
@@ -319,6 +327,7 @@ def attach(
             user,
             started_by="user",
             shared_parents=False,
+            keys=keys,
             defaults=defaults or Defaults.from_settings(settings),
         )
         ref = add_ref(daemons.layout)
@@ -336,20 +345,6 @@ class Released:
     #: Every outcome of the node's ranks, when this owner was the last to leave; else None.
     outcomes: list[Outcome] | None = None
 
-    def summary(self) -> NodeSummary | None:
-        """The node's summary, from the last owner to leave; else None."""
-        if self.outcomes is None:
-            return None
-        done = self.teardown
-        if self.att.mode != "user":
-            words = BY_EPILOG
-        elif done is None:  # its directory went first (a tmp cleaner): the watchdog ends them
-            words = "not run (job directory gone)"
-        else:
-            words = teardown_words(len(done.problems()))
-        ended = sum(len(r.terminated) for r in done.gpus) if done else 0
-        return NodeSummary(self.att.layout.node, self.outcomes, words, ended)
-
 
 def release(att: Attachment) -> Teardown | None:
     """Drop this owner's reference; the last owner stops the user-mode daemons (returns
@@ -359,7 +354,7 @@ def release(att: Attachment) -> Teardown | None:
 
 def leave(att: Attachment, outcomes: Sequence[Outcome] = ()) -> Released:
     """``release``, with the outcomes of this owner's ranks: an owner that is not the last
-    leaves them in the job directory (``summary.save``); the last, decided under the owner
+    leaves them in the job directory (``outcomes.save``); the last, decided under the owner
     lock, collects every one left there. An owner without a reference (``mpswrap run`` on
     the prolog's daemons) is alone."""
     done = Released(att)
@@ -370,9 +365,9 @@ def leave(att: Attachment, outcomes: Sequence[Outcome] = ()) -> Released:
         att.ref.unlink(missing_ok=True)
         att.ref = None
         if live_refs(att.layout):
-            summary.save(att.layout, outcomes)
+            records.save(att.layout, outcomes)
             return done
-        done.outcomes = [*summary.collect(att.layout), *outcomes]
+        done.outcomes = [*records.collect(att.layout), *outcomes]
         if att.mode == "user":
             done.teardown = att.daemons.stop()
     return done

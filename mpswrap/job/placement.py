@@ -16,16 +16,17 @@ from ..errors import CapacityError, UsageError
 from ..mps.control import client_env
 from ..mps.gpu import Inventory
 from ..paths import GpuDirs
+from ..values import share_percent
 
 __all__ = [
     "Placement",
     "Slot",
     "check_capacity",
     "choose_gpu",
+    "gpus_used",
     "place",
     "plan_positions",
     "provision_threads",
-    "share_percent",
 ]
 
 POLICIES = ("block", "cyclic", "affinity")
@@ -68,6 +69,15 @@ def plan_positions(local_size: int, n_gpus: int, policy: str = "block") -> list[
     return [choose_gpu(r, local_size, n_gpus, policy=policy) for r in range(local_size)]
 
 
+def gpus_used(clients: int, n_gpus: int, policy: str) -> list[int]:
+    """Positions of the GPUs that ``clients`` ranks placed by ``policy`` use: the only ones a
+    run starts daemons for. Block and cyclic place each rank on the same GPU among those used
+    as among all of them; affinity depends on each rank's CPUs, so every GPU counts."""
+    if policy == "affinity":
+        return list(range(n_gpus))
+    return sorted(set(plan_positions(clients, n_gpus, policy))) if n_gpus else []
+
+
 def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> float | None:
     """Active thread percentage for one client from ``--threads``.
 
@@ -99,12 +109,6 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
         if not 0 < value <= 100:
             raise UsageError("bad --threads", thing=spec, cause="percent must be in (0, 100]")
     return share_percent(value)
-
-
-def share_percent(value: float) -> float:
-    """A client's share of a GPU as MPS takes it: in [1, 100], rounded down to a tenth so that
-    the shares of one GPU never add up to more than 100 (6 x 16.7 = 100.2)."""
-    return max(1.0, min(100.0, math.floor(value * 10 + 1e-9) / 10))
 
 
 def _weights(spec: str) -> list[float]:

@@ -31,6 +31,7 @@ from ..paths import (
     GpuDirs,
     JobLayout,
     check_dirs,
+    check_private_dir,
     ensure_private_dir,
     ensure_shared_dir,
     list_dir,
@@ -40,11 +41,13 @@ from ..paths import (
 __all__ = [
     "admin_layout",
     "check_safe",
+    "check_user_tree",
     "check_writable",
     "create",
     "gpu_dirs",
     "job_layouts",
     "jobs_on_node",
+    "layout_for",
     "node_inventory",
     "outcomes_dir",
     "root_lock",
@@ -59,6 +62,16 @@ OUTCOMES = "outcomes"
 
 def admin_layout(settings: Settings, node: str, job: str) -> JobLayout:
     return JobLayout(Path(settings.run_dir), node, job)
+
+
+def layout_for(
+    settings: Settings, node: str, job: str, *, admin: bool, run_dir: str | None = None
+) -> JobLayout:
+    """THE choice of where a start puts ``job``: ``run_dir`` where given (``mpswrap start
+    --run-dir``), else root's run_dir for the hooks and root (``admin``), else this user's."""
+    if run_dir:
+        return JobLayout(Path(os.path.abspath(run_dir)), node, job)
+    return admin_layout(settings, node, job) if admin else user_layout(settings, node, job)
 
 
 def node_inventory(settings: Settings, node: str) -> Inventory:
@@ -265,6 +278,17 @@ def check_writable(layout: JobLayout) -> None:
             cause=f"{probe} is not writable by uid {os.geteuid()}",
             hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
         )
+
+
+def check_user_tree(layout: JobLayout) -> None:
+    """Everything ``create`` of a user-mode layout would refuse, refused with nothing
+    created: run_dir not writable, a level above it others may change, an existing level
+    that is not this user's own and closed to others (a dry run and a real start refuse
+    alike)."""
+    check_writable(layout)
+    check_dirs(layout.run_dir.parent, layout.trusted)
+    for level in (layout.run_dir, layout.node_dir, layout.job_dir):
+        check_private_dir(level, os.getuid())
 
 
 def check_safe(layout: JobLayout) -> None:

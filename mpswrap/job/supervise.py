@@ -35,7 +35,7 @@ from ..errors import ProcError
 from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
 from ..mps.ladder import end_by_signal
-from .summary import Outcome
+from .outcomes import Outcome
 from .verify import Verifier
 
 __all__ = [

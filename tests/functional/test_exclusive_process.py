@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 
 from mpswrap.config import Settings, load_settings
-from mpswrap.entry.exclusive import make_exclusive, restore_modes
-from mpswrap.entry.slurmjob import NodeShare
 from mpswrap.job import state
+from mpswrap.job.exclusive import get_mode, make_exclusive, restore_modes
 from mpswrap.jobenv import JobEnv
-from mpswrap.mps.computemode import get_mode
 from mpswrap.mps.gpu import load_inventory
 from mpswrap.mps.manifest import Manifest, write_manifest
 from mpswrap.sim.inventory import write_inventory
+from mpswrap.slurm.scontrol import NodeShare
 
 pytestmark = pytest.mark.functional
 

@@ -170,8 +170,8 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
             "sh",
             "-c",
             f"touch {marker}; exec {client(node, rec, 1)}",
-            **limit,
-        )  # type: ignore[arg-type]
+            **limit,  # type: ignore[arg-type]
+        )
         assert not marker.exists(), "a rank of the second run was started"
         assert second.returncode == 1, second.stderr
         assert "limit 3" in second.stderr, second.stderr

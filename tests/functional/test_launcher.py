@@ -503,8 +503,18 @@ def test_run_says_when_ranks_run_without_mps(
         str(rec),
     ]
     res = node.run(
-        "run", "-n", "2", "--verify-timeout", "1", "--grace", "1", *args, "--", *program, **env
-    )  # type: ignore[arg-type]
+        "run",
+        "-n",
+        "2",
+        "--verify-timeout",
+        "1",
+        "--grace",
+        "1",
+        *args,
+        "--",
+        *program,
+        **env,  # type: ignore[arg-type]
+    )
     assert res.returncode == code, res.stderr
     assert {r["mode"] for r in records(rec) if r["event"] == "start"} == {"non-mps"}
     not_client = re.findall(

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mpswrap.cli import metrics
 from mpswrap.mps import gpu
 from mpswrap.mps.control import CLIENT_FIELDS
 from mpswrap.paths import GpuDirs
+from mpswrap.report import metrics
 from tests.simenv import SimNode
 
 pytestmark = pytest.mark.functional

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(_skip is not None, reason=_s
 EIGHT_ON_TWO = ("-N2", "-n8", "--ntasks-per-node=4")
 
 
-#: The end-of-run summary a node's last rank prints (``mpswrap.job.summary``).
+#: The end-of-run summary a node's last rank prints (``mpswrap.report.summary``).
 SUMMARY = re.compile(
     r"^mpswrap: summary: node (\S+): (.+), (\d+) ended by terminate_client, teardown (.+), "
     r"\d+\.\d\d s$",

@@ -8,10 +8,10 @@ import pytest
 
 from mpswrap.entry.calibrate import Calibration, counts_up_to, recommend
 from mpswrap.entry.farm import default_per_gpu
-from mpswrap.entry.farmview import duration
 from mpswrap.errors import UsageError
 from mpswrap.job.faultwatch import FaultSeen, is_victim, stamp_time
 from mpswrap.job.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks
+from mpswrap.report.farmview import duration
 
 
 def test_tasks_skip_blanks_and_comments_and_number_from_zero() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from mpswrap.errors import GpuError
 from mpswrap.mps.gpu import GpuInfo, Inventory, resolve_gpus
-from mpswrap.mps.slurmgpus import resolve_gres_positions
+from mpswrap.slurm.gpus import resolve_gres_positions
 
 #: NVML index order: minors 7, 3, 5 (neither sorted nor the gres.conf order below).
 INVENTORY = Inventory(

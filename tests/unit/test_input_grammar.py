@@ -21,7 +21,7 @@ from mpswrap.errors import (
 )
 from mpswrap.jobenv import JobEnv, parse_gpu_list
 from mpswrap.mps.gpu import GpuInfo, Inventory
-from mpswrap.mps.slurmgpus import resolve_slurm_gpus
+from mpswrap.slurm.gpus import resolve_slurm_gpus
 
 UUID = "GPU-5a1d0000-0000-4000-8000-000000000000"
 MIG = "MIG-5a1d0000-0000-4000-8000-00000000aaaa"

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpswrap.cli.main import split_options
-from mpswrap.entry import launchargs as la
 from mpswrap.errors import UsageError
+from mpswrap.job import launchargs as la
 
 W = ["python", "-m", "mpswrap", "--"]
 

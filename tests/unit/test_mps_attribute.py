@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from mpswrap.config import load_settings
-from mpswrap.entry import attached
-from mpswrap.entry.attached import Session
 from mpswrap.errors import MpswrapError
+from mpswrap.job import attached
+from mpswrap.job.attached import Session
 from mpswrap.mps import cuda
 
 

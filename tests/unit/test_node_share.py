@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mpswrap.entry import slurmjob
-from mpswrap.entry.slurmjob import (
+from mpswrap.errors import ConfigError
+from mpswrap.jobenv import JobEnv
+from mpswrap.slurm import scontrol as slurmjob
+from mpswrap.slurm.scontrol import (
     NodeShare,
     cpus_here,
     gpu_percentages,
@@ -17,8 +19,6 @@ from mpswrap.entry.slurmjob import (
     node_share,
     os_cpus,
 )
-from mpswrap.errors import ConfigError
-from mpswrap.jobenv import JobEnv
 
 
 @pytest.mark.parametrize(

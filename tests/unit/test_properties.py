@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from mpswrap import config, jobenv, paths
 from mpswrap.errors import ConfigError, GpuError, LayoutError, MpswrapError, UsageError
 from mpswrap.job import placement as client
-from mpswrap.mps import gpu, mpslog, slurmgpus
+from mpswrap.mps import gpu, mpslog
+from mpswrap.slurm import gpus as slurmgpus
 
 T = TypeVar("T")
 

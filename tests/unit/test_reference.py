@@ -153,7 +153,7 @@ def test_session_calls_in_the_docs_use_real_keywords() -> None:
     import inspect
 
     import mpswrap
-    from mpswrap.entry.attached import Session
+    from mpswrap.job.attached import Session
 
     params = {
         "session": set(inspect.signature(mpswrap.session).parameters),

@@ -1,10 +1,11 @@
-"""The end-of-run summary line (``mpswrap.job.summary``): its wording, pure."""
+"""The end-of-run summary line (``mpswrap.report.summary``): its wording, pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from mpswrap.job.summary import BY_EPILOG, NodeSummary, Outcome, teardown_words
+from mpswrap.job.outcomes import Outcome
+from mpswrap.report.summary import BY_EPILOG, NodeSummary, teardown_words
 
 
 def line(outcomes: list[Outcome], teardown: str = "clean", ended: int = 0) -> str:

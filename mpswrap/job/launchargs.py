@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..jobenv import JobEnv
 
 __all__ = [
     "CommandLine",
@@ -334,8 +335,9 @@ def _srun_per_node(seg: Segment, env: Mapping[str, str]) -> int | None:
     per_node = _int(seg.last("ntasks-per-node") or seg.last("tasks-per-node"))
     if per_node is not None:
         return per_node
-    ntasks = _int(seg.last("ntasks")) or _int(env.get("SLURM_NTASKS"))
-    nodes_text = seg.last("nodes") or env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+    job = JobEnv(env)
+    ntasks = _int(seg.last("ntasks")) or _int(job.ntasks_text)
+    nodes_text = seg.last("nodes") or job.nodes_text
     if ntasks is None or nodes_text is None:
         return None
     most_nodes = _int(nodes_text.split("-")[-1].split(":")[0])
@@ -348,8 +350,9 @@ def _ompi_nodes(segments: Sequence[Segment], env: Mapping[str, str]) -> int | No
         return len(hosts)
     if any(s.values("hostfile") or s.values("rankfile") for s in segments):
         return None
-    if env.get("SLURM_JOB_ID") and env.get("SLURM_NNODES"):
-        return _int(env["SLURM_NNODES"])
+    job = JobEnv(env)
+    if job.job_id and job.nodes_text:
+        return _int(job.nodes_text)
     return 1  # no hosts, no allocation: every rank runs here
 
 

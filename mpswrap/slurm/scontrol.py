@@ -12,9 +12,9 @@ from pathlib import Path
 
 from .. import _proc, trust
 from ..errors import ConfigError, GpuError, MpswrapError
-from ..job.placement import share_percent
 from ..jobenv import JobEnv, parse_int_list, tasks_per_node
-from ..mps.slurmgpus import expand_hostlist
+from ..values import share_percent
+from .gpus import expand_hostlist
 
 __all__ = [
     "NodeShare",

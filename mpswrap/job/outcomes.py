@@ -1,16 +1,12 @@
-"""The end-of-run summary: one line per node saying what happened to its ranks.
+"""The run record: how each process a run started ended (``Outcome``), one per rank, task or
+attempt, a program that could not be started (127, 126) included.
 
-``mpswrap: summary: node NODE: R ranks, A attached, exit codes CODES, T ended by
-terminate_client, teardown TEARDOWN, S s`` (one line, on stderr; silenced by ``-qq``).
-
-``mpswrap run`` knows every rank of its node and prints the line itself. In per-rank mode
-(``srun mpswrap ./app``, ``mpirun -np 4 mpswrap ./app``, and so the prefix mode) each rank is
-a supervisor process of its own: a rank that is not the last to leave its node writes its
-``Outcome`` to a record in the job's directory there (``state.outcomes_dir``: the job user's,
-in prolog and user mode alike), and the last one, decided under the job's owner lock
-(``job.leave``), collects and removes the records and prints the line. "Last" means no other
-rank of the node holds the job's daemons at that moment: ranks of one node that do not overlap
-in time (one ends before the next starts) each print a summary of their own.
+Every summary reads these and nothing else: the node's summary line (``report.summary``),
+the farm's summary (``report.farmview``) and what status shows. In per-rank mode each rank
+is a supervisor of its own: a rank that is not the last to leave its node writes its outcomes
+to a record in the job's directory (``state.outcomes_dir``: the job user's, in prolog and
+user mode alike), and the last one, decided under the job's owner lock (``job.leave``),
+collects and removes the records.
 """
 
 from __future__ import annotations
@@ -19,9 +15,6 @@ import json
 import logging
 import os
 import re
-import sys
-import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,12 +25,10 @@ from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, writ
 from ..removal import remove_tree
 from . import state
 
-__all__ = ["BY_EPILOG", "NodeSummary", "Outcome", "collect", "emit", "save", "teardown_words"]
+__all__ = ["Outcome", "collect", "save"]
 
 log = logging.getLogger(__name__)
 
-#: The teardown of the prolog's daemons: not the ranks' to do.
-BY_EPILOG = "by the epilog"
 #: A record is a short JSON list; anything larger was not written by a rank.
 RECORD_LIMIT = 64 * 1024
 _RECORD = re.compile(r"^[0-9]+-[0-9a-f]{8}\.json$")
@@ -66,57 +57,6 @@ class Outcome:
         if not isinstance(start, (int, float)) or isinstance(start, bool):
             raise ValueError("start must be a number")
         return cls(code, attached, ended, float(start))
-
-
-def teardown_words(left: int) -> str:
-    """``clean``, or ``left N behind`` (each problem is logged as an error already)."""
-    return "clean" if not left else f"left {left} behind"
-
-
-@dataclass(frozen=True)
-class NodeSummary:
-    """The summary of one node's ranks."""
-
-    node: str
-    outcomes: Sequence[Outcome]
-    teardown: str  # teardown_words(), BY_EPILOG, or why there was none
-    ended_by_teardown: int = 0  # clients the final teardown ended by terminate_client
-
-    def line(self, now: float | None = None) -> str:
-        outs = self.outcomes
-        now = time.time() if now is None else now
-        first = min((o.start for o in outs if o.start), default=now)
-        ended = sum(o.ended for o in outs) + self.ended_by_teardown
-        return (
-            f"mpswrap: summary: node {self.node}: {len(outs)} rank{'s' * (len(outs) != 1)}, "
-            f"{_attached(outs)}, exit codes {_codes(outs)}, {ended} ended by "
-            f"terminate_client, teardown {self.teardown}, {max(0.0, now - first):.2f} s"
-        )
-
-
-def _attached(outcomes: Sequence[Outcome]) -> str:
-    """``A attached``, with ``(U not seen)`` / ``(K not checked)`` where some were not."""
-    checked = [o for o in outcomes if o.attached is not None]
-    if not checked:
-        return "attach not checked"
-    seen = sum(1 for o in checked if o.attached)
-    notes = [f"{len(checked) - seen} not seen"] if seen < len(checked) else []
-    notes += [f"{len(outcomes) - len(checked)} not checked"] if len(checked) < len(outcomes) else []
-    return f"{seen} attached" + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _codes(outcomes: Sequence[Outcome]) -> str:
-    """``0`` when every rank agrees, else ``0 (3), 1 (1)``: code (how many), by code."""
-    counts = Counter(o.code for o in outcomes)
-    if len(counts) <= 1:
-        return str(next(iter(counts), "none"))
-    return ", ".join(f"{code} ({n})" for code, n in sorted(counts.items()))
-
-
-def emit(summary: NodeSummary) -> None:
-    """Print the line on stderr, unless the output is limited to errors (``-qq``)."""
-    if logging.getLogger("mpswrap").isEnabledFor(logging.WARNING):
-        print(summary.line(), file=sys.stderr, flush=True)
 
 
 # --- the records of a node's ranks (called under the job's owner lock) ---------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import GpuError
 from ..jobenv import GpuRef, JobEnv
-from .gpu import GpuInfo, Inventory, resolve_gpus
+from ..mps.gpu import GpuInfo, Inventory, resolve_gpus
 
 __all__ = [
     "default_gres_conf",

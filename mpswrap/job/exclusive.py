@@ -9,28 +9,91 @@ file goes, once no job holds the GPU and no other job has a daemon on it. A prol
 does the same for its job at once. One lock per node spans every read, change and write of
 these files and of the modes. A GPU found EXCLUSIVE_PROCESS already is left alone. Tested on
 the simulator only: the GPU machine's compute mode is never changed.
+
+A GPU's compute mode is read and set through NVML (as root), or in the simulator's inventory
+file (``gpu_inventory = FILE``, its GPUs' ``compute_mode``). Nothing else in mpswrap changes
+it: changing a GPU's compute mode changes it for every job of the node.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .._lock import file_lock
 from ..config import Settings
-from ..errors import LayoutError, MpswrapError
-from ..job import state
-from ..job.job import JobDaemons
+from ..errors import GpuError, LayoutError, MpswrapError
 from ..jobenv import JobEnv
-from ..mps.computemode import EXCLUSIVE, MODES, get_mode, set_mode
-from ..mps.gpu import GpuInfo
+from ..mps.gpu import GpuInfo, init_nvml, nvml_failed
 from ..paths import ROOT_ONLY, check_dirs, list_dir, read_job_file, validate_name, write_job_file
-from .slurmjob import NodeShare
+from ..slurm.scontrol import NodeShare
+from . import state
+from .job import JobDaemons
 
-__all__ = ["make_exclusive", "restore_modes"]
+__all__ = ["EXCLUSIVE", "MODES", "get_mode", "make_exclusive", "restore_modes", "set_mode"]
 
 log = logging.getLogger(__name__)
+
+#: NVML's compute modes by name (EXCLUSIVE_THREAD is gone since CUDA 11).
+MODES = {"DEFAULT": 0, "PROHIBITED": 2, "EXCLUSIVE_PROCESS": 3}
+EXCLUSIVE = "EXCLUSIVE_PROCESS"
+#: Seconds to wait for another prolog's or epilog's change of the inventory file.
+FILE_LOCK_TIMEOUT = 10.0
+
+
+def get_mode(uuid: str, source: str) -> str:
+    """The GPU's compute mode by name."""
+    if source == "nvml":
+        nvml = init_nvml()
+        try:
+            value = nvml.nvmlDeviceGetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid))
+        except nvml.NVMLError as exc:
+            raise nvml_failed("nvmlDeviceGetComputeMode", exc) from exc
+        names = {number: name for name, number in MODES.items()}
+        if value not in names:
+            raise GpuError("unknown compute mode", thing=uuid, cause=f"NVML says {value}")
+        return names[value]
+    return str(
+        _gpu_entry(_read_inventory(Path(source)), uuid, source).get("compute_mode", "DEFAULT")
+    )
+
+
+def set_mode(uuid: str, mode: str, source: str) -> None:
+    """Set the GPU's compute mode (``MODES``)."""
+    if mode not in MODES:
+        raise GpuError("unknown compute mode", thing=repr(mode), hint=f"one of {sorted(MODES)}")
+    if source == "nvml":
+        nvml = init_nvml()
+        try:
+            nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), MODES[mode])
+        except nvml.NVMLError as exc:
+            raise nvml_failed("nvmlDeviceSetComputeMode", exc) from exc
+        return
+    path = Path(source)
+    with file_lock(path.with_name(f".{path.name}.lock"), FILE_LOCK_TIMEOUT):
+        data = _read_inventory(path)
+        _gpu_entry(data, uuid, source)["compute_mode"] = mode
+        owner = path.stat()
+        write_job_file(path, json.dumps(data, indent=2) + "\n", owner.st_uid, owner.st_gid)
+
+
+def _read_inventory(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GpuError("cannot read GPU inventory file", thing=str(path), cause=str(exc)) from exc
+
+
+def _gpu_entry(data: Any, uuid: str, source: str) -> dict[str, Any]:
+    for gpu in data.get("gpus", []) if isinstance(data, dict) else []:
+        if isinstance(gpu, dict) and str(gpu.get("uuid", "")).lower() == uuid.lower():
+            return gpu
+    raise GpuError("no such GPU", thing=uuid, cause=f"not in {source}")
+
+
 #: The kept file: the mode found, then a job id a line.
 KEPT_LIMIT = 64 << 10
 

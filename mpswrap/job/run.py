@@ -1,0 +1,337 @@
+"""THE run lifecycle: every way to run programs under mpswrap on a node goes through here.
+
+settings -> job identity -> the GPUs, chosen once -> capacity, checked once -> attach ->
+run -> finish -> summary. ``mpswrap run``, the launcher's per-rank mode (``srun mpswrap
+./app``), the farm, ``calibrate`` and ``session()`` differ only in what they run:
+
+- ``plan`` decides everything a run could refuse, with nothing started: the job and where
+  its daemons are (the prolog's, or this user's, whose directories are checked as a start
+  would check them), the GPUs it uses (daemons start only for those), whether its clients
+  fit. A dry run is ``plan`` and a print, so it refuses exactly what the run refuses.
+- ``execute`` attaches (signals are only recorded until the body runs: attach and release
+  always complete), runs the caller's body, and leaves: the node's last owner prints the
+  summary line made from the run record (``job.outcomes``; ``report.summary``) and a run a
+  signal ended says so in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+
+from .._signals import TERMINATING, SignalTrap
+from ..config import Settings, load_settings
+from ..errors import GpuError, MpswrapError
+from ..jobenv import JobEnv
+from ..mps.daemon import Daemon
+from ..mps.gpu import (
+    GpuInfo,
+    Inventory,
+    client_limit,
+    inventory_from_json,
+    load_inventory,
+    resolve_gpus,
+)
+from ..mps.manifest import Manifest
+from ..slurm.gpus import visible_gpus
+from . import state
+from .job import Attachment, JobDaemons, Released, attach, leave, log_teardown, prolog_daemons
+from .outcomes import Outcome
+from .placement import Placement, Slot, check_capacity, gpus_used, place
+from .supervise import check_program
+
+__all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The wrapper options (``mpswrap --help``) shared by every way to run."""
+
+    gpus: str | None = None
+    policy: str | None = None
+    threads: str | None = None
+    mem_limit: str | None = None
+    priority: int | None = None
+    verify_attach: str | None = None
+    verify_timeout: float = 30.0
+    no_shield: bool = False
+    grace: float | None = None
+    dry_run: bool = False
+    job: str | None = None
+    debug: bool = False
+
+    def settings(self) -> Settings:
+        return load_settings({"gpu_policy": self.policy})
+
+    def verify_mode(self, settings: Settings) -> str:
+        """``--verify-attach`` if given, else the ``verify_attach`` setting (warn|fail|off)."""
+        return self.verify_attach or settings.verify_attach
+
+    def grace_s(self, settings: Settings) -> float:
+        return settings.kill_grace if self.grace is None else self.grace
+
+    def rank_argv(self, job: str | None) -> list[str]:
+        """``python -m mpswrap --opt=value ... --``: the same interpreter on every node. One
+        token per option, so that a value such as ``--job stop`` never reads as a command."""
+        skip = {"dry_run", "debug", "no_shield", "verify_timeout", "job"}
+        values: dict[str, object] = {"job": job}
+        values.update((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in skip)
+        # Unless given here, the ranks' own verify_attach setting applies (MPSWRAP_* reach them).
+        timed = self.verify_attach or self.verify_timeout != LaunchOptions.verify_timeout
+        values["verify_timeout"] = self.verify_timeout if timed else None
+        out = [sys.executable, "-m", "mpswrap"]
+        out += [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
+        out += ["--no-shield"] if self.no_shield else []
+        out += ["--debug"] if self.debug else []
+        return [*out, "--"]
+
+
+@dataclass
+class Plan:
+    """What a run will use, decided before anything starts (``plan``)."""
+
+    opts: LaunchOptions
+    settings: Settings
+    env: JobEnv
+    kind: str  # run, rank, farm, calibrate, session: the fallback job name, the log words
+    job: str
+    daemons: JobDaemons  # where the job's daemons are, or will be
+    mode: str  # "prolog" (the hooks' daemons, never stopped by a run) or "user"
+    inventory: Inventory | None
+    slots: list[Slot]  # the GPUs the run uses, in placement order
+    running: dict[str, int] = field(default_factory=dict)  # clients there now, per UUID
+    gpus: list[GpuInfo] = field(default_factory=list)  # user mode: the daemons to start
+    start: float = field(default_factory=time.time)  # when the run began (epoch seconds)
+
+    @property
+    def policy(self) -> str:
+        return self.settings.gpu_policy
+
+    @property
+    def uuids(self) -> list[str]:
+        return [s.uuid for s in self.slots]
+
+    def limits(self) -> dict[str, int]:
+        """Each GPU's client limit (by architecture and driver, or as the admin set it)."""
+        inventory = self.inventory or load_inventory(self.settings.gpu_inventory)
+        driver, limit = inventory.cuda_driver_version, self.settings.client_limit
+        return {
+            u: client_limit(inventory.by_uuid(u), driver, os.environ, limit) for u in self.uuids
+        }
+
+    def free(self) -> int:
+        """Clients each of the GPUs still takes (the fewest of them)."""
+        limits = self.limits()
+        return min(limits[u] - self.running.get(u, 0) for u in self.uuids)
+
+    def use(self, clients: int, policy: str | None = None, *, gpus: int | None = None) -> None:
+        """Keep the first ``gpus`` GPUs (all: None), then those that ``clients`` clients
+        placed by ``policy`` use, and refuse when they would not fit beside the clients
+        running there. On the prolog's daemons the placement keeps every GPU: they run."""
+        policy = policy or self.policy
+        if gpus is not None:
+            self.slots, self.gpus = self.slots[:gpus], self.gpus[:gpus]
+        if self.mode == "user":
+            used = gpus_used(clients, len(self.slots), policy)
+            self.slots = [self.slots[i] for i in used]
+            self.gpus = [self.gpus[i] for i in used]
+        check_capacity(self.uuids, clients, policy, self.limits(), self.running)
+
+    def place(
+        self,
+        rank: int,
+        size: int,
+        *,
+        policy: str | None = None,
+        threads: str | None = None,
+        slots: Sequence[Slot] | None = None,
+    ) -> Placement:
+        """A client's GPU and environment under the run's options."""
+        opts = self.opts
+        return place(
+            self.slots if slots is None else slots,
+            rank,
+            size,
+            policy=policy or self.policy,
+            rank_cpus=self.env.cpus_allowed,
+            threads=opts.threads if threads is None else threads,
+            mem_limit=opts.mem_limit,
+            priority=opts.priority,
+        )
+
+    def check_program(self, command: Sequence[str]) -> None:
+        """Refuse, before any daemon starts, a program that cannot run (127, 126)."""
+        check_program(command, os.environ)
+
+    def attach(self, *, counted: bool = False) -> Attachment:
+        """The daemons the plan found, or the user-mode ones it chose, started or joined."""
+        keys = [s.key for s in self.slots] if self.mode == "user" else None
+        att = attach(self.settings, self.env, self.job, gpus=self.gpus, keys=keys, counted=counted)
+        if att.mode == "prolog" and self.mode == "user":  # a prolog's daemons came up since
+            self.mode, self.daemons = "prolog", att.daemons
+            self.inventory = self.inventory or _manifest_inventory(att.manifests, self.settings)
+            self.slots = att.daemons.slots(self.inventory, att.manifests)
+        return att
+
+
+def plan(opts: LaunchOptions, kind: str, *, count_running: bool = True, step: bool = False) -> Plan:
+    """The job, its daemons and the GPUs a run of ``kind`` may use, nothing started: the
+    prolog's daemons where they run (restricted to ``--gpus``; ``step``: else to the step's
+    GPUs, whose CUDA starts in this very process), else this user's on ``--gpus`` or the
+    step's GPUs, their directories checked as a start checks them. ``count_running``: count
+    the clients running there (a rank of a launch counts its node's ranks instead)."""
+    settings = opts.settings()
+    env = JobEnv.current()
+    job = env.run_job(opts.job, kind)
+    # NVML only where NVML's view is needed: --gpus (its indices) and user mode.
+    chosen_from = load_inventory(settings.gpu_inventory) if opts.gpus is not None else None
+    chosen = resolve_gpus(opts.gpus, chosen_from) if chosen_from and opts.gpus else None
+    admin, manifests = prolog_daemons(settings, env.node, job)
+    if manifests and step and chosen is None:
+        chosen_from = load_inventory(settings.gpu_inventory)
+        chosen = visible_gpus(env, chosen_from)
+    if manifests:
+        inventory = chosen_from or _manifest_inventory(manifests, settings)
+        slots = _restricted(admin.slots(inventory, manifests), chosen)
+        running = admin.clients() if count_running else {}
+        return Plan(opts, settings, env, kind, job, admin, "prolog", inventory, slots, running)
+    daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
+    state.check_user_tree(daemons.layout)
+    inventory = chosen_from or load_inventory(settings.gpu_inventory)
+    gpus = chosen if chosen is not None else visible_gpus(env, inventory)
+    keys = [f"g{i}" for i in range(len(gpus))]
+    daemons.check(keys)
+    slots = [
+        Slot.of(daemons.layout.gpu(k), g.uuid, inventory) for k, g in zip(keys, gpus, strict=True)
+    ]
+    running = daemons.clients() if count_running and daemons.live_manifests() else {}
+    return Plan(opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus)
+
+
+def _restricted(slots: list[Slot], chosen: list[GpuInfo] | None) -> list[Slot]:
+    """The prolog's GPUs, restricted to ``--gpus`` or the step's."""
+    if chosen is None:
+        return slots
+    wanted = {g.uuid for g in chosen}
+    picked = [s for s in slots if s.uuid in wanted]
+    if not picked:
+        raise GpuError(
+            "no MPS daemon for these GPUs",
+            thing=", ".join(sorted(wanted)),
+            cause="the job's daemons (prolog) serve other GPUs",
+        )
+    return picked
+
+
+def _manifest_inventory(manifests: Sequence[Manifest], settings: Settings) -> Inventory:
+    """The prolog's GPUs as their daemons' starter saw them (the manifests; looked up by UUID
+    only, which a job's cgroup does not change), so that a rank joining them loads no NVML;
+    NVML where a manifest has no GPU facts (an older mpswrap wrote it)."""
+    try:
+        found = inventory_from_json({"gpus": [m.gpu for m in manifests]}, "manifests")
+    except GpuError:
+        return load_inventory(settings.gpu_inventory)
+    if [g.uuid for g in found.gpus] != [m.gpu_uuid for m in manifests]:
+        return load_inventory(settings.gpu_inventory)
+    return found
+
+
+def local_position(env: JobEnv, policy: str) -> tuple[int, int, str]:
+    """(local rank, local size, policy) of a rank by the innermost launcher's variables."""
+    rank, size = env.local_rank, env.local_size
+    if rank is None:
+        return 0, max(size or 1, 1), policy
+    if size is None or size <= rank:
+        log.warning(
+            "local rank %d but no usable local size (%s): placing ranks cyclically", rank, size
+        )
+        return rank, rank + 1, "cyclic"
+    return rank, size, policy
+
+
+# --- attach, run, finish ------------------------------------------------------------------------
+@dataclass
+class Started:
+    """A run between attach and finish: what its body gets."""
+
+    plan: Plan
+    att: Attachment
+    trap: SignalTrap
+    start: float  # when the run began (epoch seconds): the summary's clock
+    outcomes: list[Outcome] = field(default_factory=list)  # the run record of this owner
+
+    def daemon(self, slot: Slot) -> Daemon:
+        return self.att.daemons.daemon(slot.key)
+
+
+def execute(
+    planned: Plan,
+    body: Callable[[Started], int],
+    *,
+    summary: Callable[[Released], None],
+    counted: bool = False,
+    announce: bool = True,
+) -> int:
+    """Attach, run ``body`` (its exit code), leave; the exit code, or 1 where it would be 0
+    and something of the job survived the teardown. ``summary`` gets what leaving did (the
+    node's last owner: every outcome of the node; ``report.summary.print_summary``).
+    ``counted``: a rank of a launch holds the prolog's daemons too, so that the node's last
+    rank is known there as well."""
+    start = planned.start
+    with SignalTrap() as trap:
+        att = planned.attach(counted=counted)
+        run = Started(planned, att, trap, start)
+        code = 1
+        try:
+            if announce:
+                att.announce()
+            early = [s for s in trap.pop() if s in TERMINATING]
+            code = 128 + early[0] if early else body(run)
+        finally:
+            left = finish(att, run.outcomes, f"{planned.kind} {planned.job}", summary)
+        _say_interrupted(planned, code, trap, start)
+    return code or int(left > 0)
+
+
+def _say_interrupted(planned: Plan, code: int, trap: SignalTrap, start: float) -> None:
+    """A run a terminating signal ended says so, once, in one line."""
+    sig = trap.stopped_by
+    if sig is None or code != 128 + sig:
+        return
+    log.warning(
+        "%s %s: interrupted by %s after %.1f s: its programs were ended through MPS "
+        "terminate_client; exit code %d",
+        planned.kind,
+        planned.job,
+        signal.Signals(sig).name,
+        time.time() - start,
+        code,
+    )
+
+
+def finish(
+    att: Attachment,
+    outcomes: Sequence[Outcome],
+    context: str,
+    summary: Callable[[Released], None],
+) -> int:
+    """Leave the job's daemons, log what their teardown left behind and hand what leaving
+    did to ``summary``; how many processes of the job survived the teardown. On the prolog's
+    daemons there is no teardown to lose: the summary never fails such a rank."""
+    try:
+        done: Released = leave(att, outcomes)
+    except (MpswrapError, OSError) as exc:
+        if att.mode == "user":
+            raise
+        log.warning("summary: this rank's outcome not recorded (%s)", exc)
+        return 0
+    log_teardown(done.teardown, context)
+    summary(done)
+    return len(done.teardown.survivors()) if done.teardown else 0

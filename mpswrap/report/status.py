@@ -1,0 +1,120 @@
+"""The status model of a node's jobs, and its words: what ``mpswrap status`` prints, what
+``mpswrap metrics`` exposes (``report.metrics``) and how ``status`` judges health; and the
+words for a teardown's record (``mpswrap report``, ``mps.record``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..config import Settings
+from ..job.job import JobDaemons
+from ..mps.gpu import usage
+from ..paths import JobLayout
+
+__all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
+
+
+def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> dict[str, Any]:
+    """The jobs' daemons, servers and clients on this node, with NVML's figures where it
+    answers: each GPU's memory and utilisation, each client's GPU memory."""
+    jobs = [JobDaemons(layout, settings).status() for layout in layouts]
+    asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
+    for gpu in (g for job in jobs for g in job["gpus"]):
+        uuid = gpu.get("uuid")
+        if uuid and uuid not in asked:
+            asked[uuid] = usage(uuid, settings.gpu_inventory)
+        found = dict(asked.get(uuid) or {}) if uuid else {}
+        processes = found.pop("processes", {})
+        gpu["usage"] = found or None
+        for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
+            client["gpu_memory_bytes"] = processes.get(client["pid"])
+    return {"node": node, "jobs": jobs}
+
+
+def unhealthy(job: dict[str, Any]) -> list[str]:
+    """What in one job's status is not healthy, each naming the job and GPU."""
+    where = f"job {job['job']} on {job['node']}"
+    found = [] if job["gpus"] else [f"{where}: no GPU daemon in {job['job_dir']}"]
+    for gpu in job["gpus"]:
+        at = f"{where}, {gpu['key']}"
+        daemon = gpu.get("daemon")
+        if not daemon:
+            found.append(f"{at}: no manifest (its daemon is starting, or failed to start)")
+        elif not daemon.get("alive"):
+            found.append(f"{at}: daemon {daemon.get('pid')} not running")
+        elif gpu.get("error"):
+            found.append(f"{at}: daemon does not answer: {gpu['error']}")
+        found += [
+            f"{at}: server {s['pid']} is {s['status']}"
+            for s in gpu.get("servers", [])
+            if s["status"] != "ACTIVE"
+        ]
+        found += [
+            f"{at}: fault at {f['time']} not recovered"
+            for f in gpu.get("faults", [])
+            if not f["recovered"]
+        ]
+    return found
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
+    for gpu in status["gpus"]:
+        daemon = gpu.get("daemon") or {}
+        state = "running" if daemon.get("alive") else "NOT RUNNING"
+        print(
+            f"  {gpu['key']} {gpu.get('uuid')} daemon {daemon.get('pid')} {state} "
+            f"(by {daemon.get('started_by')}, user {daemon.get('user')}, "
+            f"cpus {cpus_words(daemon.get('cpus') or [])})"
+        )
+        for server in gpu.get("servers", []):
+            print(
+                f"    server {server['pid']} {server['status']} "
+                f"threads {server['active_thread_percentage']:g}% "
+                f"clients {len(server['clients'])}"
+            )
+            for client in server["clients"]:
+                print(f"      client {client['pid']}{_client_words(client)} {client['cmdline']}")
+        for fault in gpu.get("faults", []):
+            print(
+                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
+                f"{'recovered' if fault['recovered'] else 'not recovered'}"
+            )
+
+
+def record_line(rec: dict[str, Any]) -> str:
+    took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
+    faults = (
+        "; ".join(
+            f"fault at {f['time']}: server {f['server_pid']}, client(s) {f['reported_by']}"
+            for f in rec["faults"]
+        )
+        or "no fault"
+    )
+    left = ", ".join(rec["leftovers"])
+    return (
+        f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"
+        f"{f', {took:.0f} s' if took is not None else ''}): {rec['clients_seen_count']} "
+        f"client(s) seen, {len(rec['ended_by_terminate_client'])} ended by terminate_client, "
+        f"{len(rec['ended_with_server'])} with their server, {len(rec['killed'])} killed; "
+        f"{faults}; {'left behind: ' + left if left else 'nothing left behind'}"
+    )
+
+
+def _client_words(client: dict[str, Any]) -> str:
+    """`` rank R, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
+    words = [f"rank {client['rank']}" if client.get("rank") is not None else ""]
+    if client.get("gpu_memory_bytes") is not None:
+        words.append(f"{client['gpu_memory_bytes'] / 2**30:.2f} GiB")
+    if client.get("active_thread_percentage") is not None:
+        words.append(f"{client['active_thread_percentage']:g}% threads")
+    if client.get("uptime_s") is not None:
+        words.append(f"up {client['uptime_s']:.0f} s")
+    shown = ", ".join(w for w in words if w)
+    return f" ({shown})" if shown else ""
+
+
+def cpus_words(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if cpus else "all"
