@@ -220,7 +220,8 @@ class Farmer:
         self.stopping = True
         for attempt in self.live:
             attempt.stopped = True
-        log.warning(
+        # A signal: the run says it was interrupted, once (``job.run``).
+        (log.warning if why else log.info)(
             "farm: %s: ending %d running task(s), starting no more",
             why or f"signal {sig}",
             len(self.live),
@@ -338,14 +339,11 @@ class Farmer:
             text = exc.render() if isinstance(exc, MpswrapError) else str(exc)
             os.write(err, f"{text}\n".encode())
             lane.seats.append(seat)
+            code = getattr(exc, "exit_code", 126)
             self._record_parts(
-                task,
-                number,
-                lane,
-                status=FAILED,
-                span=(start, time.time()),
-                code=getattr(exc, "exit_code", 126),
+                task, number, lane, status=FAILED, span=(start, time.time()), code=code
             )
+            self.outcomes.append(Outcome(code, None, 0, start))  # counted as a shell counts it
             return
         finally:
             os.close(out)

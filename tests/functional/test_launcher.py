@@ -153,7 +153,7 @@ def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
         "--priority",
         "1",
         "--",
-        "app",
+        "echo",  # it must exist: a dry run refuses what the run refuses
         "x y",
     )
     assert res.returncode == 0, res.stderr
@@ -163,7 +163,7 @@ def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M" in lines[0]  # 80 GiB / 2 ranks
     assert "CUDA_MPS_CLIENT_PRIORITY=1" in lines[3]
     assert "/g1/pipe" in lines[3] and "MPSWRAP_LOCAL_SIZE=4" in lines[3]
-    assert lines[0].endswith("app 'x y'")
+    assert lines[0].endswith("echo 'x y'")
     assert not node.user_run_dir.exists() or not any(node.user_run_dir.iterdir())
 
 
