@@ -6,21 +6,34 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
 
 import pytest
 
 from tests.procs import signal_tree
-from tests.simenv import SimNode
+from tests.simenv import MPSWRAP, SimNode
 from tests.waits import wait_until
 
 from .test_launcher import by_tag, client, records, summaries
 
-#: The ways to run, each with its command line for ``N`` clients of ``PROGRAM``.
-MODES = {
+Way = Callable[[int, list[str]], tuple[list[str], dict[str, str]]]
+#: The ways to run, each with its command line (and environment) for N clients of PROGRAM.
+MODES: dict[str, Way] = {
     "run": lambda n, program: (["run", "-n", str(n), "--", *program], {}),
     "rank": lambda n, program: (["--", *program], {"MPSWRAP_LOCAL_SIZE": str(n)}),
     "farm": lambda n, program: (["farm", "--per-gpu", str(n), "TASKS"], {}),
 }
+
+
+def _mpswrap(node: SimNode, args: list[str], env: dict[str, str]) -> CompletedProcess[str]:
+    argv = [*MPSWRAP, *args]
+    return subprocess.run(
+        argv, env=node.env(**env), cwd=node.root, text=True, capture_output=True, timeout=60
+    )
 
 
 def _error(stderr: str) -> str:
@@ -57,9 +70,9 @@ def test_a_dry_run_refuses_what_the_run_refuses_and_neither_starts_a_daemon(
     if prepare is not None:
         prepare(node)
     args, env = MODES[mode](clients, program)
-    dry = node.run("--dry-run", *args, **env) if mode == "rank" else None
-    dry = dry or node.run(args[0], "--dry-run", *args[1:], **env)
-    real = node.run(*args, **env)
+    dry_args = ["--dry-run", *args] if mode == "rank" else [args[0], "--dry-run", *args[1:]]
+    dry = _mpswrap(node, dry_args, env)
+    real = _mpswrap(node, args, env)
     assert real.returncode != 0, real.stderr
     assert words in _error(real.stderr), real.stderr
     assert (dry.returncode, _error(dry.stderr)) == (real.returncode, _error(real.stderr))
@@ -118,9 +131,12 @@ def test_a_farm_interrupted_says_so_once(node: SimNode) -> None:
     tasks = node.root / "tasks.txt"
     tasks.write_text(f"{node.client} --seconds 60 --record {rec}\n" * 2)
     proc = node.start("farm", "--per-gpu", "1", str(tasks))
-    started = lambda: [r for r in records(rec) if r["event"] == "start"]  # noqa: E731
-    wait_until(lambda: len(started()) == 2, 30, "2 tasks to start")
+    wait_until(lambda: len(_starts(rec)) == 2, 30, "2 tasks to start")
     signal_tree(proc, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert len(re.findall(r"interrupted by SIGTERM", err)) == 1, err
+
+
+def _starts(rec: Path) -> list[dict[str, Any]]:
+    return [r for r in records(rec) if r["event"] == "start"]
