@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -275,7 +274,8 @@ class JobEnv:
 
     @property
     def node(self) -> str:
-        return self._get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        # uname's node name is what gethostname() returns, without importing socket.
+        return self._get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
     @property
     def script_context(self) -> str | None:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# compare_trees.sh BASE -- two mpswrap trees side by side on the GPU machine, in one visit:
+# the prolog, the epilog and the per-rank supervisor's start (benchmarks/startup_ab.py --gpu:
+# both trees each round, the order alternating), then the 48-client teardown
+# (tests/gpu/test_gpu_teardown.py) of BASE and of this tree, one after the other.
+# Run after run_gpu_tier.sh (its setup: the carried wheels in /opt/mpswrap-site, the CUDA
+# test client). Writes startup-ab.json and teardown-<tree>.log to $OUT (or ./gpu-out).
+# Touches no GPU setting (compute mode, clocks, MIG, persistence stay as they are).
+set -uo pipefail
+BASE=$(cd "${1:?usage: compare_trees.sh BASE}" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$REPO/gpu-out}; mkdir -p "$OUT"
+PY=$(command -v python3)
+export PYTHONPATH=/opt/mpswrap-site MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
+export OMPI_MCA_plm_rsh_agent=false MPS_STRICT_SKIPS=1
+# Readable by the test user, bytecode compiled, as an installed package has it.
+for tree in "$BASE" "$REPO"; do chmod -R a+rX "$tree"; "$PY" -m compileall -q "$tree/mpswrap" >/dev/null; done
+rc=0
+echo "=== startup: $BASE against $REPO"
+"$PY" "$REPO/benchmarks/startup_ab.py" "$BASE" "$REPO" --gpu --rounds "${AB_ROUNDS:-4}" \
+  --python "$PY" --out "$OUT/startup-ab.json" 2>&1 | tail -4 || rc=1
+for tree in "$BASE" "$REPO"; do
+  name=$(basename "$tree")
+  echo "=== teardown of 48 clients: $tree"
+  (cd "$tree" && PYTHONPATH=$tree:/opt/mpswrap-site timeout "${PHASE_TIMEOUT:-540}" \
+    "$PY" -m pytest -p no:cacheprovider -o addopts="--strict-markers" -rA -s \
+    tests/gpu/test_gpu_teardown.py) >"$OUT/teardown-$name.log" 2>&1 || rc=1
+  grep -E "teardown|passed|failed" "$OUT/teardown-$name.log" | tail -6
+done
+exit $rc
