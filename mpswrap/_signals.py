@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ._wait import wait_exit
+from ._wait import end_procs
 
 __all__ = ["FORWARDED", "TERMINATING", "Guard", "SignalTrap", "fork_guard"]
 
@@ -88,7 +88,8 @@ class Guard:
 
     pid: int
     fd: int
-    reaped: bool = False
+    #: Its exit code once reaped (``poll``).
+    code: int | None = None
 
     def release(self, timeout: float = 5.0) -> None:
         """Tell the guard all is well, and reap it (bounded; killed if it lingers)."""
@@ -97,17 +98,18 @@ class Guard:
         except OSError:
             pass  # the guard is gone already (killed with the step): nothing to tell
         os.close(self.fd)
-        if not wait_exit(self.pid, self._reaped, timeout):
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+        end_procs([], None, timeout, children=[self])  # told already: no signal first
 
-    def _reaped(self) -> bool:
-        if not self.reaped:  # waitpid succeeds once: remember it
+    def poll(self) -> int | None:
+        """Its exit code once it has exited, reaping it; else None (a ``Child``)."""
+        if self.code is None:  # waitpid succeeds once: remember it
             try:
-                self.reaped = os.waitpid(self.pid, os.WNOHANG) != (0, 0)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                self.reaped = True
-        return self.reaped
+                self.code = 0  # reaped elsewhere: gone all the same
+            else:
+                self.code = os.waitstatus_to_exitcode(status) if pid else None
+        return self.code
 
 
 def fork_guard(on_orphaned: Callable[[], None], ignore: Sequence[int]) -> Guard:

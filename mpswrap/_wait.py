@@ -1,23 +1,48 @@
-"""Waiting for processes to exit: the one place mpswrap waits.
+"""Waiting for processes to exit: the one place mpswrap waits, and ends processes.
 
 Each wait wakes on the exit itself through a pidfd (Linux >= 5.3); where there is none it
 polls, at most ``POLL_CAP`` apart. Every wait is bounded and returns what it found: nothing
 here raises a foreign exception type on a timeout.
+
+``end_procs`` is the one "end a process" tail: a signal, up to a grace to exit, SIGKILL what
+is still alive (with its descendants where asked), a bounded wait for that; it returns what
+still lives. Our own children are reaped on the way. The signals go through ``_proc``,
+which identifies every process by PID and start time.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from ._proc import Child, ProcId, is_alive
+from ._proc import Child, ProcId, children_of, identify, is_alive, kill_procs
 
-__all__ = ["POLL_CAP", "backoff", "pidfd", "wait_child", "wait_exit", "wait_gone"]
+__all__ = [
+    "KILL_WAIT",
+    "POLL_CAP",
+    "TERM_GRACE",
+    "backoff",
+    "end_procs",
+    "pidfd",
+    "wait_child",
+    "wait_exit",
+    "wait_gone",
+]
 
 #: Longest sleep between two looks at a process that has no pidfd to wake the waiter.
 POLL_CAP = 0.02
+#: ``end_procs``'s default seconds from its signal to the SIGKILL: a process that handles
+#: SIGTERM gets a second to run its handler.
+TERM_GRACE = 1.0
+#: Seconds ``end_procs`` waits for what it SIGKILLed to be gone. SIGKILL cannot be caught,
+#: but a process is gone only once the kernel has released what it held (a GPU context, I/O
+#: in flight). One value for every caller: the longest of the waits it replaced (a rank's,
+#: 5 s; a client's or a leftover's was 2 s), so none waits less than it did; the wait ends at
+#: the exit itself, so it costs only where a process is slow to go.
+KILL_WAIT = 5.0
 
 
 def pidfd(pid: int) -> int | None:
@@ -103,3 +128,56 @@ def backoff(timeout: float, first: float = 0.002, cap: float = 0.1) -> Iterable[
             return
         time.sleep(min(delay, max(0.0, timeout - elapsed)))
         delay = min(delay * 2, cap)
+
+
+def end_procs(
+    procs: Iterable[ProcId],
+    sig: int | None = signal.SIGTERM,
+    grace: float = TERM_GRACE,
+    *,
+    children: Iterable[Child] = (),
+    tree: bool = False,
+    before_kill: Callable[[list[ProcId]], Iterable[ProcId]] | None = None,
+) -> list[ProcId]:
+    """End ``procs`` and ``children``: ``sig``, up to ``grace`` seconds to exit, SIGKILL what
+    is still alive, up to ``KILL_WAIT`` seconds more; return what still lives.
+
+    ``children`` are our own children (``spawn``'s, a fork): each is reaped once it exits,
+    so it leaves no zombie and its ``poll()`` has its exit code. ``sig`` None: they were asked
+    to end some other way (terminate_client, a word on a pipe), only wait. ``sig`` SIGKILL: no
+    grace, only the kill and its wait. ``tree``: the SIGKILL goes to the descendants of each
+    survivor too, found at that moment. ``before_kill`` sees the survivors of the grace (also
+    when there are none) and returns those to kill: a caller logs them, or leaves out what it
+    may not signal (then not returned: not for this call to end).
+    """
+    kids: dict[ProcId, Child] = {}
+    for child in children:
+        ident = identify(child.pid) if child.poll() is None else None  # unreaped: still its PID
+        if ident is not None:
+            kids[ident] = child
+    left = list(dict.fromkeys([*procs, *kids]))
+    if sig != signal.SIGKILL:
+        if sig is not None:
+            kill_procs(left, sig)
+        left = _survivors(left, kids, grace)
+        if before_kill is not None:
+            left = list(before_kill(left))
+    if tree:
+        left += [d for p in left if is_alive(p) for d in children_of(p.pid)]
+        left = list(dict.fromkeys(left))
+    if not left:
+        return []
+    kill_procs(left, signal.SIGKILL)
+    return _survivors(left, kids, KILL_WAIT)
+
+
+def _survivors(procs: list[ProcId], kids: Mapping[ProcId, Child], timeout: float) -> list[ProcId]:
+    """Those of ``procs`` still alive after up to ``timeout`` seconds: our children by their
+    exit, reaping them (a zombie of ours is gone only once reaped), the others by
+    ``wait_gone``."""
+    deadline = time.monotonic() + timeout
+    left = wait_gone([p for p in procs if p not in kids], timeout)
+    for ident in (p for p in procs if p in kids):
+        if wait_child(kids[ident], deadline - time.monotonic()) is None:
+            left.append(ident)
+    return left

@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -129,10 +130,7 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
         return 0 if clean else 1
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _wait.end_procs([], signal.SIGKILL, children=procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from .. import _proc
 from .._signals import SignalTrap
+from .._wait import end_procs
 from ..errors import CapacityError, MpswrapError
 from ..job import launchargs
 from ..job.run import LaunchOptions, Started, execute, local_position, plan
@@ -169,8 +170,10 @@ def _run_launcher(argv: list[str], env: Mapping[str, str], settle: float) -> int
                     settle,
                     sig,
                 )
-                tree = _proc.children_of(ident.pid) if sig == signal.SIGKILL else []
-                _proc.kill_procs([ident, *tree], sig)
+                if sig == signal.SIGKILL:  # the launcher and its processes
+                    end_procs([], sig, children=[proc], tree=True)
+                else:
+                    _proc.kill_procs([ident], sig)
             return max(0.0, steps[0][0] - time.monotonic()) if steps else 1.0
 
         return watch([launcher], trap, grace=settle, on_terminate=schedule, tick=send_due)

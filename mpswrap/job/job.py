@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import _lock, _proc, trust
+from .._wait import end_procs
 from ..config import Settings
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
 from ..mps.gpu import GpuInfo, Inventory
-from ..mps.ladder import end_by_signal
 from ..mps.manifest import Manifest
 from ..paths import JobLayout
 from ..removal import remove_tree
@@ -242,7 +242,7 @@ class JobDaemons:
                 self.layout.job_dir,
                 " ".join(map(_proc.describe, found)),
             )
-        left = end_by_signal(found)
+        left = end_procs(found)
         return [f"process {_proc.describe(p)} still running" for p in left]
 
 

@@ -30,11 +30,10 @@ from dataclasses import dataclass, field, replace
 
 from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
-from .._wait import pidfd, wait_child, wait_gone
+from .._wait import end_procs, pidfd
 from ..errors import ProcError
 from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
-from ..mps.ladder import end_by_signal
 from .outcomes import Outcome
 from .verify import Verifier
 
@@ -190,7 +189,7 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
         )
         if rank.daemon is not None:
             rank.daemon.end_clients({p.pid for p in mine})
-    left = end_by_signal([p for p, _ in found if _proc.is_alive(p)])
+    left = end_procs([p for p, _ in found if _proc.is_alive(p)])
     for proc, rank in ((p, r) for p, r in found if p in left):
         log.error("%s: still running after SIGKILL: %s", rank.name, _proc.describe(proc))
         rank.left.append(proc)
@@ -211,21 +210,22 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
         time.sleep(0.2)
         _terminate_clients(again)
     live = [r for r in live if r.running()]
-    _proc.kill_procs([r.ident for r in live], sig)
-    deadline = time.monotonic() + grace
-    for rank in live:
-        wait_child(rank.proc, max(0.0, deadline - time.monotonic()))
-    log.debug("ladder: %d of %d rank(s) still running", sum(r.running() for r in live), len(live))
-    for rank in (r for r in live if r.running()):
-        log.warning(
-            "%s (pid %d) still running %g s after signal %d: killing it",
-            rank.name,
-            rank.ident.pid,
-            grace,
-            sig,
+
+    def killing(left: list[_proc.ProcId]) -> list[_proc.ProcId]:
+        log.debug(
+            "ladder: %d of %d rank(s) still running", sum(r.running() for r in live), len(live)
         )
-        _proc.kill_procs(rank.tree(), signal.SIGKILL)
-        wait_child(rank.proc, 5.0)
+        for rank in (r for r in live if r.running()):
+            log.warning(
+                "%s (pid %d) still running %g s after signal %d: killing it",
+                rank.name,
+                rank.ident.pid,
+                grace,
+                sig,
+            )
+        return left
+
+    end_procs([], sig, grace, children=[r.proc for r in live], tree=True, before_kill=killing)
 
 
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
@@ -275,10 +275,7 @@ def _end_orphans(ranks: Sequence[Rank], grace: float) -> None:
     names = ", ".join(f"{r.name} (pid {r.ident.pid})" for r in live)
     log.warning("supervisor gone: ending %s through MPS terminate_client", names)
     _terminate_clients(live)
-    idents = [r.ident for r in live]
-    _proc.kill_procs(idents, signal.SIGTERM)
-    for ident in wait_gone(idents, grace):
-        _proc.kill_procs([ident, *_proc.children_of(ident.pid)], signal.SIGKILL)
+    end_procs([r.ident for r in live], signal.SIGTERM, grace, tree=True)
 
 
 @contextmanager
@@ -288,10 +285,10 @@ def killed_on_error(ranks: Sequence[Rank]) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for rank in (r for r in ranks if r.running()):
+        running = [r for r in ranks if r.running()]
+        for rank in running:
             log.error("%s: supervisor failed: killing pid %d", rank.name, rank.ident.pid)
-            _proc.kill_procs(rank.tree(), signal.SIGKILL)
-            wait_child(rank.proc, 5.0)
+        end_procs([], signal.SIGKILL, children=[r.proc for r in running], tree=True)
         raise
 
 

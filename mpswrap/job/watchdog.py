@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _lock, _proc
+from .._wait import end_procs
 from ..config import Settings, load_settings
 from ..errors import MpswrapError
 from ..paths import JobLayout
@@ -125,7 +126,9 @@ def _daemons_of(layout: JobLayout, settings: Settings) -> list[_proc.ProcId]:
 
 
 def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
-    """No socket is left to quit them through: kill the daemons and their servers."""
+    """No socket is left to quit them through: kill the daemons and their servers (a bounded
+    wait for them to be gone)."""
+    doomed: list[_proc.ProcId] = []
     for daemon in (d for d in daemons if _proc.is_alive(d)):
         servers = _proc.children_of(daemon.pid)
         log.warning(
@@ -133,7 +136,8 @@ def _kill_orphaned(daemons: list[_proc.ProcId]) -> None:
             daemon.pid,
             [s.pid for s in servers],
         )
-        _proc.kill_procs([daemon, *servers], signal.SIGKILL)
+        doomed += [daemon, *servers]
+    end_procs(doomed, signal.SIGKILL)
 
 
 if __name__ == "__main__":

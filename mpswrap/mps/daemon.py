@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 import os
+import signal
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,8 +246,7 @@ class Daemon:
         ``-d`` killed) if it does not within start_timeout."""
         code = _wait.wait_child(fg, self.settings.start_timeout)
         if code is None:
-            fg.kill()
-            fg.wait()
+            _wait.end_procs([], signal.SIGKILL, children=[fg])
         return code
 
     def _wait_detached(self, fg: _proc.Popen[str], gpu: GpuInfo, binary: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from .control import Control
 from .manifest import Manifest, read_manifest
 from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
 
-__all__ = ["Ladder", "StopReport", "end_by_signal", "read_pid"]
+__all__ = ["Ladder", "StopReport", "read_pid"]
 
 #: The pid file holds one number.
 PID_LIMIT = 64
@@ -169,7 +168,7 @@ class Ladder:
         """SIGTERM, then SIGKILL, what is still alive of the owner's; survivors are reported."""
         owned = self._owned(procs, report)
         report.forced += [p.pid for p in owned]
-        report.leftovers += [_proc.describe(p) for p in end_by_signal(owned)]
+        report.leftovers += [_proc.describe(p) for p in _wait.end_procs(owned)]
 
     def _sweep(self, report: StopReport) -> None:
         """What still names this pipe directory once the daemon is gone. The job user's
@@ -188,7 +187,7 @@ class Ladder:
             self.dirs.pipe,
         )
         report.killed += [p.pid for p in mine]
-        end_by_signal(mine)
+        _wait.end_procs(mine)
         owners = {_proc.uid_of(p) for p in mine}  # the job user's, as _owned found them
         again = [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if _proc.is_alive(p)]
         report.leftovers += [_proc.describe(p) for p in again if _proc.uid_of(p) in owners]
@@ -257,12 +256,19 @@ class Ladder:
                         clients += self._shutdown(server, ending[index:], set(ending), report)
                         break
                     clients += self._terminate(server, pid, report)
-        alive = self._owned(_wait.wait_gone(clients, self.settings.terminate_timeout), report)
-        log.debug("%s: %d client(s) ended, %d still alive", self.dirs.key, len(clients), len(alive))
-        if alive:  # terminated but still running: not in a CUDA call for that long
-            _proc.kill_procs(alive, signal.SIGKILL)
+
+        def killed(left: list[_proc.ProcId]) -> list[_proc.ProcId]:
+            """Terminated but still running (not in a CUDA call for that long): the owner's
+            are SIGKILLed."""
+            alive = self._owned(left, report)
+            log.debug(
+                "%s: %d client(s) ended, %d still alive", self.dirs.key, len(clients), len(alive)
+            )
             report.killed += [p.pid for p in alive]
-            _wait.wait_gone(alive, 2.0)
+            return alive
+
+        # terminate_client was the request to end: no signal before the SIGKILL.
+        _wait.end_procs(clients, None, self.settings.terminate_timeout, before_kill=killed)
         return [p for p in map(_proc.identify, listing) if p]
 
     def _terminate(self, server: int, pid: int, report: StopReport) -> list[_proc.ProcId]:
@@ -332,14 +338,6 @@ def _copy_regular(src: Path, dest: Path) -> None:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as out:
             out.write(text)
-
-
-def end_by_signal(procs: list[_proc.ProcId]) -> list[_proc.ProcId]:
-    """SIGTERM, a second to exit, SIGKILL, two more; what still lives."""
-    _proc.kill_procs(procs, signal.SIGTERM)
-    left = _wait.wait_gone(procs, 1.0)
-    _proc.kill_procs(left, signal.SIGKILL)
-    return _wait.wait_gone(left, 2.0)
 
 
 def read_pid(path: Path) -> int | None:
