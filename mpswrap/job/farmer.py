@@ -221,7 +221,7 @@ class Farmer:
         for attempt in self.live:
             attempt.stopped = True
         # A signal: the run says it was interrupted, once (``job.run``).
-        (log.warning if why else log.info)(
+        (log.warning if why else log.debug)(
             "farm: %s: ending %d running task(s), starting no more",
             why or f"signal {sig}",
             len(self.live),
