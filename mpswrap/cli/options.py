@@ -41,7 +41,8 @@ WRAPPER_OPTIONS: Options = (
                         "help": "let TERM/INT/HUP reach the program directly"}),
     (("--grace",), {"type": float, "metavar": "S",
                     "help": "seconds from signal to SIGKILL (default: kill_grace)"}),
-    (("--dry-run",), {"action": "store_true", "help": "print what would run; start nothing"}),
+    (("--dry-run",), {"action": "store_true",
+                      "help": "print what would run (or refuse as the run would); start nothing"}),
     (("--job",), {"metavar": "ID", "help": "job id for the per-job state (default: Slurm's)"}),
 )
 #: Output options, accepted before and after a command word.

@@ -149,7 +149,6 @@ def farm_tasks(
             try:
                 return farmer.run(run.trap)
             finally:
-                run.outcomes += farmer.outcomes
                 view.close()
 
         code = execute(planned, body, summary=print_summary)
@@ -213,7 +212,15 @@ def _farmer(
     def client_env(lane: Lane, seat: int) -> dict[str, str]:
         return planned.place(seat, per_gpu, policy="block", slots=[lane.slot]).env
 
-    return Farmer(lanes, todo, plan_, farm_dir=farm_dir, client_env=client_env, report=view.report)
+    return Farmer(
+        lanes,
+        todo,
+        plan_,
+        farm_dir=farm_dir,
+        client_env=client_env,
+        report=view.report,
+        ended=run.ended,
+    )
 
 
 def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:

@@ -67,7 +67,7 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
             start=run.start,
             name=f"rank {rank if planned.env.rank is None else planned.env.rank}",
         )
-        run.outcomes.append(outcome)
+        run.ended(outcome)
         return outcome.code
 
     return execute(planned, body, summary=print_summary, counted=True, announce=False)

@@ -107,7 +107,8 @@ def _run_ranks(run: Started, *, command: Sequence[str], n: int) -> int:
             mode = opts.verify_mode(settings)
             checks = Verifier.for_ranks(ranks, mode, opts.verify_timeout)
             code = watch(ranks, run.trap, grace=grace, checks=checks)
-            run.outcomes += outcomes_of(ranks, checks, run.start)
+            for outcome in outcomes_of(ranks, checks, run.start):
+                run.ended(outcome)
             return code
     except BaseException:
         end_ranks(ranks, signal.SIGTERM, grace)  # an error of ours: end them cleanly

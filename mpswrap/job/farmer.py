@@ -144,9 +144,12 @@ class Farmer:
         farm_dir: FarmDir,
         client_env: ClientEnv,
         report: Report,
+        ended: Callable[[Outcome], None] | None = None,
     ) -> None:
         self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
         self.client_env, self.report = client_env, report
+        #: Each attempt's outcome, as it ends (the run record; ``outcomes`` keeps them too).
+        self.ended = ended
         self.tasks = list(tasks)
         self.queue: collections.deque[tuple[Task, int]] = collections.deque((t, 1) for t in tasks)
         self.settled: set[int] = set()  # task numbers done, or failed for good
@@ -213,6 +216,11 @@ class Farmer:
                 self._stop(signal.SIGTERM, f"cannot write the farm's files ({exc})")
         return TICK
 
+    def _ended(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.ended is not None:
+            self.ended(outcome)
+
     def _more(self) -> bool:
         return not self.stopping and bool(self.queue or self.undecided or self.live)
 
@@ -242,7 +250,7 @@ class Farmer:
                 attempt.code = VERIFY_FAILED if attempt.check.refused else attempt.code
             attempt.lane.seats.append(attempt.seat)
             attempt.lane.holding.discard(id(attempt))
-            self.outcomes.append(_outcome(attempt))
+            self._ended(_outcome(attempt))
             if attempt.stopped:
                 continue
             if attempt.code == 0:
@@ -343,7 +351,7 @@ class Farmer:
             self._record_parts(
                 task, number, lane, status=FAILED, span=(start, time.time()), code=code
             )
-            self.outcomes.append(Outcome(code, None, 0, start))  # counted as a shell counts it
+            self._ended(Outcome(code, None, 0, start))  # counted as a shell counts it
             return
         finally:
             os.close(out)

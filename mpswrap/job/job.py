@@ -17,6 +17,7 @@ import contextlib
 import errno
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,7 @@ class JobDaemons:
             "job": self.layout.job_id,
             "job_dir": str(self.layout.job_dir),
             "gpus": [self.daemon(key).status() for key in self.keys()],
+            "runs": _run_record(self.layout),
         }
 
     def stop(self, only_started_by: str | None = None, uid: int | None = None) -> Teardown:
@@ -244,6 +246,14 @@ class JobDaemons:
             )
         left = end_procs(found)
         return [f"process {_proc.describe(p)} still running" for p in left]
+
+
+def _run_record(layout: JobLayout) -> dict[str, Any]:
+    """How the job's programs that ended so far ended, from the run record (``job.outcomes``):
+    what the node's summary line will count."""
+    ended = records.peek(layout)
+    codes = Counter(o.code for o in ended)
+    return {"ended": len(ended), "exit_codes": {str(c): n for c, n in sorted(codes.items())}}
 
 
 def _dir_owner(path: Path) -> int | None:

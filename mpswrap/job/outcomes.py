@@ -25,7 +25,7 @@ from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, writ
 from ..removal import remove_tree
 from . import state
 
-__all__ = ["Outcome", "collect", "save"]
+__all__ = ["Outcome", "collect", "peek", "save"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,12 @@ class Outcome:
 
 
 # --- the records of a node's ranks (called under the job's owner lock) ---------------------
-def save(layout: JobLayout, outcomes: Sequence[Outcome]) -> None:
-    """Leave ``outcomes`` for the node's last rank. Never fails the run: a record that cannot
-    be written only makes the summary shorter (a warning says so)."""
+def save(layout: JobLayout, outcomes: Sequence[Outcome]) -> bool:
+    """Leave ``outcomes`` for the node's last owner (and ``status``); whether they were
+    written. Never fails the run: a record that cannot be written only makes the summary
+    shorter (a warning says so)."""
     if not outcomes:
-        return
+        return True
     folder = state.outcomes_dir(layout)
     name = f"{os.getpid()}-{os.urandom(4).hex()}.json"
     text = json.dumps([asdict(o) for o in outcomes])
@@ -73,6 +74,19 @@ def save(layout: JobLayout, outcomes: Sequence[Outcome]) -> None:
         write_job_file(folder / name, text, os.getuid(), os.getgid(), mode=0o600)
     except (LayoutError, OSError) as exc:
         log.warning("summary: this rank's outcome not recorded (%s)", exc)
+        return False
+    return True
+
+
+def peek(layout: JobLayout) -> list[Outcome]:
+    """The outcomes recorded so far, left in place (``status`` reads them while the job
+    runs); none where there is no record or it cannot be read."""
+    folder = state.outcomes_dir(layout)
+    try:
+        names = list_dir(folder) or []
+    except LayoutError:
+        return []
+    return [o for n in sorted(names) if _RECORD.fullmatch(n) for o in _read(folder / n)]
 
 
 def collect(layout: JobLayout) -> list[Outcome]:

@@ -39,6 +39,7 @@ from ..mps.gpu import (
 )
 from ..mps.manifest import Manifest
 from ..slurm.gpus import visible_gpus
+from . import outcomes as records
 from . import state
 from .job import Attachment, JobDaemons, Released, attach, leave, log_teardown, prolog_daemons
 from .outcomes import Outcome
@@ -265,10 +266,19 @@ class Started:
     att: Attachment
     trap: SignalTrap
     start: float  # when the run began (epoch seconds): the summary's clock
-    outcomes: list[Outcome] = field(default_factory=list)  # the run record of this owner
+    #: How this owner's programs ended that are not in the job's run record yet.
+    outcomes: list[Outcome] = field(default_factory=list)
 
     def daemon(self, slot: Slot) -> Daemon:
         return self.att.daemons.daemon(slot.key)
+
+    def ended(self, outcome: Outcome) -> None:
+        """One program of the run ended: into the job's run record at once where the run
+        holds its job (user mode: ``status`` shows it while the run goes on, and the last
+        owner's summary collects it), else kept for the summary of this owner alone."""
+        if self.att.ref is not None and records.save(self.att.layout, [outcome]):
+            return
+        self.outcomes.append(outcome)
 
 
 def execute(

@@ -11,6 +11,7 @@ from ..config import Settings
 from ..job.job import JobDaemons
 from ..mps.gpu import usage
 from ..paths import JobLayout
+from .summary import codes_words
 
 __all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
 
@@ -60,6 +61,10 @@ def unhealthy(job: dict[str, Any]) -> list[str]:
 
 def print_status(status: dict[str, Any]) -> None:
     print(f"job {status['job']} on {status['node']}: {len(status['gpus'])} GPU daemon(s)")
+    runs = status.get("runs") or {}
+    if runs.get("ended"):
+        codes = {int(c): n for c, n in runs["exit_codes"].items()}
+        print(f"  programs ended so far: {runs['ended']}, exit codes {codes_words(codes)}")
     for gpu in status["gpus"]:
         daemon = gpu.get("daemon") or {}
         state = "running" if daemon.get("alive") else "NOT RUNNING"

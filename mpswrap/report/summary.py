@@ -16,13 +16,21 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..job.job import Released
 from ..job.outcomes import Outcome
 
-__all__ = ["BY_EPILOG", "NodeSummary", "emit", "node_summary", "print_summary", "teardown_words"]
+__all__ = [
+    "BY_EPILOG",
+    "NodeSummary",
+    "codes_words",
+    "emit",
+    "node_summary",
+    "print_summary",
+    "teardown_words",
+]
 
 #: The teardown of the prolog's daemons: not the ranks' to do.
 BY_EPILOG = "by the epilog"
@@ -66,8 +74,11 @@ def _attached(outcomes: Sequence[Outcome]) -> str:
 
 
 def _codes(outcomes: Sequence[Outcome]) -> str:
+    return codes_words(Counter(o.code for o in outcomes))
+
+
+def codes_words(counts: Mapping[int, int]) -> str:
     """``0`` when every rank agrees, else ``0 (3), 1 (1)``: code (how many), by code."""
-    counts = Counter(o.code for o in outcomes)
     if len(counts) <= 1:
         return str(next(iter(counts), "none"))
     return ", ".join(f"{code} ({n})" for code, n in sorted(counts.items()))

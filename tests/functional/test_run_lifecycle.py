@@ -5,6 +5,7 @@ summary and the node's summary line count the same runs; an interrupted run says
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import subprocess
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 
 from tests.procs import signal_tree
 from tests.simenv import MPSWRAP, SimNode
-from tests.waits import wait_until
+from tests.waits import sh_wait_for_file, wait_until
 
 from .test_launcher import by_tag, client, records, summaries
 
@@ -112,6 +113,30 @@ def test_the_farm_and_the_node_line_count_the_same_runs(node: SimNode) -> None:
     ranks, codes = int(line[1]), line[3]
     assert ranks == 6, res.stderr
     assert codes == "0 (3), 1 (1), 3 (1), 127 (1)", res.stderr
+
+
+def test_status_shows_the_run_record_the_farm_and_node_line_count(node: SimNode) -> None:
+    """While a farm runs, ``status`` counts the tasks that ended from the same run record
+    the node's summary line is made of; at the end, all three agree."""
+    release = node.root / "release"
+    tasks = node.root / "tasks.txt"
+    waiting = shlex.quote(sh_wait_for_file(release) + "true")
+    tasks.write_text(f"true\nfalse\nno-such-program-xyz\nsh -c {waiting}\n")
+    proc = node.start("farm", "--job", "fx", "--per-gpu", "2", str(tasks))
+    try:
+
+        def status() -> str:
+            return node.run("status", "--job", "fx").stdout
+
+        wait_until(lambda: "programs ended so far: 3," in status(), 60, "3 tasks to end")
+        assert "programs ended so far: 3, exit codes 0 (1), 1 (1), 127 (1)" in status()
+    finally:
+        release.write_text("")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert re.search(r"^farm: 4 task\(s\): 2 done, 2 failed, 0 not run", out, re.M), out
+    (line,) = summaries(err)
+    assert (line[1], line[3]) == ("4", "0 (2), 1 (1), 127 (1)"), err
 
 
 def test_an_interrupted_run_says_so_once(node: SimNode) -> None:
