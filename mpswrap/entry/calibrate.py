@@ -108,6 +108,7 @@ def run_calibrate(
         )
         return 0
     rows: list[Calibration] = []
+    stopped: list[int] = []  # 128+signal when told to stop
 
     def body(run: Started) -> int:
         no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
@@ -123,18 +124,19 @@ def run_calibrate(
                 no_mps,
                 existed=os.path.exists(directory),
             )
-            return _measure(bench, plan_counts, repeats, run.trap, rows)
+            stopped.append(_measure(bench, plan_counts, repeats, run.trap, rows))
+            return stopped[-1]
         finally:
             shutil.rmtree(no_mps, ignore_errors=True)
 
     code = execute(planned, body, summary=lambda done: None)  # its own table, no node line
-    if code:  # told to stop: no table of what did not run
+    if not stopped or stopped[0]:  # told to stop: no table of what did not run
         return code
     _report(rows, as_json, plot)
     clean = recommend(rows) is not None and not any(
         r.failed for r in rows if r.mode != "time-sliced"
     )
-    return 0 if clean else 1
+    return 0 if clean and not code else 1
 
 
 def _counts(

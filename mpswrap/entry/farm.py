@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -139,23 +140,20 @@ def farm_tasks(
     farm_dir.create()
     with _only_farm(farm_dir):
         view = Progress(farm_opts.progress)
-        lanes: list[Farmer] = []
+        engines: list[Farmer] = []
 
         def body(run: Started) -> int:
             farmer = _farmer(
                 run, farm_opts=farm_opts, per_gpu=per_gpu, todo=todo, farm_dir=farm_dir, view=view
             )
-            lanes.append(farmer)
-            try:
-                return farmer.run(run.trap)
-            finally:
-                view.close()
+            engines.append(farmer)
+            return farmer.run(run.trap)
 
-        code = execute(planned, body, summary=print_summary)
-    if not lanes:  # a signal came before the first task
-        result.code = code
-        return result
-    return _result(result, lanes[0], code, farm_dir)
+        try:
+            code = execute(planned, body, summary=print_summary)
+        finally:
+            view.close()
+    return _result(result, engines[0] if engines else None, code, farm_dir, todo)
 
 
 @contextmanager
@@ -223,9 +221,14 @@ def _farmer(
     )
 
 
-def _result(result: FarmResult, farmer: Farmer, code: int, farm_dir: FarmDir) -> FarmResult:
-    result.records, result.not_run = farmer.records, farmer.not_run
-    counts: Counts = farmer.counts
+def _result(
+    result: FarmResult, farmer: Farmer | None, code: int, farm_dir: FarmDir, todo: list[Task]
+) -> FarmResult:
+    """The summary on stdout, and the exit code; every task not run where a signal came
+    before the first one started (``farmer`` None)."""
+    result.records = farmer.records if farmer else []
+    result.not_run = farmer.not_run if farmer else list(todo)
+    counts: Counts = farmer.counts if farmer else Counts(len(todo), time.time())
     for line in summary_lines(
         result.records, result.not_run, result.skipped, counts, str(farm_dir.path)
     ):

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import _wait
+from ..config import load_settings
 from ..errors import DaemonError, MpswrapError
 from ..job.attached import Session
 from ..job.job import Attachment, log_teardown, release
@@ -111,7 +112,8 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             threads=self.threads,
             mem_limit=self.mem_limit,
         )
-        planned = plan(opts, "session", count_running=False, step=True)
+        settings = load_settings({"pinned_mem_limit": self.mem_limit, "gpu_policy": self.policy})
+        planned = plan(opts, "session", count_running=False, step=True, settings=settings)
         inventory = load_inventory(planned.settings.gpu_inventory)
         started = cuda_started(inventory)
         if started and not os.environ.get(PIPE_VAR):

@@ -26,7 +26,7 @@ from typing import Any
 from .. import _lock, _proc, trust
 from .._wait import end_procs
 from ..config import Settings
-from ..errors import LayoutError, MpswrapError
+from ..errors import DaemonError, LayoutError, MpswrapError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, Defaults, StopReport, finish
 from ..mps.gpu import GpuInfo, Inventory
@@ -322,6 +322,12 @@ def attach(
         return Attachment(
             admin, manifests, "prolog", counted_ref(admin.layout) if counted else None
         )
+    if not gpus:  # planned on the prolog's daemons, which stopped before this attach
+        raise DaemonError(
+            "no MPS daemon to attach to",
+            thing=f"job {job} on {env.node}",
+            cause="the job's daemons stopped before this run attached",
+        )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     keys = list(keys) if keys is not None else [f"g{i}" for i in range(len(gpus))]
     state.check_user_tree(daemons.layout)  # before anything is created
@@ -362,14 +368,17 @@ def release(att: Attachment) -> Teardown | None:
     return leave(att).teardown
 
 
-def leave(att: Attachment, outcomes: Sequence[Outcome] = ()) -> Released:
+def leave(
+    att: Attachment, outcomes: Sequence[Outcome] = (), *, recorded: Sequence[Outcome] = ()
+) -> Released:
     """``release``, with the outcomes of this owner's ranks: an owner that is not the last
     leaves them in the job directory (``outcomes.save``); the last, decided under the owner
-    lock, collects every one left there. An owner without a reference (``mpswrap run`` on
-    the prolog's daemons) is alone."""
+    lock, collects every one left there. ``recorded``: this owner's outcomes already there
+    (counted from the directory, or from here where the directory is gone). An owner
+    without a reference (``mpswrap run`` on the prolog's daemons) is alone."""
     done = Released(att)
     if att.ref is None or not att.layout.job_dir.exists():
-        done.outcomes = list(outcomes)
+        done.outcomes = [*recorded, *outcomes]
         return done
     with _lock.file_lock(att.layout.job_dir / OWNER_LOCK, timeout=30):
         att.ref.unlink(missing_ok=True)

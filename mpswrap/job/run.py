@@ -50,6 +50,10 @@ __all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "pla
 
 log = logging.getLogger(__name__)
 
+#: Runs that are one process of a launch: on the prolog's daemons their capacity is checked
+#: by the launch (``mpswrap srun|mpirun``), as a start-up cost each rank would pay otherwise.
+LAUNCHED = frozenset({"rank", "session"})
+
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -120,8 +124,12 @@ class Plan:
         return [s.uuid for s in self.slots]
 
     def limits(self) -> dict[str, int]:
-        """Each GPU's client limit (by architecture and driver, or as the admin set it)."""
-        inventory = self.inventory or load_inventory(self.settings.gpu_inventory)
+        """Each GPU's client limit (by architecture and driver, or as the admin set it). The
+        manifests do not know the driver's version (60 clients from CUDA 13.1, else 48):
+        NVML says it."""
+        inventory = self.inventory
+        if inventory is None or not inventory.cuda_driver_version:
+            inventory = load_inventory(self.settings.gpu_inventory)
         driver, limit = inventory.cuda_driver_version, self.settings.client_limit
         return {
             u: client_limit(inventory.by_uuid(u), driver, os.environ, limit) for u in self.uuids
@@ -143,6 +151,8 @@ class Plan:
             used = gpus_used(clients, len(self.slots), policy)
             self.slots = [self.slots[i] for i in used]
             self.gpus = [self.gpus[i] for i in used]
+        elif self.kind in LAUNCHED:
+            return  # the launch checked its ranks (prefix mode); a rank loads no NVML for it
         check_capacity(self.uuids, clients, policy, self.limits(), self.running)
 
     def place(
@@ -182,13 +192,21 @@ class Plan:
         return att
 
 
-def plan(opts: LaunchOptions, kind: str, *, count_running: bool = True, step: bool = False) -> Plan:
+def plan(
+    opts: LaunchOptions,
+    kind: str,
+    *,
+    count_running: bool = True,
+    step: bool = False,
+    settings: Settings | None = None,
+) -> Plan:
     """The job, its daemons and the GPUs a run of ``kind`` may use, nothing started: the
     prolog's daemons where they run (restricted to ``--gpus``; ``step``: else to the step's
     GPUs, whose CUDA starts in this very process), else this user's on ``--gpus`` or the
     step's GPUs, their directories checked as a start checks them. ``count_running``: count
-    the clients running there (a rank of a launch counts its node's ranks instead)."""
-    settings = opts.settings()
+    the clients running there (a rank of a launch counts its node's ranks instead).
+    ``settings``: the caller's (``session()``'s own), else the options'."""
+    settings = settings or opts.settings()
     env = JobEnv.current()
     job = env.run_job(opts.job, kind)
     # NVML only where NVML's view is needed: --gpus (its indices) and user mode.
@@ -268,6 +286,8 @@ class Started:
     start: float  # when the run began (epoch seconds): the summary's clock
     #: How this owner's programs ended that are not in the job's run record yet.
     outcomes: list[Outcome] = field(default_factory=list)
+    #: Those already in it (``ended``).
+    recorded: list[Outcome] = field(default_factory=list)
 
     def daemon(self, slot: Slot) -> Daemon:
         return self.att.daemons.daemon(slot.key)
@@ -277,8 +297,9 @@ class Started:
         holds its job (user mode: ``status`` shows it while the run goes on, and the last
         owner's summary collects it), else kept for the summary of this owner alone."""
         if self.att.ref is not None and records.save(self.att.layout, [outcome]):
-            return
-        self.outcomes.append(outcome)
+            self.recorded.append(outcome)
+        else:
+            self.outcomes.append(outcome)
 
 
 def execute(
@@ -305,7 +326,7 @@ def execute(
             early = [s for s in trap.pop() if s in TERMINATING]
             code = 128 + early[0] if early else body(run)
         finally:
-            left = finish(att, run.outcomes, f"{planned.kind} {planned.job}", summary)
+            left = finish(run, f"{planned.kind} {planned.job}", summary)
         _say_interrupted(planned, code, trap, start)
     return code or int(left > 0)
 
@@ -326,17 +347,13 @@ def _say_interrupted(planned: Plan, code: int, trap: SignalTrap, start: float) -
     )
 
 
-def finish(
-    att: Attachment,
-    outcomes: Sequence[Outcome],
-    context: str,
-    summary: Callable[[Released], None],
-) -> int:
+def finish(run: Started, context: str, summary: Callable[[Released], None]) -> int:
     """Leave the job's daemons, log what their teardown left behind and hand what leaving
     did to ``summary``; how many processes of the job survived the teardown. On the prolog's
     daemons there is no teardown to lose: the summary never fails such a rank."""
+    att = run.att
     try:
-        done: Released = leave(att, outcomes)
+        done: Released = leave(att, run.outcomes, recorded=run.recorded)
     except (MpswrapError, OSError) as exc:
         if att.mode == "user":
             raise

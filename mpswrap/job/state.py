@@ -286,6 +286,12 @@ def check_user_tree(layout: JobLayout) -> None:
     that is not this user's own and closed to others (a dry run and a real start refuse
     alike)."""
     check_writable(layout)
+    if not layout.run_dir.parent.is_dir():  # user mode makes no level above run_dir
+        raise LayoutError(
+            "cannot create directory",
+            thing=str(layout.run_dir),
+            cause=f"{layout.run_dir.parent} does not exist",
+        )
     check_dirs(layout.run_dir.parent, layout.trusted)
     for level in (layout.run_dir, layout.node_dir, layout.job_dir):
         check_private_dir(level, os.getuid())
