@@ -50,9 +50,9 @@ __all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "pla
 
 log = logging.getLogger(__name__)
 
-#: Runs that are one process of a launch: on the prolog's daemons their capacity is checked
-#: by the launch (``mpswrap srun|mpirun``), as a start-up cost each rank would pay otherwise.
-LAUNCHED = frozenset({"rank", "session"})
+#: Runs that are one rank of a launch: on the prolog's daemons their capacity is checked by
+#: the launch (``mpswrap srun|mpirun``), not by each rank (NVML's start-up cost for every one).
+LAUNCHED = frozenset({"rank"})
 
 
 @dataclass(frozen=True)
