@@ -4,7 +4,7 @@ This process is the one owner of the attachment: it starts N shielded children w
 ``MPSWRAP_RANK``/``MPSWRAP_LOCAL_RANK``/``MPSWRAP_NPROCS``/``MPSWRAP_LOCAL_SIZE``, prefixes
 each line of their output with ``[rank] ``, and ends the others through the ladder when one
 fails (exit code: the first failing rank's) or when a signal arrives (128+signal). At the
-end it prints the node's summary line (``job.summary``).
+end it prints the node's summary line (``report.summary``).
 """
 
 from __future__ import annotations

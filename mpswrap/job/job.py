@@ -8,7 +8,7 @@ owner lock; every owner holds a reference; the last owner to release stops the d
 watchdog (``job.watchdog``) stops them when every owner died without releasing; the Slurm
 epilog sweeps whatever is still left. Per-rank supervisors hold a reference to the prolog's
 daemons too (never stopped by them), so that the last rank of a node is known there as well:
-it prints the node's summary (``job.summary``).
+it prints the node's summary (``report.summary``).
 """
 
 from __future__ import annotations

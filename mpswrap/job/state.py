@@ -315,7 +315,7 @@ def gpu_dirs(layout: JobLayout) -> list[GpuDirs]:
 
 def outcomes_dir(layout: JobLayout) -> Path:
     """Records of how the node's ranks ended, until the last rank sums them up
-    (``job.summary``): the job user's, in prolog and user mode alike (the job directory is
+    (``job.outcomes``): the job user's, in prolog and user mode alike (the job directory is
     theirs in both), and removed with the job directory."""
     return layout.job_dir / OUTCOMES
 

@@ -3,7 +3,7 @@
 Two sources behind one interface: NVML (the real driver, initialised on first use; or its
 answer kept for the boot, ``inventory_cache``) and a JSON file (the simulator's fake
 inventory). GPU lists given as NVML indices or UUIDs are resolved here; Slurm's names for GPUs
-in ``slurmgpus``.
+in ``slurm.gpus``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 from mpswrap.errors import ConfigError
 from mpswrap.jobenv import JobEnv
-from mpswrap.slurm import scontrol as slurmjob
+from mpswrap.slurm import scontrol
 from mpswrap.slurm.scontrol import (
     NodeShare,
     cpus_here,
@@ -136,7 +136,7 @@ ENV = {
 
 
 def _answer(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-    monkeypatch.setattr(slurmjob, "_scontrol_text", lambda env, argv, what: text)
+    monkeypatch.setattr(scontrol, "_scontrol_text", lambda env, argv, what: text)
 
 
 def test_the_one_line_for_this_node_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:

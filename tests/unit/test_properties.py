@@ -24,7 +24,7 @@ from mpswrap import config, jobenv, paths
 from mpswrap.errors import ConfigError, GpuError, LayoutError, MpswrapError, UsageError
 from mpswrap.job import placement as client
 from mpswrap.mps import gpu, mpslog
-from mpswrap.slurm import gpus as slurmgpus
+from mpswrap.slurm import gpus as slurm_gpus
 
 T = TypeVar("T")
 
@@ -227,7 +227,7 @@ def test_a_non_utf8_admin_file_is_a_config_error() -> None:
         config.load_settings(env={}, config_file=str(path))
 
 
-# --- slurmgpus.expand_hostlist -----------------------------------------------------------------
+# --- slurm_gpus.expand_hostlist -----------------------------------------------------------------
 _word = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=6)
 
 
@@ -257,7 +257,7 @@ def _hostlist(draw: st.DrawFn) -> tuple[str, list[str]]:
 @given(_hostlist())
 def test_hostlist_expansion_of_generated_lists(case: tuple[str, list[str]]) -> None:
     text, names = case
-    assert slurmgpus.expand_hostlist(text) == names
+    assert slurm_gpus.expand_hostlist(text) == names
 
 
 @PROPS
@@ -265,7 +265,7 @@ def test_hostlist_expansion_of_generated_lists(case: tuple[str, list[str]]) -> N
 def test_hostlist_garbage_raises_only_gpu_error(text: str) -> None:
     # gres.conf is read by the prolog and by every rank (gres positions); a malformed
     # NodeName=/File= must be a one-line GpuError, not a ValueError traceback.
-    out, error = _outcome(slurmgpus.expand_hostlist, text)
+    out, error = _outcome(slurm_gpus.expand_hostlist, text)
     if error is not None:
         assert isinstance(error, GpuError), error
     else:
