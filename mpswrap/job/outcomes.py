@@ -81,31 +81,31 @@ def save(layout: JobLayout, outcomes: Sequence[Outcome]) -> bool:
 def peek(layout: JobLayout) -> list[Outcome]:
     """The outcomes recorded so far, left in place (``status`` reads them while the job
     runs); none where there is no record or it cannot be read."""
-    folder = state.outcomes_dir(layout)
-    try:
-        names = list_dir(folder) or []
-    except LayoutError:
-        return []
-    return [o for n in sorted(names) if _RECORD.fullmatch(n) for o in _read(folder / n)]
+    return _records(layout, quiet=True)[1]
 
 
 def collect(layout: JobLayout) -> list[Outcome]:
     """Every outcome other ranks left, their records removed (none is read twice, and
     nothing of them outlives the job). Records are read without following a symlink; one
     that is not a rank's is skipped with a warning."""
+    names, found = _records(layout)
+    problem = remove_tree(state.outcomes_dir(layout)) if names else None
+    if problem:
+        log.warning("summary: cannot remove %s", problem)
+    return found
+
+
+def _records(layout: JobLayout, quiet: bool = False) -> tuple[list[str], list[Outcome]]:
+    """The names in the record folder, and the outcomes of those that are records."""
     folder = state.outcomes_dir(layout)
     try:
         names = list_dir(folder) or []
     except LayoutError as exc:
-        log.warning("summary: %s", exc.line())
-        return []
-    found: list[Outcome] = []
-    for name in sorted(n for n in names if _RECORD.fullmatch(n)):
-        found += _read(folder / name)
-    problem = remove_tree(folder) if names else None
-    if problem:
-        log.warning("summary: cannot remove %s", problem)
-    return found
+        if not quiet:
+            log.warning("summary: %s", exc.line())
+        return [], []
+    records = sorted(n for n in names if _RECORD.fullmatch(n))
+    return names, [o for name in records for o in _read(folder / name)]
 
 
 def _read(path: Path) -> list[Outcome]:

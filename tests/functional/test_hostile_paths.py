@@ -12,6 +12,7 @@ replaced by a FIFO or a symlink never stall or feed the epilog.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -24,7 +25,8 @@ import pytest
 
 from tests.functional.test_faults import admin_config, gone, manifests, slurm_hook
 from tests.functional.test_security import tree
-from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.simenv import MPSWRAP, SimNode, finish_sim_node, make_sim_node
+from tests.tree import REPO
 from tests.users import ensure_other_user, ensure_test_user, run_as
 
 pytestmark = [
@@ -277,3 +279,37 @@ def test_a_planted_fifo_or_link_never_stalls_or_feeds_the_epilog(
     assert all(gone(pid) for pid in pids), f"daemon left running: {res.stderr}"
     assert (res.returncode, site.level("job").exists()) == (0, False), res.stderr
     assert secret.read_text() == "1\n"
+
+
+def test_roots_status_reads_the_run_record_without_following_or_stalling(site: Site) -> None:
+    """The run record (``job.outcomes``) is the job user's. Root's ``mpswrap status`` counts
+    only the records the user could have written themselves: a FIFO named like a record does
+    not block it, a link to /dev/zero or to a file of root's is not followed, and none of
+    them changes its exit code. The epilog then removes it all: exit 0."""
+    secret = site.node.root / "secret"
+    secret.write_text('[{"code": 99, "attached": null}]\n')
+    secret.chmod(0o600)
+    assert site.hook("prolog").returncode == 0
+    folder = site.level("job") / "outcomes"
+    plant = (
+        f"mkdir -m 700 {folder} && cd {folder}"
+        ' && echo \'[{"code": 5, "attached": null}]\' > 1-0000000a.json'
+        f" && mkfifo 2-0000000b.json && ln -s /dev/zero 3-0000000c.json"
+        f" && ln -s {secret} 4-0000000d.json"
+    )
+    res = run_as(site.job_user.pw_name, ["sh", "-c", plant])
+    assert res.returncode == 0, res.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM"))}
+    env.update(MPSWRAP_CONFIG=str(site.node.root / "mpswrap.conf"), PYTHONPATH=str(REPO))
+    argv = [*MPSWRAP, "status", "--json", "--job", JOB, "--node", "n1"]
+    try:
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=PROMPT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's status hung on the planted run record")
+    assert res.returncode == 0, res.stderr
+    (job,) = json.loads(res.stdout)["jobs"]
+    assert job["runs"] == {"ended": 1, "exit_codes": {"5": 1}}, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    end = site.hook("epilog")
+    assert (end.returncode, site.level("job").exists()) == (0, False), end.stderr
+    assert secret.read_text() == '[{"code": 99, "attached": null}]\n'
