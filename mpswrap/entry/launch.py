@@ -43,7 +43,7 @@ OMPI_SIGKILL_TIMEOUT = "5"
 def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     """One rank: plan, attach, place, supervise (``job.run``); the node's last rank to leave
     prints its summary (ranks of one node that do not overlap in time print one each)."""
-    planned = plan(opts, "rank", count_running=False)
+    planned = plan(opts, "rank", rank=True)
     rank, size, policy = local_position(planned.env, planned.policy)
     planned.use(size, policy)  # every local rank of this launch
     planned.check_program(command)
@@ -89,8 +89,12 @@ def prefix(opts: LaunchOptions, argv: list[str]) -> int:
         )
     # mpirun's ranks share a job named here; srun outside an allocation: its ranks get the
     # new job's SLURM_JOB_ID.
-    ompi = line.family == launchargs.OMPI
-    job = JobEnv(env).run_job(opts.job, "mpirun") if ompi else JobEnv(env).job_key(opts.job)
+    known = JobEnv(env)
+    job = (
+        known.run_job(opts.job, "mpirun")
+        if line.family == launchargs.OMPI
+        else known.job_key(opts.job)
+    )
     _check_launch_capacity(line, opts, env, job)
     extra = _launch_env(line, env, job)
     env.update(extra)

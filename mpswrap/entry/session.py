@@ -113,7 +113,7 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             mem_limit=self.mem_limit,
         )
         settings = load_settings({"pinned_mem_limit": self.mem_limit, "gpu_policy": self.policy})
-        planned = plan(opts, "session", count_running=False, step=True, settings=settings)
+        planned = plan(opts, "session", rank=True, step=True, settings=settings)
         inventory = load_inventory(planned.settings.gpu_inventory)
         started = cuda_started(inventory)
         if started and not os.environ.get(PIPE_VAR):

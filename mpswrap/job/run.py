@@ -50,10 +50,6 @@ __all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "pla
 
 log = logging.getLogger(__name__)
 
-#: Runs that are one rank of a launch: on the prolog's daemons their capacity is checked by
-#: the launch (``mpswrap srun|mpirun``), not by each rank (NVML's start-up cost for every one).
-LAUNCHED = frozenset({"rank"})
-
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -113,6 +109,7 @@ class Plan:
     slots: list[Slot]  # the GPUs the run uses, in placement order
     running: dict[str, int] = field(default_factory=dict)  # clients there now, per UUID
     gpus: list[GpuInfo] = field(default_factory=list)  # user mode: the daemons to start
+    rank: bool = False  # one of the node's ranks: they count each other, not what runs
     start: float = field(default_factory=time.time)  # when the run began (epoch seconds)
 
     @property
@@ -151,8 +148,10 @@ class Plan:
             used = gpus_used(clients, len(self.slots), policy)
             self.slots = [self.slots[i] for i in used]
             self.gpus = [self.gpus[i] for i in used]
-        elif self.kind in LAUNCHED:
-            return  # the launch checked its ranks (prefix mode); a rank loads no NVML for it
+        elif self.rank and not (self.inventory and self.inventory.cuda_driver_version):
+            # A rank loads no NVML for the limit the prolog's manifests do not know: its
+            # launch checked (``mpswrap srun|mpirun``), at no start-up cost to every rank.
+            return
         check_capacity(self.uuids, clients, policy, self.limits(), self.running)
 
     def place(
@@ -196,15 +195,16 @@ def plan(
     opts: LaunchOptions,
     kind: str,
     *,
-    count_running: bool = True,
+    rank: bool = False,
     step: bool = False,
     settings: Settings | None = None,
 ) -> Plan:
     """The job, its daemons and the GPUs a run of ``kind`` may use, nothing started: the
     prolog's daemons where they run (restricted to ``--gpus``; ``step``: else to the step's
     GPUs, whose CUDA starts in this very process), else this user's on ``--gpus`` or the
-    step's GPUs, their directories checked as a start checks them. ``count_running``: count
-    the clients running there (a rank of a launch counts its node's ranks instead).
+    step's GPUs, their directories checked as a start checks them. ``rank``: one of the
+    node's ranks (a launcher's, ``session()``'s), which counts the node's ranks, not the
+    clients running there.
     ``settings``: the caller's (``session()``'s own), else the options'."""
     settings = settings or opts.settings()
     env = JobEnv.current()
@@ -219,8 +219,10 @@ def plan(
     if manifests:
         inventory = chosen_from or _manifest_inventory(manifests, settings)
         slots = _restricted(admin.slots(inventory, manifests), chosen)
-        running = admin.clients() if count_running else {}
-        return Plan(opts, settings, env, kind, job, admin, "prolog", inventory, slots, running)
+        running = {} if rank else admin.clients()
+        return Plan(
+            opts, settings, env, kind, job, admin, "prolog", inventory, slots, running, rank=rank
+        )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     state.check_user_tree(daemons.layout)
     inventory = chosen_from or load_inventory(settings.gpu_inventory)
@@ -230,8 +232,10 @@ def plan(
     slots = [
         Slot.of(daemons.layout.gpu(k), g.uuid, inventory) for k, g in zip(keys, gpus, strict=True)
     ]
-    running = daemons.clients() if count_running and daemons.live_manifests() else {}
-    return Plan(opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus)
+    running = {} if rank or not daemons.live_manifests() else daemons.clients()
+    return Plan(
+        opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus, rank=rank
+    )
 
 
 def _restricted(slots: list[Slot], chosen: list[GpuInfo] | None) -> list[Slot]:
