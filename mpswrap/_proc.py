@@ -370,6 +370,16 @@ def children_of(pid: int) -> list[ProcId]:
     return out
 
 
+def ancestor_names() -> list[str]:
+    """The names of this process's ancestors, its parent first (empty where unreadable)."""
+    import psutil
+
+    try:
+        return [p.name() for p in psutil.Process().parents()]
+    except psutil.Error:
+        return []
+
+
 def _self_and_ancestors() -> set[int]:
     import psutil
 

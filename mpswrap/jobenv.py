@@ -53,6 +53,8 @@ LOCAL_RANK_VARS = (
     "SLURM_LOCALID",
     "LOCAL_RANK",
 )
+#: What srun itself sets as a task's rank (its own, and its PMI-2 and PMIx plugins').
+SRUN_RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "PMIX_RANK")
 LOCAL_SIZE_VARS = (
     "MPSWRAP_LOCAL_SIZE",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -354,6 +356,19 @@ class JobEnv:
         if rank is None or size is None or not 0 <= rank < size:
             return None
         return rank, size
+
+    @property
+    def srun_step(self) -> str | None:
+        """``JOB.STEP`` when this process may be one of several tasks srun itself started:
+        no MPI launcher's own rank variable comes first (srun's PMI plugins set ``PMI_RANK``
+        or ``PMIX_RANK``, as the launchers do: ``slurm.scontrol.signal_step`` also asks the
+        process tree). What a task signals to end its fellow tasks; None elsewhere."""
+        task, job = self.step_task, self.job_id
+        if task is None or task[1] < 2 or job is None or not _COUNT.fullmatch(job):
+            return None
+        if self._first_int(RANK_VARS)[1] not in SRUN_RANK_VARS:
+            return None
+        return f"{job}.{self.step_id}"
 
     @property
     def cpus_allowed(self) -> frozenset[int] | None:

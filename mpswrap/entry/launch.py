@@ -24,7 +24,7 @@ from .._wait import end_procs
 from ..errors import CapacityError, MpswrapError
 from ..job import launchargs
 from ..job.run import LaunchOptions, Started, execute, local_position, plan
-from ..job.supervise import Rank, supervise, watch
+from ..job.supervise import VERIFY_FAILED, Rank, supervise, watch
 from ..jobenv import JobEnv
 from ..report.summary import print_summary
 
@@ -70,7 +70,23 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
         run.ended(outcome)
         return outcome.code
 
-    return execute(planned, body, summary=print_summary, counted=True, announce=False)
+    code = execute(planned, body, summary=print_summary, counted=True, announce=False)
+    if code == VERIFY_FAILED:
+        _end_fellow_tasks(planned.env)
+    return code
+
+
+def _end_fellow_tasks(env: JobEnv) -> None:
+    """``--verify-attach fail`` ends the run, as ``mpswrap run`` and mpirun do. srun leaves
+    its other tasks running when one fails, so this task's supervisor asks Slurm to SIGTERM
+    the step: each of them ends its rank through the ladder. This one is done and ignores it."""
+    if env.srun_step is None:
+        return
+    from ..slurm.scontrol import signal_step  # only here: a rank's start stays light
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signal_step(env, signal.SIGTERM):
+        log.error("ending the other tasks of step %s: a rank ran without MPS", env.srun_step)
 
 
 def _shown(env: Mapping[str, str]) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "os_cpus",
     "scontrol",
     "scontrol_job",
+    "signal_step",
 ]
 
 #: Daemons that MPI launchers start with srun, one per node: their children are the ranks,
@@ -47,6 +48,40 @@ def scontrol(env: JobEnv, argv: list[str]) -> _proc.Result:
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
     binary = trust.program("scontrol", _proc.SAFE_PATH)
     return _proc.run([binary, *argv], env=run_env, timeout=SCONTROL_TIMEOUT)
+
+
+def signal_step(env: JobEnv, sig: int) -> bool:
+    """Send ``sig`` to every task of this task's srun step (``scancel --signal``), so that
+    each task's own supervisor ends its rank through the ladder; the caller is one of them.
+    False, with a warning, when there is no such step or scancel failed."""
+    step = env.srun_step
+    if step is None or not _under_srun():
+        return False
+    run_env = {"PATH": _proc.SAFE_PATH, **{k: v for k, v in env.env.items() if k == "SLURM_CONF"}}
+    try:
+        binary = trust.program("scancel", _proc.SAFE_PATH)
+        res = _proc.run([binary, f"--signal={sig}", step], env=run_env, timeout=SCONTROL_TIMEOUT)
+    except MpswrapError as exc:
+        log.warning("cannot end the other tasks of step %s: %s", step, exc.line())
+        return False
+    if res.returncode != 0:
+        log.warning(
+            "cannot end the other tasks of step %s: scancel exited %d", step, res.returncode
+        )
+        return False
+    return True
+
+
+def _under_srun() -> bool:
+    """This process descends from slurmstepd without an MPI launcher or its daemon between
+    (whose ranks that launcher ends itself when one fails)."""
+    launchers = {*LAUNCHER_DAEMONS, "mpirun", "mpiexec", "orterun", "prterun"}
+    for name in _proc.ancestor_names():
+        if name.startswith("slurmstepd"):
+            return True
+        if name in launchers:
+            return False
+    return False
 
 
 def _scontrol_text(env: JobEnv, argv: list[str], what: str) -> str | None:

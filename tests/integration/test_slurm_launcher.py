@@ -162,3 +162,34 @@ def test_time_limit_ends_every_client_through_mps(cluster: Cluster, workdir: Pat
     assert sorted(e["reason"] for e in ends) == ["terminated"] * 2, (ends, out)
     procs, dirs = cluster.wait_clean()
     assert not procs and not dirs, f"left behind: {procs} {dirs}"
+
+
+def test_verify_attach_fail_ends_every_task_of_the_step(cluster: Cluster, workdir: Path) -> None:
+    """srun leaves a step's other tasks running when one fails; ``--verify-attach fail`` must
+    still end the run: the refused rank exits 69 and the others end through terminate_client,
+    long before their program would have."""
+    rec = workdir / "clients.jsonl"
+    user_run = _user_run(cluster, "verify")
+    env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
+    client = " ".join(cluster.client_argv(rec, seconds=120))
+    script = (
+        f'if [ "$SLURM_PROCID" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={workdir}/nowhere; fi; '
+        f'exec {client} --tag "$SLURM_PROCID"'
+    )
+    argv = [cluster.python, "-m", "mpswrap", "--verify-attach", "fail", "--verify-timeout", "3"]
+    argv += ["srun", "--job-name=verify-fail", "-n3", "--gres=gpu:1", "sh", "-c", script]
+    res = cluster.run_as(USER, argv, env=env, cwd=workdir, timeout=90)
+    out = res.stdout + res.stderr
+    job_id = cluster.job_id("verify-fail")
+    assert job_id is not None, out
+    cluster.wait_gone(job_id)
+    assert res.returncode != 0, out
+    assert "rank 1 is not an MPS client" in out, out
+    starts = read_records(rec)
+    modes = {r["tag"]: r["mode"] for r in starts}
+    assert modes == {"0": "mps", "1": "non-mps", "2": "mps"}, (modes, out)
+    tags = {r["pid"]: r["tag"] for r in starts}  # end records name only the pid
+    ends = {tags[e["pid"]]: e["reason"] for e in read_records(rec, event="end")}
+    assert ends.get("0") == ends.get("2") == "terminated", (ends, out)
+    procs, dirs = cluster.wait_clean()
+    assert not procs and not dirs, f"left behind: {procs} {dirs}"

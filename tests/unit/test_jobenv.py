@@ -97,3 +97,76 @@ def test_uneven_tasks_per_node_use_this_nodes_count() -> None:
 def test_a_pmix_namespace_is_a_job_key_of_safe_characters(namespace: str, key: str) -> None:
     """Ranks of one mpirun share its PMIx namespace; Open MPI 5 writes '@' into it."""
     assert JobEnv({"PMIX_NAMESPACE": namespace}).job_key() == key
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "2",
+                "SLURM_PROCID": "1",
+                "SLURM_STEP_NUM_TASKS": "3",
+            },
+            "7.2",
+        ),
+        # one task: nobody else to end
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "2",
+                "SLURM_PROCID": "0",
+                "SLURM_STEP_NUM_TASKS": "1",
+            },
+            None,
+        ),
+        # the batch step, and no step at all
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "batch",
+                "SLURM_PROCID": "0",
+                "SLURM_STEP_NUM_TASKS": "3",
+            },
+            None,
+        ),
+        ({"SLURM_JOB_ID": "7"}, None),
+        # srun's PMIx plugin sets PMIX_RANK too
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "2",
+                "SLURM_PROCID": "1",
+                "SLURM_STEP_NUM_TASKS": "3",
+                "PMIX_RANK": "1",
+            },
+            "7.2",
+        ),
+        # ranks of mpirun (its orted is srun's task): mpirun ends its own ranks
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "2",
+                "SLURM_PROCID": "0",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "OMPI_COMM_WORLD_RANK": "5",
+            },
+            None,
+        ),
+        # only a plain job number goes on scancel's command line
+        (
+            {
+                "SLURM_JOB_ID": "7;x",
+                "SLURM_STEP_ID": "2",
+                "SLURM_PROCID": "0",
+                "SLURM_STEP_NUM_TASKS": "2",
+            },
+            None,
+        ),
+    ],
+)
+def test_srun_step_names_the_step_only_for_srun_tasks(
+    env: dict[str, str], expected: str | None
+) -> None:
+    assert JobEnv(env).srun_step == expected
