@@ -16,7 +16,9 @@ from .errors import ConfigError, MpswrapError, UsageError
 from .paths import validate_name
 
 __all__ = [
+    "ATTEMPT_VAR",
     "PLACE_IN_LAUNCH_VARS",
+    "TASK_VAR",
     "TREE_VAR",
     "UUID_RE",
     "GpuRef",
@@ -106,6 +108,9 @@ SHARED_FALLBACK = frozenset({"rank", "session", "start"})
 #: Tags a rank and everything it starts, so that the rank's whole tree ends with it
 #: (``job.supervise.end_leftovers``); never passed to a process that is not the rank's.
 TREE_VAR = "MPSWRAP_TREE"
+
+#: A farm task's number (from 0) and which run of it this is (from 1), in its environment.
+TASK_VAR, ATTEMPT_VAR = "MPSWRAP_TASK", "MPSWRAP_TASK_ATTEMPT"
 
 
 def tasks_per_node(spec: str, node_id: int) -> int | None:
@@ -396,3 +401,8 @@ class JobEnv:
     @property
     def rank(self) -> int | None:
         return self._first_int(RANK_VARS)[0]
+
+    @property
+    def farm_task(self) -> int | None:
+        """The number of the farm task this process belongs to (``TASK_VAR``), or None."""
+        return self._first_int((TASK_VAR,))[0]

@@ -267,7 +267,8 @@ def metric_series() -> list[str]:
     from mpswrap.report.metrics import FAMILIES
 
     return _table(
-        ("series", "type", "meaning"), [(_code(n), kind, _cell(text)) for n, kind, text in FAMILIES]
+        ("series", "type", "labels", "meaning"),
+        [(_code(f.name), f.kind, ", ".join(f.labels), _cell(f.help)) for f in FAMILIES],
     )
 
 

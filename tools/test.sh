@@ -34,7 +34,8 @@ log() { echo "tools/test.sh: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root (Slurm harness, test users)"; exit 2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
-      libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap)
+      libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap
+      prometheus)  # promtool: the metrics tests check mpswrap's exposition with it
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -160,6 +160,12 @@ def _admin_commands(sub: Any) -> None:
         metavar="DIR",
         help="write DIR/mpswrap.prom instead (for node_exporter's textfile collector)",
     )
+    p.add_argument(
+        "--process-labels",
+        action="store_true",
+        help="one series per client process, with its pid (and command in "
+        "mpswrap_client_info): a new series for every process, so off by default",
+    )
     for name in HOOK_COMMANDS:
         _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
     _common(sub.add_parser("version", help="print the version"), config=False)

@@ -133,7 +133,7 @@ def _node_status(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """The node's state in Prometheus's text format: printed, or kept for node_exporter."""
-    text = metrics.render(_node_status(args))
+    text = metrics.render(_node_status(args), process_labels=args.process_labels)
     if args.textfile:
         metrics.write_textfile(Path(args.textfile), text)
     else:

@@ -24,17 +24,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..jobenv import ATTEMPT_VAR, TASK_VAR
 from ..mps import mpslog
 from ..mps.daemon import Daemon
 
-__all__ = ["FaultSeen", "FaultWatch", "is_victim"]
+__all__ = ["ATTEMPT_VAR", "TASK_VAR", "FaultSeen", "FaultWatch", "is_victim"]
 
 #: server.log's stamps have milliseconds; a failed task is reaped within a wake of its end.
 STAMP_SLACK = 0.1
 #: A failure counts for a fault until this long after its server took clients again.
 RECOVER_SLACK = 1.0
-#: Every task's number and attempt, in its environment.
-TASK_VAR, ATTEMPT_VAR = "MPSWRAP_TASK", "MPSWRAP_TASK_ATTEMPT"
 
 
 @dataclass

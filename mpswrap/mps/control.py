@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,7 @@ CLIENT_FIELDS = {
     "start_time": "when it started, seconds since the epoch",
     "uptime_s": "seconds since it started",
     "rank": "its rank from the launcher's variables (MPSWRAP_RANK, SLURM_PROCID, ...) or null",
+    "task": "the number of the farm task it belongs to (MPSWRAP_TASK), or null",
     "active_thread_percentage": "its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, or null (the server's)",
     "pinned_mem_limit": "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, or null",
     "gpu_memory_bytes": "GPU memory it uses, from NVML (MPS-aware query where the driver has "
@@ -269,22 +271,29 @@ CLIENT_FIELDS = {
 }
 
 
+def _whole(read: Callable[[], int | None]) -> int | None:
+    """A number from a client's environment; None where its variable is malformed (that
+    client's rank or task is unknown, no more)."""
+    try:
+        return read()
+    except MpswrapError:
+        return None
+
+
 def client_status(pid: int, uid: int | None) -> dict[str, Any]:
-    """One client as ``status`` shows it; its rank, thread share and memory limit from its
-    environment, read only when it runs as ``uid`` (the daemon's user: the PIDs come from a
-    daemon that user controls) and we may read it. GPU memory comes from NVML later."""
+    """One client as ``status`` shows it; its rank, farm task, thread share and memory limit
+    from its environment, read only when it runs as ``uid`` (the daemon's user: the PIDs come
+    from a daemon that user controls) and we may read it: words for people and labels for
+    metrics, never a reason to act. GPU memory comes from NVML later."""
     facts = _proc.facts(pid, uid)
     env, start = facts.pop("environ"), facts["start_time"]
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    try:
-        rank = JobEnv(env).rank
-    except MpswrapError:  # a malformed rank variable: this client's rank is unknown, no more
-        rank = None
     return {
         "pid": pid,
         **facts,
         "uptime_s": round(time.time() - start, 1) if start else None,
-        "rank": rank,
+        "rank": _whole(lambda: JobEnv(env).rank),
+        "task": _whole(lambda: JobEnv(env).farm_task),
         "active_thread_percentage": float(share) if share and _NUMBER.fullmatch(share) else None,
         "pinned_mem_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         "gpu_memory_bytes": None,

@@ -109,8 +109,8 @@ def record_line(rec: dict[str, Any]) -> str:
 
 
 def _client_words(client: dict[str, Any]) -> str:
-    """`` rank R, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
-    words = [f"rank {client['rank']}" if client.get("rank") is not None else ""]
+    """`` rank R, task T, 1.2 GiB, 25% threads, up 3 s`` where each is known."""
+    words = [f"{k} {client[k]}" for k in ("rank", "task") if client.get(k) is not None]
     if client.get("gpu_memory_bytes") is not None:
         words.append(f"{client['gpu_memory_bytes'] / 2**30:.2f} GiB")
     if client.get("active_thread_percentage") is not None:

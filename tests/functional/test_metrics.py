@@ -20,7 +20,10 @@ from mpswrap.mps import gpu
 from mpswrap.mps.control import CLIENT_FIELDS
 from mpswrap.paths import GpuDirs
 from mpswrap.report import metrics
+from tests.procs import signal_tree
+from tests.promcheck import exposition_problems
 from tests.simenv import SimNode
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -69,8 +72,17 @@ def test_status_shows_each_client(node: SimNode, job: list[subprocess.Popen[str]
         mine = by_pid[proc.pid]
         assert (mine["rank"], mine["active_thread_percentage"]) == (rank, 10.0 * (rank + 1))
         assert mine["pinned_mem_limit"] == f"0={rank + 1}G" and mine["user"]
+        assert mine["task"] is None, "not a farm's"
         assert mine["uptime_s"] >= 0 and "mpswrap.sim.client" in mine["cmdline"]
         assert mine["gpu_memory_bytes"] is None, "the simulator has no NVML"
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _samples(families: dict[str, Any], name: str) -> list[Any]:
+    return list(families[name].samples) if name in families else []
 
 
 def test_metrics_parse_and_carry_every_family(
@@ -78,31 +90,63 @@ def test_metrics_parse_and_carry_every_family(
 ) -> None:
     out = node.run("metrics", "--job", "met")
     assert out.returncode == 0, out.stderr
-    families = {f.name: f for f in text_string_to_metric_families(out.stdout)}
+    assert exposition_problems(out.stdout) == []
+    families = _families(out.stdout)
     # The parser names a counter's family without its _total, as Prometheus does.
     assert set(families) == {
-        n.removesuffix("_total") if kind == "counter" else n for n, kind, _ in metrics.FAMILIES
+        f.name.removesuffix("_total") if f.kind == "counter" else f.name for f in metrics.FAMILIES
     }
-    info = families["mpswrap_client_info"].samples
-    assert sorted(s.labels["rank"] for s in info) == ["0", "1", "2"]
-    assert {s.labels["pid"] for s in info} == {str(p.pid) for p in job}
-    assert all(s.labels["job"] == "met" and s.labels["gpu"] == "g0" for s in info)
+    for family in metrics.FAMILIES:  # each series has exactly its family's labels
+        name = family.name.removesuffix("_total") if family.kind == "counter" else family.name
+        assert all(set(s.labels) == set(family.labels) for s in families[name].samples), name
+    clients = families["mpswrap_clients"].samples
+    assert sorted((s.labels["rank"], s.labels["task"], s.value) for s in clients) == [
+        ("0", "", 1.0),
+        ("1", "", 1.0),
+        ("2", "", 1.0),
+    ]
+    assert all(s.labels["job_id"] == "met" and s.labels["gpu"] == "g0" for s in clients)
     shares = {
-        s.labels["rank"]: s.value
-        for s in families["mpswrap_client_active_thread_percentage"].samples
+        s.labels["rank"]: s.value for s in families["mpswrap_client_active_thread_ratio"].samples
     }
-    assert shares == {"0": 10.0, "1": 20.0, "2": 30.0}
+    assert shares == {"0": 0.1, "1": 0.2, "2": 0.3}
+    started = {
+        int(s.labels["rank"]): s.value
+        for s in families["mpswrap_client_start_time_seconds"].samples
+    }
+    assert all(0 < time.time() - t < 120 for t in started.values()) and len(started) == 3
     up = {s.labels["gpu"]: s.value for s in families["mpswrap_daemon_up"].samples}
     assert up == {"g0": 1.0, "g1": 1.0}
-    assert [s.value for s in families["mpswrap_server_clients"].samples] == [3.0]
+    servers = [
+        (s.labels["gpu"], s.labels["state"], s.value) for s in families["mpswrap_servers"].samples
+    ]
+    assert servers == [("g0", "ACTIVE", 1.0)]
+    assert [s.value for s in families["mpswrap_server_active_thread_ratio"].samples] == [1.0]
     assert families["mpswrap_faults"].type == "gauge"  # recounted from the log: may go down
+    assert families["mpswrap_client_info"].samples == [], "pid and command only when asked"
     without_nvml = {
         "mpswrap_client_gpu_memory_bytes",
         "mpswrap_gpu_memory_used_bytes",
-        "mpswrap_gpu_utilization_percent",
+        "mpswrap_gpu_utilization_ratio",
     }
-    empty = [n for n, f in families.items() if not f.samples and n not in without_nvml]
+    not_here = {"mpswrap_client_info", "mpswrap_programs_ended"}  # nothing run, nothing ended
+    empty = [n for n, f in families.items() if not f.samples and n not in without_nvml | not_here]
     assert empty == [], empty
+
+
+def test_process_labels_only_when_asked(node: SimNode, job: list[subprocess.Popen[str]]) -> None:
+    out = node.run("metrics", "--job", "met", "--process-labels")
+    assert out.returncode == 0, out.stderr
+    assert exposition_problems(out.stdout, process_labels=True) == []
+    families = _families(out.stdout)
+    info = families["mpswrap_client_info"].samples
+    assert sorted((s.labels["pid"], s.labels["rank"]) for s in info) == sorted(
+        (str(p.pid), str(r)) for r, p in enumerate(job)
+    )
+    assert all("mpswrap.sim.client" in s.labels["command"] for s in info)
+    per_pid = {s.labels["pid"]: s.value for s in families["mpswrap_clients"].samples}
+    assert per_pid == {str(p.pid): 1.0 for p in job}
+    assert all("command" not in s.labels for s in families["mpswrap_clients"].samples)
 
 
 def test_the_textfile_is_never_read_half_written(
@@ -254,11 +298,10 @@ def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
         _listed_in(node, "met", 4)
         status = node.run("status", "--job", "met", "--json")
         assert status.returncode == 0, status.stderr
-        out = node.run("metrics", "--job", "met")
+        out = node.run("metrics", "--job", "met", "--process-labels")
         assert out.returncode == 0, out.stderr
-        info = next(
-            f for f in text_string_to_metric_families(out.stdout) if f.name == "mpswrap_client_info"
-        ).samples
+        assert exposition_problems(out.stdout, process_labels=True) == []
+        info = _families(out.stdout)["mpswrap_client_info"].samples
         mine = [s for s in info if s.labels["pid"] == str(odd.pid)]
         assert mine and mine[0].labels["rank"] == "", mine
         assert 'a"b\\c\nd\\udcff' in mine[0].labels["command"], mine[0].labels["command"]
@@ -281,6 +324,7 @@ def test_a_gpu_shared_by_two_jobs_and_one_job_id_twice_give_no_duplicate_series(
         for j, d in (("1", "/run/m/n1/1"), ("2", "/run/m/n1/2"), ("1", "/tmp/u/n1/1"))
     ]
     text = metrics.render({"node": "n1", "jobs": jobs})
+    assert exposition_problems(text) == []
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(samples) == len(set(samples))
     assert sum(line.startswith("mpswrap_gpu_memory_used_bytes") for line in samples) == 1
@@ -339,4 +383,68 @@ def test_all_shows_every_job_even_from_inside_another(
     every = node.run("status", "--json", "--all", SLURM_JOB_ID="4242")
     assert [j["job"] for j in json.loads(every.stdout)["jobs"]] == ["met"], every.stdout
     metrics_all = node.run("metrics", "--all", SLURM_JOB_ID="4242")
-    assert 'job="met"' in metrics_all.stdout, metrics_all.stdout
+    assert 'job_id="met"' in metrics_all.stdout, metrics_all.stdout
+
+
+def _metrics_when(node: SimNode, job: str, ready: Any) -> dict[str, Any]:
+    """The families of ``metrics --job JOB`` once ``ready(families)`` holds."""
+
+    def look() -> dict[str, Any] | None:
+        out = node.run("metrics", "--job", job)
+        families = _families(out.stdout) if out.returncode == 0 else {}
+        return families if families and ready(families) else None
+
+    found: dict[str, Any] = wait_until(look, 60, f"the metrics of job {job}")
+    return found
+
+
+def _labels_of(families: dict[str, Any], name: str, *keys: str) -> list[tuple[str, ...]]:
+    return sorted(tuple(s.labels[k] for k in keys) for s in _samples(families, name))
+
+
+def test_a_farms_metrics_name_its_tasks_not_its_processes(node: SimNode) -> None:
+    """Two tasks that end (0 and 1) and two that run: the running ones by task number, the
+    ended ones counted by exit code (the run record); promtool passes."""
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(f"true\nfalse\n{node.client} --seconds 60\n{node.client} --seconds 60\n")
+    proc = node.start("farm", "--job", "fm", "--per-gpu", "2", str(tasks))
+    try:
+        families = _metrics_when(
+            node,
+            "fm",
+            lambda f: (
+                len(_samples(f, "mpswrap_clients")) == 2
+                and len(_samples(f, "mpswrap_programs_ended")) == 2
+            ),
+        )
+        text = node.run("metrics", "--job", "fm").stdout
+        assert exposition_problems(text) == []
+        assert _labels_of(families, "mpswrap_clients", "task", "rank") == [("2", ""), ("3", "")]
+        ended = {
+            s.labels["exit_code"]: s.value for s in _samples(families, "mpswrap_programs_ended")
+        }
+        assert ended == {"0": 1.0, "1": 1.0}
+        assert families["mpswrap_programs_ended"].type == "counter"
+    finally:
+        signal_tree(proc, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+
+
+def test_a_runs_metrics_name_its_ranks_not_its_processes(node: SimNode) -> None:
+    program = [node.client, "--seconds", "60"]
+    proc = node.start("run", "-n", "3", "--job", "rn", "--grace", "5", "--", *program)
+    try:
+        families = _metrics_when(node, "rn", lambda f: len(_samples(f, "mpswrap_clients")) == 3)
+        text = node.run("metrics", "--job", "rn").stdout
+        assert exposition_problems(text) == []
+        assert _labels_of(families, "mpswrap_clients", "gpu", "rank", "task") == [
+            ("g0", "0", ""),
+            ("g0", "1", ""),
+            ("g1", "2", ""),
+        ]
+    finally:
+        signal_tree(proc, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+

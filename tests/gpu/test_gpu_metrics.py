@@ -125,10 +125,12 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
         metrics = {
             f.name: f for f in text_string_to_metric_families(_mpswrap(env, "metrics").stdout)
         }
+        # Each rank's memory (a rank here is one client): labelled by rank, never by pid.
         in_metrics = {
-            int(s.labels["pid"]): s.value
+            int(s.labels["rank"]): s.value
             for s in metrics["mpswrap_client_gpu_memory_bytes"].samples
         }
+        assert all("pid" not in s.labels for f in metrics.values() for s in f.samples)
         base = clients[procs[0].pid]["gpu_memory_bytes"]  # a client's own share, seen by NVML
         print(f"every client's own memory (context, buffer): {base / MIB:.0f} MiB")
         print("rank  allocated MiB  status MiB  nvidia-smi MiB  metrics MiB")
@@ -136,11 +138,11 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
             got = clients[proc.pid]["gpu_memory_bytes"]
             print(
                 f"{rank:4}  {size:13}  {got / MIB:10.0f}  {smi.get(proc.pid, 0) / MIB:14.0f}"
-                f"  {in_metrics.get(proc.pid, 0) / MIB:11.0f}"
+                f"  {in_metrics.get(rank, 0) / MIB:11.0f}"
             )
             assert clients[proc.pid]["rank"] == rank
             assert abs(got - smi[proc.pid]) <= max(0.05 * got, 64 * MIB)
-            assert in_metrics[proc.pid] == got
+            assert in_metrics[rank] == got
             # what it allocated, plus what every client has: within 5% or 64 MiB
             assert abs(got - base - size * MIB) <= max(0.05 * size * MIB, 64 * MIB), (rank, got)
         _epilog(env)

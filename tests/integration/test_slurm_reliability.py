@@ -16,6 +16,7 @@ from tests.integration.harness import (
     read_records,
     why_not_runnable,
 )
+from tests.promcheck import exposition_problems
 from tests.waits import wait_until
 
 _skip = why_not_runnable()
@@ -72,6 +73,15 @@ def test_second_user_cannot_reach_another_jobs_daemon(cluster: Cluster, workdir:
         listed = cluster.status(job_id, "node1")
         clients = [c for g in listed["gpus"] for s in g["servers"] for c in s["clients"]]
         assert len(clients) == 1
+        # its metrics, as its user and as root: the job, its GPU and the rank, no process
+        where = ["--run-dir", str(cluster.run_dir), "--node", "node1", "--job", job_id]
+        for who in (USER, "root"):
+            out = cluster.mpswrap(who, "metrics", "--config", str(cluster.config_path), *where)
+            assert out.returncode == 0, out.stderr
+            assert exposition_problems(out.stdout) == [], out.stdout
+            rows = [line for line in out.stdout.splitlines() if line.startswith("mpswrap_clients")]
+            assert len(rows) == 1 and f'job_id="{job_id}"' in rows[0], out.stdout
+            assert 'rank="0",task=""} 1' in rows[0], rows
         cluster.run_as(USER, ["scancel", job_id], check=True)
         srun.wait(timeout=60)
     finally:
