@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -23,6 +24,7 @@ from mpswrap.report import metrics
 from tests.procs import signal_tree
 from tests.promcheck import exposition_problems
 from tests.simenv import SimNode
+from tests.tree import REPO
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
@@ -448,3 +450,33 @@ def test_a_runs_metrics_name_its_ranks_not_its_processes(node: SimNode) -> None:
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, err
 
+
+def test_the_dashboards_queries_are_promql(tmp_path: Path) -> None:
+    """promtool parses every query of docs/grafana-mpswrap.json, its variables filled in
+    (tests/unit/test_grafana_dashboard.py checks the names in them)."""
+    dashboard = json.loads((REPO / "docs" / "grafana-mpswrap.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    filled = {"$__rate_interval": "5m", "$node": ".*", "$job_id": ".*"}
+    for var, value in filled.items():
+        exprs = [e.replace(var, value) for e in exprs]
+    assert exprs and not [e for e in exprs if "$" in e], exprs
+    rules = tmp_path / "dashboard-rules.yml"  # JSON is YAML
+    rules.write_text(
+        json.dumps(
+            {
+                "groups": [
+                    {
+                        "name": "dashboard",
+                        "rules": [{"record": f"q:{i}", "expr": e} for i, e in enumerate(exprs)],
+                    }
+                ]
+            }
+        )
+    )
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is needed: apt-get install prometheus (tools/test.sh does)"
+    res = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in res.stdout, res.stdout
