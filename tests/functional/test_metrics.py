@@ -292,6 +292,7 @@ def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
         env=node.env(
             CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe),
             SLURM_PROCID="x1",
+            MPSWRAP_TASK="7; rm -rf ~",
             CUDA_MPS_LOG_DIRECTORY=str(g0.log),
         ),
         errors="surrogateescape",
@@ -305,7 +306,7 @@ def test_a_malformed_rank_or_odd_command_never_breaks_status_or_metrics(
         assert exposition_problems(out.stdout, process_labels=True) == []
         info = _families(out.stdout)["mpswrap_client_info"].samples
         mine = [s for s in info if s.labels["pid"] == str(odd.pid)]
-        assert mine and mine[0].labels["rank"] == "", mine
+        assert mine and (mine[0].labels["rank"], mine[0].labels["task"]) == ("", ""), mine
         assert 'a"b\\c\nd\\udcff' in mine[0].labels["command"], mine[0].labels["command"]
     finally:
         odd.kill()
