@@ -2,7 +2,8 @@
 the records it names so that it cannot rot unseen: each row names a record (with the commit
 that record states) or says "simulator only"; each record lies in the tree; each GPU test a
 row names passed in that row's records; each phase is one of the gpu tier's; each test run
-without a GPU exists; every command of the CLI is named."""
+without a GPU exists; every command of the CLI is named. Also: every document that names
+exclusive mode says that it has run on the simulator only."""
 
 from __future__ import annotations
 
@@ -119,3 +120,32 @@ def test_every_command_of_the_cli_is_named() -> None:
     text = DOC.read_text(encoding="utf-8")
     assert commands
     assert [c for c in commands if not re.search(rf"`mpswrap {c}[ `]", text)] == []
+
+
+#: What a reader follows: the README, docs/, the admin guide, the changelog.
+READ = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "slurm" / "README.md",
+    REPO / "CHANGELOG.md",
+]
+_EXCLUSIVE = re.compile(r"`exclusive_process`|EXCLUSIVE_PROCESS")
+
+
+def _units(text: str) -> list[str]:
+    """A document's paragraphs, each table row on its own."""
+    units: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = block.splitlines()
+        units += [ln for ln in lines if ln.startswith("|")]
+        units.append("\n".join(ln for ln in lines if not ln.startswith("|")))
+    return units
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_document_naming_exclusive_mode_says_it_ran_on_the_simulator_only(path: Path) -> None:
+    units = _units(path.read_text(encoding="utf-8"))
+    if not any(_EXCLUSIVE.search(u) for u in units):
+        return
+    said = [u for u in units if _EXCLUSIVE.search(u) and SIMULATOR_ONLY in " ".join(u.split())]
+    assert said, f"{path.relative_to(REPO)} names exclusive mode but not '{SIMULATOR_ONLY}'"
