@@ -83,10 +83,12 @@ static int valid_policy(const char *p)
 static int opt_mps(int val, const char *optarg, int remote)
 {
     (void)val;
-    (void)remote;
-    /* An srun inside an sbatch --mps job gets the option again from the job's environment
-     * (SLURM_SPANK__SLURM_SPANK_OPTION_mpswrap_mps), where a plain --mps reads "(null)". */
-    if (optarg && !strcmp(optarg, "(null)"))
+    /* A plain --mps comes back without its value in a job's steps: an srun inside an
+     * sbatch --mps job gets the option again from the job's environment
+     * (SLURM_SPANK__SLURM_SPANK_OPTION_mpswrap_mps) as "(null)", and slurmstepd hands the
+     * batch step (remote) the value sbatch stored for it, "". Only a submitting command
+     * (local, allocator) reads what the user typed: there "--mps=" is refused. */
+    if (optarg && (!strcmp(optarg, "(null)") || (remote && !*optarg)))
         optarg = NULL;
     if (optarg && !valid_policy(optarg)) {
         slurm_error("mpswrap: bad --mps policy '%s': use none, uniform, oversubscribe, "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import Cluster, read_records, why_not_runnable
+from tests.waits import wait_until
 
 _skip = why_not_runnable()
 pytestmark = [
@@ -107,3 +108,35 @@ def test_a_bad_policy_is_refused_at_submission(
     assert res.returncode != 0, res.stdout
     assert "mpswrap: bad --mps policy" in res.stderr, res.stderr
     assert not cluster.queue(), "a job with a bad --mps policy was queued"
+
+
+def _log_sizes(cluster: Cluster) -> dict[Path, int]:
+    return {log: log.stat().st_size for log in (cluster.state / "log").glob("slurmd*.log")}
+
+
+def _mpswrap_errors(cluster: Cluster, since: dict[Path, int]) -> list[str]:
+    """slurmd's and slurmstepd's ``error: mpswrap`` lines logged after ``since``."""
+    found = []
+    for log in sorted((cluster.state / "log").glob("slurmd*.log")):
+        with log.open("rb") as f:
+            f.seek(since.get(log, 0))
+            text = f.read().decode(errors="replace")
+        found += [f"{log.name}: {ln}" for ln in text.splitlines() if "error: mpswrap" in ln]
+    return found
+
+
+def test_a_plain_mps_logs_no_error_in_any_step(cluster: Cluster, workdir: Path) -> None:
+    """A plain ``--mps`` has no value: sbatch's batch step and an srun step in it, an srun
+    job's step and an salloc job's step log no ``error: mpswrap`` line (the batch step once
+    logged ``bad --mps policy ''``, on 22.05 and on the H100)."""
+    since = _log_sizes(cluster)
+    assert since, f"no slurmd log in {cluster.state / 'log'}"
+    opts = ["-w", "node1", "-N1", "--gres=gpu:1", "--mps"]
+    job = cluster.sbatch("#!/bin/sh\nsrun true\n", *opts, cwd=workdir)
+    assert cluster.wait_gone(job) == "COMPLETED", workdir / f"slurm-{job}.out"
+    ran = cluster.srun(*opts, "true", cwd=workdir)
+    assert ran.proc is not None and ran.proc.returncode == 0, ran.output
+    res = cluster.run_as("mpsuser", ["salloc", *opts, "srun", "true"], cwd=workdir, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    wait_until(lambda: not cluster.queue(), 30, "the salloc job to end")
+    assert not _mpswrap_errors(cluster, since), _mpswrap_errors(cluster, since)
