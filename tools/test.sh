@@ -35,7 +35,7 @@ log() { echo "tools/test.sh: $*" >&2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
       libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap
-      prometheus)  # promtool: the metrics tests check mpswrap's exposition with it
+      prometheus environment-modules)  # promtool checks the metrics; modules: the admin guide's module
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

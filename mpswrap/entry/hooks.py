@@ -16,11 +16,12 @@ import contextlib
 import logging
 import logging.handlers
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from .. import _proc
-from ..config import Settings, load_settings
+from ..config import DEFAULT_CONFIG_FILE, Settings, admin_file, load_settings
 from ..errors import (
     ConfigError,
     LayoutError,
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 #: Where an unexpected error's traceback goes: the hooks' log, at this level only.
 TRACEBACK_AT = "at log_level = debug"
 Problems = Sequence[ConfigError]
+#: The characters install.sh allows in the paths it puts into the shims.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._+-]*")
 
 
 class _JobFormatter(logging.Formatter):
@@ -237,17 +240,34 @@ def _drain(env: JobEnv, reason: str) -> None:
 
 
 # --- task prolog ----------------------------------------------------------------------
-def task_prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
+def task_prolog(
+    env: JobEnv, settings: Settings, problems: Problems = (), config_file: str | None = None
+) -> int:
     """Print ``export`` lines for a task of a real step of a job that has daemons; on any
-    error none, and one line on stderr: the task then runs as Slurm set it up."""
+    error none, and one line on stderr: the task then runs as Slurm set it up. Every task
+    (the batch step's too) learns where the admin file is when it is not at the default
+    path, so that ``mpswrap status`` and user mode in the job read the admin's settings."""
+    exports = _config_export(env, config_file)
     try:
-        exports = _task_exports(env, settings, problems)
+        exports.update(_task_exports(env, settings, problems))
     except MpswrapError as exc:
         log.error("%s", exc.line())
-        return 0
     for name, value in exports.items():
         print(f"export {name}={value}")
     return 0
+
+
+def _config_export(env: JobEnv, config_file: str | None) -> dict[str, str]:
+    """``MPSWRAP_CONFIG`` for the task, where the admin file is not at the default path. The
+    path is root's: the shim (installed by root) sets it, in an environment it cleared of the
+    job user's variables. A line break in it would make a second line for slurmstepd."""
+    path = admin_file(env.env, config_file)
+    if path == DEFAULT_CONFIG_FILE:
+        return {}
+    if not _PLAIN_PATH.fullmatch(path):
+        log.warning("not passing the admin file's path %r to the task: not a plain path", path)
+        return {}
+    return {"MPSWRAP_CONFIG": path}
 
 
 def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[str, str]:
@@ -363,6 +383,8 @@ def run_hook(hook: str, config_file: str | None = None) -> int:
     try:
         settings = load_settings(config_file=config_file, problems=problems)
         _setup_logging(hook, env, settings)
+        if hook == "task-prolog":  # it tells the tasks where the admin file is
+            return task_prolog(env, settings, problems, config_file)
         return HOOKS[hook](env, settings, problems)
     except Exception as exc:  # the contract holds for the unexpected too
         return _failed(hook, env, settings, exc)

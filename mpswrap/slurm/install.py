@@ -41,10 +41,22 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         help="also build the SPANK plugin for sbatch/salloc/srun --mps[=POLICY] (needs cc and "
         "Slurm's headers: libslurm-dev or slurm-devel)",
     )
+    parser.add_argument(
+        "--modulefile",
+        metavar="DIR",
+        help="also write the environment module DIR/mpswrap/VERSION (Tcl, for Lmod and "
+        "Environment Modules): 'module load mpswrap' puts mpswrap on PATH and sets "
+        "MPSWRAP_CONFIG when --config is not the default",
+    )
 
 
 def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
     _add_dest(parser)
+    parser.add_argument(
+        "--modulefile",
+        metavar="DIR",
+        help="also remove the modules install-hooks --modulefile DIR wrote",
+    )
     parser.add_argument(
         "--force",
         action="store_true",
@@ -62,17 +74,22 @@ def _add_dest(parser: argparse.ArgumentParser) -> None:
 
 
 def install(args: argparse.Namespace) -> int:
-    """Install the shims as root (install.sh): ``--python``, ``--config``, ``--dest``, and
-    with ``--spank`` the SPANK plugin."""
+    """Install the shims as root (install.sh): ``--python``, ``--config``, ``--dest``, with
+    ``--spank`` the SPANK plugin, with ``--modulefile`` the environment module."""
     argv = ["--python", args.python, "--config", args.config, "--dest", args.dest]
     if args.spank:
         argv.append("--spank")
-    return _run_script("install.sh", argv)
+    return _run_script("install.sh", argv + _modules(args))
 
 
 def uninstall(args: argparse.Namespace) -> int:
-    """Remove the shims (uninstall.sh): ``--dest``, ``--force``."""
-    return _run_script("uninstall.sh", ["--dest", args.dest, *(["--force"] if args.force else [])])
+    """Remove the shims (uninstall.sh): ``--dest``, ``--modulefile``, ``--force``."""
+    argv = ["--dest", args.dest, *_modules(args), *(["--force"] if args.force else [])]
+    return _run_script("uninstall.sh", argv)
+
+
+def _modules(args: argparse.Namespace) -> list[str]:
+    return ["--modulefile", args.modulefile] if args.modulefile else []
 
 
 def _run_script(name: str, argv: list[str]) -> int:

@@ -4,10 +4,15 @@
 #
 #   install.sh --python /abs/path/to/python [--config /etc/mpswrap/mpswrap.conf]
 #              [--dest /usr/local/libexec/mpswrap] [--spank [--slurm-include DIR]]
+#              [--modulefile DIR]
 #
 # Installs the shim beside it (hook) as DEST/prolog, DEST/task_prolog and DEST/epilog (the
 # name picks the hook) with the interpreter (@PYTHON@) and the admin config file (@CONFIG@)
 # filled in, root-owned, mode 0755, and prints the slurm.conf lines.  It does not edit slurm.conf.
+# Missing directories of DEST are made root's, mode 0755, below a level only root can change.
+# --modulefile DIR also writes the environment module DIR/mpswrap/VERSION (Tcl: Lmod and
+# Environment Modules both read it) that puts DEST/bin/mpswrap on users' PATH and sets
+# MPSWRAP_CONFIG when the config file is not at its default path.
 # --spank also builds the SPANK plugin (mpswrap_spank.c: sbatch/salloc/srun --mps[=POLICY])
 # with $CC (default cc, else gcc) against the installed Slurm's slurm/spank.h (found under
 # --slurm-include DIR, /usr/include or /usr/local/include) into DEST/mpswrap_spank.so, and
@@ -19,10 +24,11 @@ set -euo pipefail
 
 die() { echo "install.sh: ERROR: $*" >&2; exit 1; }
 warn() { echo "install.sh: warning: $*" >&2; }
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-PYTHON="" CONFIG=/etc/mpswrap/mpswrap.conf DEST=/usr/local/libexec/mpswrap SPANK=0 INCLUDE=""
+DEFAULT_CONFIG=/etc/mpswrap/mpswrap.conf  # where mpswrap looks without MPSWRAP_CONFIG
+PYTHON="" CONFIG=$DEFAULT_CONFIG DEST=/usr/local/libexec/mpswrap SPANK=0 INCLUDE="" MODULES=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) [ $# -ge 2 ] || usage; PYTHON=$2; shift 2 ;;
@@ -30,6 +36,7 @@ while [ $# -gt 0 ]; do
     --dest)   [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
     --spank)  SPANK=1; shift ;;
     --slurm-include) [ $# -ge 2 ] || usage; INCLUDE=$2; shift 2 ;;
+    --modulefile) [ $# -ge 2 ] || usage; MODULES=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "install.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -38,7 +45,7 @@ done
 
 # The paths are pasted into shell scripts (inside single quotes) and into slurm.conf, and
 # Slurm splits its hook paths on nothing: allow plain path characters only.
-for p in "$PYTHON" "$CONFIG" "$DEST"; do
+for p in "$PYTHON" "$CONFIG" "$DEST" ${MODULES:+"$MODULES"}; do
   [[ $p = /* ]] || die "'$p' is not an absolute path"
   [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "'$p' has characters other than A-Z a-z 0-9 / . _ + -"
 done
@@ -105,10 +112,22 @@ done
 bad=$(find "$PKG" \( ! -user 0 -o -perm /022 \) ! -type l -print -quit)
 [ -z "$bad" ] || die "the mpswrap package has $bad, which a user other than root can change; the hooks run it as root"
 # The task prolog runs as the job's user: interpreter and package must be readable by all.
+# The level at fault, if it is on the way: a directory nobody cannot search (pyenv's /root,
+# mode 0700), or a file it cannot read. TRUSTED is sorted: a directory before what it holds.
+unreachable() {
+  # shellcheck disable=SC2086,SC2016  # TRUSTED: plain paths (checked above); sh expands $p
+  (cd / && runuser -u nobody -- sh -c 'for p; do
+      if [ -d "$p" ]; then [ -x "$p" ] || { echo "$p"; exit; }; else [ -r "$p" ] || { echo "$p"; exit; }; fi
+    done' sh $TRUSTED 2>/dev/null) || true
+}
 if id nobody >/dev/null 2>&1 && command -v runuser >/dev/null; then
-  (cd / && runuser -u nobody -- env -i PATH=/usr/bin:/bin "$PYTHON" -I -c 'import mpswrap' \
-      >/dev/null 2>&1) ||
-    warn "user 'nobody' cannot run '$PYTHON -I -c \"import mpswrap\"': the TaskProlog runs as the job user and will fail; make the interpreter and package world-readable"
+  if ! (cd / && runuser -u nobody -- env -i PATH=/usr/bin:/bin "$PYTHON" -I -c 'import mpswrap' \
+      >/dev/null 2>&1); then
+    level=$(unreachable)
+    why="make the interpreter and package world-readable"
+    [ -z "$level" ] || why="$(stat -c '%n is mode %a, owner %U' "$level"): use an interpreter and package outside it, or open it to others"
+    warn "user 'nobody' cannot run '$PYTHON -I -c \"import mpswrap\"': the TaskProlog runs as the job user and will fail; $why"
+  fi
 fi
 
 # The config file: hooks fail while it is missing (it is named explicitly), so say so now;
@@ -123,12 +142,36 @@ else
   warn "$CONFIG does not exist yet: the hooks fail until it does (see slurm/README.md)"
 fi
 
-# DEST: a root-owned directory; never write through a symlink someone planted.
-if [ -L "$DEST" ]; then die "$DEST is a symbolic link; refusing"; fi
-refuse_changeable "the shims' directory" "$(dirname "$DEST")"
-mkdir -p "$DEST"
-[ "$(stat -c %u "$DEST")" = 0 ] || die "$DEST is not owned by root"
-chmod 0755 "$DEST"
+# A directory root installs into: root-owned, 0755; never written through a symlink someone
+# planted. Missing levels are made one at a time, root's and 0755, and only below a level
+# that no one but root can change; then the whole chain is checked as for an existing one.
+ensure_dir() {  # ensure_dir WHAT DIR
+  local what=$1 dir=$2 base missing=() level
+  [ -L "$dir" ] && die "$dir is a symbolic link; refusing"
+  base=$(dirname "$dir")
+  while [ ! -e "$base" ] && [ ! -L "$base" ]; do missing=("$base" "${missing[@]}"); base=$(dirname "$base"); done
+  refuse_changeable "$what" "$base"
+  for level in "${missing[@]}"; do
+    mkdir -m 0755 "$level"; chown root:root "$level"; chmod 0755 "$level"
+    echo "install.sh: created $level (root's, mode 0755)"
+  done
+  refuse_changeable "$what" "$(dirname "$dir")"
+  mkdir -p "$dir"
+  [ "$(stat -c %u "$dir")" = 0 ] || die "$dir is not owned by root"
+  chmod 0755 "$dir"
+  level=$(shared_level "$dir")
+  [ -z "$level" ] ||
+    warn "$dir is under $level, which every user may write to: a job's private /tmp (job_container/tmpfs) hides it and a cleaner may remove it; install outside it (e.g. /usr/local/libexec/mpswrap)"
+}
+shared_level() {  # shared_level PATH: the first directory of PATH every user may write to
+  local p=$1 mode
+  while [ "$p" != / ]; do
+    p=$(dirname "$p")
+    mode=$(stat -L -c %a "$p")
+    if (( (8#$mode & 8#002) != 0 )); then echo "$p"; return; fi
+  done
+}
+ensure_dir "the shims' directory" "$DEST"
 
 # sed replacement text: escape & and the | delimiter (the allowed characters have neither,
 # but keep it correct if the check above is ever relaxed).
@@ -147,6 +190,44 @@ if grep -q '@PYTHON@\|@CONFIG@\|@PACKAGE@\|@TRUSTED@' "$DEST/prolog" "$DEST/task
   die "placeholders left in $DEST (this is a bug)"
 fi
 echo "install.sh: installed $DEST/prolog, $DEST/task_prolog, $DEST/epilog"
+
+# The module: users get the mpswrap the hooks run, alone on PATH (the environment's bin
+# would put its python and pip before theirs), and the admin file's path where mpswrap
+# would not look by itself. Tcl, not Lua: Lmod reads Tcl modulefiles too, Environment
+# Modules (Debian's environment-modules, RHEL's) reads only Tcl.
+install_file() {  # install_file MODE PATH: stdin to PATH, root's, atomically
+  local tmp
+  tmp=$(mktemp "$(dirname "$2")/.${2##*/}.XXXXXX")
+  cat >"$tmp"; chown root:root "$tmp"; chmod "$1" "$tmp"; mv -f "$tmp" "$2"
+}
+if [ -n "$MODULES" ]; then
+  version=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
+    'import mpswrap; print(mpswrap.__version__)')
+  [[ $version =~ ^[A-Za-z0-9._+-]+$ ]] || die "mpswrap's version '$version' cannot name a module"
+  ensure_dir "the shims' directory" "$DEST/bin"
+  install_file 0755 "$DEST/bin/mpswrap" <<END
+#!/bin/sh
+# mpswrap command: written by mpswrap install-hooks --modulefile (its module puts this
+# directory on PATH); it runs the mpswrap that the hooks run.
+exec '$PYTHON' -I -m mpswrap "\$@"
+END
+  ensure_dir "the modulefiles' directory" "$MODULES"
+  ensure_dir "the modulefiles' directory" "$MODULES/mpswrap"
+  setenv=""
+  [ "$CONFIG" = "$DEFAULT_CONFIG" ] || setenv="setenv MPSWRAP_CONFIG $CONFIG"
+  install_file 0644 "$MODULES/mpswrap/$version" <<END
+#%Module1.0
+# mpswrap module: written by mpswrap install-hooks --modulefile; replaced when it runs again.
+module-whatis "mpswrap $version: many CUDA processes on one GPU through NVIDIA MPS"
+proc ModulesHelp { } {
+    puts stderr "mpswrap $version: 'mpswrap help' lists its commands and options."
+}
+conflict mpswrap
+prepend-path PATH $DEST/bin
+$setenv
+END
+  echo "install.sh: wrote the module $MODULES/mpswrap/$version ('module load mpswrap' puts $DEST/bin/mpswrap on PATH${setenv:+ and sets MPSWRAP_CONFIG=$CONFIG})"
+fi
 
 if [ "$SPANK" = 1 ]; then
   tmp=$(mktemp "$DEST/.mpswrap_spank.XXXXXX")
@@ -179,6 +260,13 @@ PrologFlags=Alloc
 (PrologFlags takes a comma list: if you already set it, add Alloc to it.)
 Check with: scontrol show config | grep -i -e prolog -e epilog
 EOF
+if [ -n "$MODULES" ]; then
+  cat <<EOF
+
+Users get mpswrap with 'module load mpswrap' where $MODULES is on their MODULEPATH
+('module use $MODULES' adds it).
+EOF
+fi
 if [ "$SPANK" = 1 ]; then
   cat <<EOF
 

@@ -2,22 +2,24 @@
 # mpswrap/slurm/uninstall.sh -- remove the shims that install.sh put in DEST
 # (usually run as `mpswrap uninstall-hooks`).
 #
-#   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--force]
+#   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--modulefile DIR] [--force]
 #
 # Remove the Prolog=, Epilog= and TaskProlog= lines from slurm.conf and reconfigure FIRST:
 # while slurm.conf still names a missing prolog, every job on the node fails its prolog
 # and Slurm drains the node.  If scontrol can reach the cluster and still reports hooks in
 # DEST, this script refuses unless --force.  Only files that carry install.sh's marker are
-# removed; DEST itself is removed if that leaves it empty.  Idempotent.
+# removed (--modulefile: the modules in DIR/mpswrap too); a directory is removed if that
+# leaves it empty.  Idempotent.
 set -euo pipefail
 
 die() { echo "uninstall.sh: ERROR: $*" >&2; exit 1; }
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
-DEST=/usr/local/libexec/mpswrap FORCE=0
+DEST=/usr/local/libexec/mpswrap FORCE=0 MODULES=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dest) [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
+    --modulefile) [ $# -ge 2 ] || usage; MODULES=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage 0 ;;
     *) echo "uninstall.sh: unknown argument '$1'" >&2; usage ;;
@@ -25,6 +27,20 @@ while [ $# -gt 0 ]; do
 done
 [[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
 [ -L "$DEST" ] && die "$DEST is a symbolic link; refusing"
+
+# remove_marked FILE MARKER WHAT: FILE if a line of it starts with MARKER (a regex).
+remove_marked() {
+  [ -e "$1" ] || return 0
+  if [ ! -L "$1" ] && grep -Eq "^$2" "$1"; then rm -f "$1"; echo "uninstall.sh: removed $1"
+  else echo "uninstall.sh: $1 is not $3: left alone" >&2; fi
+}
+# The modules (install.sh --modulefile): users stop finding mpswrap before it goes.
+if [ -n "$MODULES" ]; then
+  [[ $MODULES = /* ]] || die "'$MODULES' is not an absolute path"
+  [ -L "$MODULES/mpswrap" ] && die "$MODULES/mpswrap is a symbolic link; refusing"
+  for p in "$MODULES"/mpswrap/*; do remove_marked "$p" '# mpswrap module: ' "an mpswrap module"; done
+  if rmdir "$MODULES/mpswrap" 2>/dev/null; then echo "uninstall.sh: removed $MODULES/mpswrap"; fi
+fi
 [ -d "$DEST" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
 
 if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
@@ -56,4 +72,6 @@ if [ -e "$p" ]; then
   if grep -aqF 'mpswrap: bad --mps policy' "$p"; then rm -f "$p"; echo "uninstall.sh: removed $p"
   else echo "uninstall.sh: $p is not mpswrap's plugin: left alone" >&2; fi
 fi
+remove_marked "$DEST/bin/mpswrap" '# mpswrap command: ' "mpswrap's command"
+if rmdir "$DEST/bin" 2>/dev/null; then echo "uninstall.sh: removed $DEST/bin"; fi
 if rmdir "$DEST" 2>/dev/null; then echo "uninstall.sh: removed $DEST"; fi

@@ -59,6 +59,8 @@ def expect(case: str, shim: str, res: subprocess.CompletedProcess[str]) -> None:
     assert all(ln.startswith(f"mpswrap: {shim.replace('_', '-')}: ") for ln in lines), lines
     exports = res.stdout.splitlines()
     assert all(ln.startswith("export ") for ln in exports), exports
+    # Every task learns where the admin file is (not at the default path in these tests).
+    exports = [ln for ln in exports if not ln.startswith("export MPSWRAP_CONFIG=")]
     assert bool(exports) == (case == "task-exports"), (case, exports)
 
 
@@ -282,6 +284,29 @@ def test_a_task_of_a_real_step_gets_its_exports_and_the_batch_step_none(
     batch = run(hooks / "task_prolog", task_env(node, SLURM_STEP_ID="batch"), user=user)
     expect("task-other", "task_prolog", batch)
     assert batch.stderr == ""
+    end(node, hooks)
+
+
+def test_every_task_learns_where_the_admin_file_is_and_status_in_the_job_finds_it(
+    node: SimNode, hooks: Path
+) -> None:
+    """The admin file is not at the default path: a task of a real step and the batch step
+    both get the path root's shim names (never the job user's own MPSWRAP_CONFIG), and with
+    it the job user's ``mpswrap status`` finds the prolog's daemons; without it, none."""
+    start(node, hooks)
+    user = ensure_test_user()
+    line = f"export MPSWRAP_CONFIG={conf(node)}"
+    theirs = task_env(node, SLURM_STEP_ID="batch", MPSWRAP_CONFIG="/home/theirs/mpswrap.conf")
+    for env in (task_env(node), theirs):
+        res = run(hooks / "task_prolog", env, user=user)
+        assert res.returncode == 0 and line in res.stdout.splitlines(), res.stdout + res.stderr
+    python = [sys.executable, *([SAFE_PATH] if SAFE_PATH else [])]
+    status = [*python, "-m", "mpswrap", "status", "--json", "--node", "n1", "--job", "101"]
+    job_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent), "HOME": "/"}
+    found = run_as(user, status, {**job_env, "MPSWRAP_CONFIG": str(conf(node))}, cwd="/")
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert str(admin_job(node)) in found.stdout, found.stdout
+    assert run_as(user, status, job_env, cwd="/").returncode == 4
     end(node, hooks)
 
 

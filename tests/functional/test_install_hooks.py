@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mpswrap import __version__
+from mpswrap.config import DEFAULT_CONFIG_FILE
 from tests.tree import PACKAGE
-from tests.users import ensure_test_user
+from tests.users import ensure_test_user, run_as
+
+#: Environment Modules' shell setup (Debian: environment-modules).
+MODULES_INIT = Path("/usr/share/modules/init/bash")
 
 pytestmark = [
     pytest.mark.functional,
@@ -22,19 +30,11 @@ pytestmark = [
 ]
 
 
-def _install(tmp: Path, python: str, config: Path) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "mpswrap",
-        "install-hooks",
-        "--python",
-        python,
-        "--config",
-        str(config),
-        "--dest",
-        str(tmp / "hooks"),
-    ]
+def _install(
+    tmp: Path, python: str, config: Path | str, *more: str, dest: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "mpswrap", "install-hooks", "--python", python]
+    argv += ["--config", str(config), "--dest", str(dest or tmp / "hooks"), *more]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
@@ -42,6 +42,112 @@ def _install(tmp: Path, python: str, config: Path) -> subprocess.CompletedProces
 def tmp(tmp_path: Path) -> Path:
     tmp_path.chmod(0o755)
     return tmp_path
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A root-owned 0755 directory that every user can reach and none other may write to:
+    not under /tmp (pytest's own directories are 0700, and /tmp is everyone's)."""
+    path = Path(tempfile.mkdtemp(prefix="mpswrap-test-", dir="/run"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _warnings(res: subprocess.CompletedProcess[str]) -> list[str]:
+    return [ln for ln in res.stderr.splitlines() if ln.startswith("install.sh: warning: ")]
+
+
+def test_missing_directories_of_dest_are_made_roots_and_only_below_a_safe_level(
+    shared: Path,
+) -> None:
+    """The guide's --dest /usr/local/libexec/mpswrap where /usr/local/libexec does not exist;
+    never a directory under a level another user may change."""
+    config = shared / "mpswrap.conf"
+    config.write_text("prolog_mode = opt-in\n")
+    config.chmod(0o644)
+    dest = shared / "usr" / "local" / "libexec" / "mpswrap"
+    res = _install(shared, sys.executable, config, dest=dest)
+    assert res.returncode == 0, res.stderr
+    for level in (shared / "usr", shared / "usr" / "local", dest.parent, dest):
+        st = level.stat()
+        assert (st.st_uid, oct(stat.S_IMODE(st.st_mode))) == (0, "0o755"), level
+        assert level == dest or f"install.sh: created {level} (root's, mode 0755)" in res.stdout
+    assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]
+    assert not _warnings(res), res.stderr
+    theirs = shared / "theirs"
+    theirs.mkdir()
+    shutil.chown(theirs, ensure_test_user())
+    res = _install(shared, sys.executable, config, dest=theirs / "libexec" / "mpswrap")
+    assert res.returncode != 0, res.stdout
+    assert f"the shims' directory {theirs} can be changed by a user other than root" in res.stderr
+    assert not (theirs / "libexec").exists()
+
+
+def test_a_dest_under_tmp_is_installed_with_one_warning(tmp: Path) -> None:
+    res = _install(tmp, sys.executable, tmp / "mpswrap.conf")
+    assert res.returncode == 0, res.stderr
+    found = [w for w in _warnings(res) if "which every user may write to" in w]
+    assert found == [
+        f"install.sh: warning: {tmp / 'hooks'} is under /tmp, which every user may write to: a "
+        "job's private /tmp (job_container/tmpfs) hides it and a cleaner may remove it; "
+        "install outside it (e.g. /usr/local/libexec/mpswrap)"
+    ], res.stderr
+
+
+def test_an_interpreter_job_users_cannot_reach_is_named_by_the_level_at_fault(
+    shared: Path,
+) -> None:
+    """pyenv's interpreters live under /root (0700): the warning says that is the cause."""
+    private = shared / "private"
+    private.mkdir(mode=0o700)
+    if sys.prefix != sys.base_prefix:  # a venv: the interpreter finds its pyvenv.cfg there
+        (private / "env").symlink_to(sys.prefix)
+        python = private / "env" / Path(sys.executable).relative_to(sys.prefix)
+    else:
+        python = private / "python"
+        python.symlink_to(sys.executable)
+    res = _install(shared, str(python), shared / "mpswrap.conf")
+    assert res.returncode == 0, res.stderr
+    found = [w for w in _warnings(res) if "user 'nobody' cannot run" in w]
+    assert len(found) == 1, res.stderr
+    assert found[0].endswith(
+        f"the TaskProlog runs as the job user and will fail; {private} is mode 700, owner "
+        "root: use an interpreter and package outside it, or open it to others"
+    ), found
+
+
+@pytest.mark.skipif(not MODULES_INIT.exists(), reason=f"needs {MODULES_INIT} (environment-modules)")
+@pytest.mark.parametrize("default_config", [False, True], ids=["own-config", "default-config"])
+def test_module_load_puts_mpswrap_on_path_and_names_a_config_not_at_the_default(
+    shared: Path, default_config: bool
+) -> None:
+    """``--modulefile DIR``: a job user's ``module load mpswrap`` (Environment Modules, Tcl)
+    finds the hooks' mpswrap, alone (not the environment's python), and the admin file."""
+    config = DEFAULT_CONFIG_FILE if default_config else str(shared / "etc" / "mpswrap.conf")
+    dest, modules = shared / "libexec" / "mpswrap", shared / "modulefiles"
+    res = _install(shared, sys.executable, config, "--modulefile", str(modules), dest=dest)
+    assert res.returncode == 0, res.stderr
+    module = modules / "mpswrap" / __version__
+    assert oct(stat.S_IMODE(module.stat().st_mode)) == "0o644"
+    assert f"install.sh: wrote the module {module} " in res.stdout
+    script = (
+        f"source {MODULES_INIT} && module load mpswrap && command -v mpswrap python3 && "
+        'echo "config=${MPSWRAP_CONFIG-unset}" && mpswrap version'
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "MODULEPATH": str(modules)}
+    ran = run_as(ensure_test_user(), ["bash", "-c", script], env, cwd="/")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.splitlines() == [
+        str(dest / "bin" / "mpswrap"),
+        "/usr/bin/python3",
+        f"config={'unset' if default_config else config}",
+        f"mpswrap {__version__}",
+    ], ran.stdout
+    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    res = subprocess.run([*argv, "--modulefile", str(modules)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert not dest.exists() and not (modules / "mpswrap").exists(), res.stdout
 
 
 def test_an_interpreter_in_a_users_directory_is_refused(tmp: Path) -> None:

@@ -2,17 +2,21 @@
 
 Its ``<!-- runnable: admin -->`` blocks run in order, as root, in one shell: a wheel into a
 fresh environment, the admin config, ``mpswrap install-hooks``, the slurm.conf lines and
-``scontrol reconfigure``, the guide's check (a job of the non-root user that opts in with
-``--constraint=mps``). Then a job step of the simulated CUDA program must be an MPS client of
-the daemon the prolog started, and after the epilog nothing of the job may be left. The
-guide's Undo blocks run last (also after a failure), then nothing the guide installed may be
-left.
+``scontrol reconfigure``, the guide's checks (a job of the non-root user that opts in with
+``--constraint=mps``; ``module load mpswrap`` and ``mpswrap status`` in such a job). Then a job
+step of the simulated CUDA program must be an MPS client of the daemon the prolog started, a
+job's ``mpswrap status`` must find its daemon without the module (the task prolog names the
+config file), and after the epilog nothing of the job may be left. The guide's Undo blocks
+run last (also after a failure), then nothing the guide installed may be left.
 
-What the test changes, and nothing else: the five settings of the guide's first block (the
-wheel under test, paths inside this cluster's directory, the test user), three lines it
-appends to the config file (the simulator as control binary and GPU inventory, the cluster's
-run_dir), and the same paths where the guide's shown output names the defaults. The cluster
-is this module's own: its slurm.conf names no hooks until the guide adds them, and its nodes
+What the test changes, and nothing else: the six settings of the guide's first block (the
+wheel under test, paths of its own, the test user), ``MODULEPATH`` (its modules directory,
+as Debian's is on the default one), three lines it appends to the config file (the simulator
+as control binary and GPU inventory, the cluster's run_dir), and the same paths where the
+guide's shown output names the defaults. The paths are those of a machine without
+``/usr/local/libexec`` (the guide's ``--dest`` then has a missing parent), under a directory
+of root's outside ``/tmp``, with the config file not at its default path. The cluster is
+this module's own: its slurm.conf names no hooks until the guide adds them, and its nodes
 carry ``Features=mps`` as the guide tells admins to set for ``feature:mps``.
 """
 
@@ -23,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +46,7 @@ from tests.tree import REPO
 
 GUIDE = REPO / "slurm" / "README.md"
 #: The guide's settings (its first block) and what the test puts there instead.
-SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "JOBUSER")
+SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "MODULES", "JOBUSER")
 #: The run_dir of the guide's config file (its shown output names it).
 GUIDE_RUN_DIR = "/run/mpswrap"
 
@@ -121,7 +126,11 @@ def _guide(cluster: Cluster, values: dict[str, str]) -> tuple[list[Block], list[
     assert blocks and all(b.tag == "admin" for b in blocks), [b.where for b in blocks]
     undo_line = GUIDE.read_text().splitlines().index("## Undo") + 1
     settings, defaults = _settings_block(blocks[0], values)
-    paths = {defaults[k]: values[k] for k in ("VENV", "HOOKS")}
+    paths = {defaults[k]: values[k] for k in ("VENV", "MODULES")}
+    # The hooks' directory's parent, which install-hooks names when it makes it.
+    hooks, default_hooks = Path(values["HOOKS"]), Path(defaults["HOOKS"])
+    assert hooks.name == default_hooks.name, (hooks, default_hooks)
+    paths[str(default_hooks.parent)] = str(hooks.parent)
     paths[GUIDE_RUN_DIR] = str(cluster.run_dir)
     rest = _with_paths(blocks[1:], paths)
     config = [i for i, b in enumerate(rest) if 'cat >"$CONF"' in b.code]
@@ -134,8 +143,15 @@ def _guide(cluster: Cluster, values: dict[str, str]) -> tuple[list[Block], list[
     return install, [settings, *undo]
 
 
-def _env(cluster: Cluster) -> dict[str, str]:
-    env = doc_env({"PATH": SAFE_PATH, "SLURM_CONF": str(cluster.slurm_conf), "HOME": "/root"})
+def _env(cluster: Cluster, modules: str) -> dict[str, str]:
+    env = doc_env(
+        {
+            "PATH": SAFE_PATH,
+            "SLURM_CONF": str(cluster.slurm_conf),
+            "HOME": "/root",
+            "MODULEPATH": modules,
+        }
+    )
     for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
         env.pop(name, None)
     return env
@@ -160,32 +176,57 @@ def _check_client_job(cluster: Cluster, workdir: Path) -> None:
     assert not cluster.drained_nodes(), cluster.drained_nodes()
 
 
+def _check_status_without_the_module(cluster: Cluster, workdir: Path, venv: str) -> None:
+    """A job user's ``mpswrap status`` in a job finds the prolog's daemon with no
+    MPSWRAP_CONFIG of its own: the task prolog tells every task where the config file is."""
+    argv = [f"{venv}/bin/mpswrap", "status"]
+    job = cluster.srun("--gres=gpu:1", "--constraint=mps", *argv, cwd=workdir)
+    assert job.proc is not None and job.proc.returncode == 0, job.output
+    assert f"job {job.id} on node1: 1 GPU daemon(s)" in job.output, job.output
+    assert " running (by prolog, user " in job.output, job.output
+
+
+@pytest.fixture
+def admin_root() -> Iterator[Path]:
+    """Where the guide installs everything: root's, 0755, outside /tmp (the guide says the
+    shims do not belong there), with ``usr/local`` but no ``usr/local/libexec``."""
+    root = Path(tempfile.mkdtemp(prefix="mpswrap-admin-guide.", dir="/opt"))
+    try:
+        root.chmod(0o755)
+        (root / "usr" / "local").mkdir(mode=0o755, parents=True)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # whatever the Undo blocks did not remove
+
+
 def test_admin_guide_install_job_undo(
-    cluster: Cluster, workdir: Path, wheel: Path, tmp_path: Path
+    cluster: Cluster, workdir: Path, wheel: Path, tmp_path: Path, admin_root: Path
 ) -> None:
-    root = cluster.state / "admin"  # everything the guide installs (world-traversable)
+    root = admin_root
     values = {
         "WHEEL": str(wheel),
         "VENV": str(root / "venv"),
         "CONF": str(root / "etc" / "mpswrap.conf"),
-        "HOOKS": str(root / "libexec"),
+        "HOOKS": str(root / "usr" / "local" / "libexec" / "mpswrap"),
+        "MODULES": str(root / "modulefiles"),
         "JOBUSER": USER,
     }
     assert tuple(values) == SETTINGS
     install, undo = _guide(cluster, values)
     node_lines = re.findall(r"^NodeName=.*$", cluster.slurm_conf.read_text(), re.MULTILINE)
     assert node_lines and all(" Features=mps " in line for line in node_lines), node_lines
-    env = _env(cluster)
+    env = _env(cluster, values["MODULES"])
     try:
         done = run_blocks(install, env, cwd=workdir, state=tmp_path / "install.sh", timeout=300)
         found = problems(done, install)
         assert not found, "\n".join(found)
         _check_client_job(cluster, workdir)
+        _check_status_without_the_module(cluster, workdir, values["VENV"])
     finally:
         undone = run_blocks(undo, env, cwd=workdir, state=tmp_path / "undo.sh", timeout=120)
-        installed = (root / "venv", root / "libexec", root / "etc" / "mpswrap.conf")
+        installed = [Path(values[k]) for k in ("VENV", "HOOKS", "CONF")]
+        installed.append(Path(values["MODULES"]) / "mpswrap")
         left = [p for p in installed if p.exists()]
-        shutil.rmtree(root, ignore_errors=True)  # whatever the Undo blocks did not remove
     found = problems(undone, undo)
     assert not found, "\n".join(found)
     assert not left, f"the guide's Undo left {left}"
