@@ -5,6 +5,7 @@
 # (default /opt/mpswrap/venv as root, ~/.local/share/mpswrap/venv otherwise). It installs this
 # source tree; WHEEL=path/to/mpswrap-*.whl installs that wheel instead (CI: the one it built).
 # mpswrap needs Python >= 3.10 (README, Requirements); PYTHON=python3.11 overrides python3.
+# It ends by printing how to put mpswrap on PATH, and exits with the demo's status.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd -P)
 if [ "$(id -u)" = 0 ]; then VENV=${VENV:-/opt/mpswrap/venv}; else VENV=${VENV:-$HOME/.local/share/mpswrap/venv}; fi
@@ -20,4 +21,16 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q "${WHEEL:-$REPO}"
 echo "installed: $("$VENV/bin/mpswrap" --version) in $VENV"
-exec "$VENV/bin/mpswrap" demo "$@"
+rc=0
+"$VENV/bin/mpswrap" demo "$@" || rc=$?
+# The venv's bin is not on PATH, and putting all of it there would put its python and pip
+# before the system's: a link to the one command is enough.
+if [ "$(id -u)" = 0 ]; then links=/usr/local/bin; else links=$HOME/.local/bin; fi
+cat <<EOF
+
+mpswrap is installed in $VENV/bin, which is not on PATH. To run it as 'mpswrap':
+  ln -s $VENV/bin/mpswrap $links/mpswrap     # once, for every shell
+  export PATH="$VENV/bin:\$PATH"              # or: this shell only
+On a Slurm cluster, users get it with 'module load mpswrap' (slurm/README.md, Install).
+EOF
+exit "$rc"

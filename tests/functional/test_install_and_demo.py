@@ -1,0 +1,55 @@
+"""tools/install-and-demo.sh ends by saying how to put mpswrap on PATH (README, Set up), and
+exits with the demo's status. The venv is a fake one: its python takes pip's commands and
+does nothing, its mpswrap prints what the real one would and exits as told."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.tree import REPO
+
+pytestmark = [pytest.mark.functional]
+
+SCRIPT = REPO / "tools" / "install-and-demo.sh"
+
+
+def _fake_venv(root: Path, demo_status: int) -> Path:
+    bin_dir = root / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "mpswrap").write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then echo "mpswrap 0.1.0"; exit 0; fi\n'
+        f'echo "$*"; exit {demo_status}\n'
+    )
+    for name in ("python", "mpswrap"):
+        (bin_dir / name).chmod(0o755)
+    return bin_dir.parent
+
+
+@pytest.mark.parametrize("demo_status", [0, 3])
+def test_it_ends_by_saying_how_to_put_mpswrap_on_path(tmp_path: Path, demo_status: int) -> None:
+    venv = _fake_venv(tmp_path, demo_status)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "VENV": str(venv)}
+    res = subprocess.run(
+        ["bash", str(SCRIPT), "--clients", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == demo_status, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert "demo --clients 2" in lines, res.stdout
+    links = "/usr/local/bin" if os.geteuid() == 0 else f"{tmp_path}/.local/bin"
+    assert lines[lines.index("demo --clients 2") + 1 :] == [
+        "",
+        f"mpswrap is installed in {venv}/bin, which is not on PATH. To run it as 'mpswrap':",
+        f"  ln -s {venv}/bin/mpswrap {links}/mpswrap     # once, for every shell",
+        f'  export PATH="{venv}/bin:$PATH"              # or: this shell only',
+        "On a Slurm cluster, users get it with 'module load mpswrap' (slurm/README.md, Install).",
+    ], res.stdout
