@@ -108,3 +108,29 @@ def test_two_jobs_daemons_run_on_their_own_cpus(
     for job in jobs:
         _wait_job_gone(cluster, job)
         assert_job_left_nothing(cluster, job, mps_baseline)
+
+
+def test_plain_mps_flag_logs_no_error_in_any_step(
+    cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """``sbatch --mps`` with no policy: its batch step and its srun step run, attached, and
+    slurmd's log gets no ``error: mpswrap`` line for any of the job's steps."""
+    logs = sorted((Path(cluster["state"]) / "log").glob("slurmd*.log"))
+    assert logs, f"no slurmd log in {cluster['state']}/log"
+    since = {log: log.stat().st_size for log in logs}
+    job = submit(
+        cluster, gpu_user, "plain", "--mps -n 2 --gres=gpu:1", f"srun {CLIENT} --seconds 8"
+    )
+    _wait_clients(job, cluster["config"], 2)
+    _wait_job_gone(cluster, job)
+    errors = []
+    for log in logs:
+        with log.open("rb") as f:
+            f.seek(since[log])
+            text = f.read().decode(errors="replace")
+        errors += [f"{log.name}: {ln}" for ln in text.splitlines() if "error: mpswrap" in ln]
+    print(f"job {job}: slurmd lines since submission checked in {[p.name for p in logs]}")
+    assert not errors, errors
+    out = (Path(cluster["state"]) / "work" / "plain.out").read_text()
+    assert "CUDA error" not in out, out
+    assert_job_left_nothing(cluster, job, mps_baseline)
