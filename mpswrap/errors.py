@@ -17,6 +17,7 @@ __all__ = [
     "ConfigError",
     "ControlError",
     "DaemonError",
+    "GpuChoiceError",
     "GpuError",
     "LayoutError",
     "LockTimeout",
@@ -38,7 +39,11 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
         "an operation failed (the message names what, which thing, and why); `stop` and the "
         "epilog: something survived the ladder",
     ),
-    ("2", "usage or configuration error: unknown command or option, bad value"),
+    (
+        "2",
+        "usage or configuration error: unknown command or option, a bad value of an option, "
+        "setting or variable (a GPU this node does not have, a request over a limit)",
+    ),
     ("3", "`status`: something found is not healthy (a daemon not running, a server in FAULT)"),
     ("4", "`status`: no mpswrap daemons found for the jobs asked about"),
     ("69", "`--verify-attach fail`: a rank did not become an MPS client"),
@@ -151,6 +156,10 @@ class LockTimeout(MpswrapError, TimeoutError):
 
 class GpuError(MpswrapError, LookupError):
     """A GPU cannot be found or resolved."""
+
+
+class GpuChoiceError(GpuError, UsageError):
+    """A GPU list names a GPU this node does not have, or one twice: a bad value (exit 2)."""
 
 
 class ProcError(MpswrapError, OSError):

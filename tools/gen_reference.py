@@ -11,8 +11,9 @@ table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``
 client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), a job record's
 (``mpswrap.mps.record.FIELDS``), the metric series
 (``mpswrap.report.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
-returns). tests/unit/test_reference.py
-runs the check.
+returns). It also writes the files the wheel ships that are made from the parser: the man page
+``mpswrap/cli/mpswrap.1`` and the bash completion ``mpswrap/cli/mpswrap.bash``.
+tests/unit/test_reference.py runs the check.
 """
 
 from __future__ import annotations
@@ -51,11 +52,20 @@ def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _help(action: argparse.Action) -> str:
+#: "(default: ...)" in a help text, parentheses inside it allowed once.
+_DEFAULT = re.compile(r"\s*\(default: ((?:[^()]|\([^()]*\))*)\)")
+
+
+def _help_text(action: argparse.Action) -> str:
     text = action.help or ""
     if "%" in text:  # argparse help strings are %-templates
         text = text % {"default": action.default, "prog": "mpswrap"}
-    return _cell(text)
+    return text
+
+
+def _help(action: argparse.Action) -> str:
+    """The meaning, without the default (its own column)."""
+    return _cell(_DEFAULT.sub("", _help_text(action)))
 
 
 def _value(action: argparse.Action) -> str:
@@ -67,10 +77,16 @@ def _value(action: argparse.Action) -> str:
 
 
 def _default(action: argparse.Action) -> str:
-    if action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
-        return ""
-    if isinstance(action, argparse._CountAction):
-        return ""
+    """What the help text says the default is, else the parser's: every option shows one."""
+    said = _DEFAULT.search(_help_text(action))
+    if said:
+        return _cell(said[1])
+    if action.required or "(required)" in _help_text(action):
+        return "required"
+    kinds = {argparse._CountAction: "0", argparse._VersionAction: "—"}
+    shown = kinds.get(type(action), "off" if action.nargs == 0 else "")
+    if shown or action.default in (None, argparse.SUPPRESS):
+        return shown
     return _code(action.default)
 
 
@@ -150,9 +166,11 @@ def commands() -> list[str]:
         [(_code(f"mpswrap {name}"), _cell(helps.get(name, ""))) for name in sub.choices],
     )
     for name, cmd in sub.choices.items():
-        out += ["", f"### `mpswrap {name}`", "", _cell(helps.get(name, "")), ""]
-        out += ["```", _usage(cmd), "```", ""]
+        out += ["", f"### `mpswrap {name}`", "", _cell(cmd.description or helps.get(name, ""))]
+        out += ["", "```", _usage(cmd), "```", ""]
         out += _options_table(_own(cmd._actions))
+        examples = [e.strip() for e in (cmd.epilog or "").split("\n")[1:]]
+        out += ["", "Examples:", "", "```", *examples, "```"] if examples else []
     return out
 
 
@@ -305,30 +323,45 @@ def render(text: str) -> str:
     return new
 
 
-def diff(current: str, wanted: str) -> Iterator[str]:
+def shipped() -> dict[Path, str]:
+    """The files the wheel ships that are made from the parser: the man page and the bash
+    completion script, each path with the text it must have."""
+    from mpswrap.cli import completion, manpage
+    from mpswrap.cli.main import build_parser
+
+    folder = REPO / "mpswrap" / "cli"
+    return {
+        folder / manpage.SHIPPED: manpage.roff(build_parser()),
+        folder / completion.SHIPPED: completion.bash(build_parser()),
+    }
+
+
+def diff(current: str, wanted: str, name: str = "docs/reference.md") -> Iterator[str]:
     import difflib
 
     yield from difflib.unified_diff(
-        current.splitlines(), wanted.splitlines(), "docs/reference.md", "generated", lineterm=""
+        current.splitlines(), wanted.splitlines(), name, "generated", lineterm=""
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    args.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    args.add_argument("--check", action="store_true", help="fail if a file is out of date")
     check = args.parse_args(argv).check
     current = REFERENCE.read_text(encoding="utf-8")
-    wanted = render(current)
-    if check:
-        if current == wanted:
-            return 0
-        print("\n".join(diff(current, wanted)))
-        print(f"docs/reference.md is out of date with the code: run `{FIX}`", file=sys.stderr)
-        return 1
-    if current != wanted:
-        REFERENCE.write_text(wanted, encoding="utf-8")
-        print(f"wrote {REFERENCE.relative_to(REPO)}")
-    return 0
+    files = {REFERENCE: (current, render(current))}
+    for path, text in shipped().items():
+        files[path] = (path.read_text(encoding="utf-8") if path.exists() else "", text)
+    stale = [path for path, (now, wanted) in files.items() if now != wanted]
+    for path in stale:
+        name = str(path.relative_to(REPO))
+        if check:
+            print("\n".join(diff(*files[path], name)))
+            print(f"{name} is out of date with the code: run `{FIX}`", file=sys.stderr)
+        else:
+            path.write_text(files[path][1], encoding="utf-8")
+            print(f"wrote {name}")
+    return 1 if check and stale else 0
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ log() { echo "tools/test.sh: $*" >&2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
       libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap
-      prometheus environment-modules)  # promtool checks the metrics; modules: the admin guide's module
+      prometheus environment-modules man-db groff-base)
+# promtool checks the metrics; modules: the admin guide's module; man: the man page renders
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -130,7 +131,8 @@ WHEEL=$(echo "$DIST"/mpswrap-*.whl) SDIST=$(echo "$DIST"/mpswrap-*.tar.gz)
 import sys, tarfile, zipfile
 wheel, sdist = sys.argv[1:]
 need = ["mpswrap/slurm/hook", "mpswrap/slurm/install.sh", "mpswrap/slurm/uninstall.sh",
-        "mpswrap/slurm/install.py", "mpswrap/slurm/mpswrap_spank.c", "mpswrap/py.typed"]
+        "mpswrap/slurm/install.py", "mpswrap/slurm/mpswrap_spank.c", "mpswrap/py.typed",
+        "mpswrap/cli/mpswrap.1", "mpswrap/cli/mpswrap.bash"]
 in_wheel = set(zipfile.ZipFile(wheel).namelist())
 with tarfile.open(sdist) as tar:
     in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}

@@ -20,13 +20,13 @@ from typing import Any
 
 from .. import _proc, _wait
 from ..config import Settings, load_settings
-from ..errors import MpswrapError
+from ..errors import MpswrapError, UsageError
 from ..job import state
 from ..job.job import JobDaemons
 from ..job.placement import plan_positions
 from ..mps.control import client_env, find_binary
 from ..mps.daemon import Defaults
-from ..mps.gpu import load_inventory
+from ..mps.gpu import Inventory, client_limit, load_inventory
 from ..report.status import print_status
 
 __all__ = ["cli"]
@@ -106,7 +106,9 @@ def run_demo(n_clients: int, simulate: bool) -> int:
     try:
         settings = _settings(tmp, simulate)
         kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
-        gpus = load_inventory(settings.gpu_inventory).gpus
+        inventory = load_inventory(settings.gpu_inventory)
+        _check_clients(n_clients, inventory, settings)
+        gpus = inventory.gpus
         daemons = JobDaemons(state.user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
         print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
         daemons.start(
@@ -134,8 +136,23 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _check_clients(n_clients: int, inventory: Inventory, settings: Settings) -> None:
+    """Refuse, before anything starts, more clients than the GPUs' MPS servers take (the
+    demo places them in blocks over every GPU): never attach fewer than were asked for."""
+    limits = [
+        client_limit(g, inventory.cuda_driver_version, os.environ, settings.client_limit)
+        for g in inventory.gpus
+    ]
+    if n_clients > sum(limits):
+        each = f"{limits[0]} a GPU" if len(set(limits)) == 1 else "client_limit"
+        raise UsageError(
+            "bad --clients",
+            thing=str(n_clients),
+            cause=f"{len(limits)} GPU(s) take at most {sum(limits)} MPS clients ({each})",
+            hint=f"mpswrap demo --clients {sum(limits)}",
+        )
+
+
 def cli(args: argparse.Namespace) -> int:
     simulate = args.simulate == "yes" or (args.simulate == "auto" and not _real_available())
-    if args.clients < 1:
-        raise MpswrapError("--clients must be at least 1", thing=str(args.clients))
     return run_demo(args.clients, simulate)

@@ -24,15 +24,25 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__, trust
 from ..config import Settings, admin_file, load_settings
-from ..errors import ConfigError, MpswrapError, TrustError, UsageError, internal_error
+from ..errors import (
+    ConfigError,
+    GpuChoiceError,
+    MpswrapError,
+    TrustError,
+    UsageError,
+    internal_error,
+)
 from ..job import launchargs
 from ..job.placement import provision_threads
+from . import completion, helptext, manpage
 from .farmcmd import add_parsers
 from .logs import debug_env, setup_logging
 from .options import (
@@ -44,6 +54,11 @@ from .options import (
     VERBOSITY,
     WRAPPER_OPTIONS,
     Options,
+    at_least,
+    job_id,
+    node_name,
+    path,
+    seconds,
 )
 
 if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
@@ -75,7 +90,13 @@ def _add(parser: Any, options: Options, inherited: bool = False) -> None:
 def _common(parser: argparse.ArgumentParser, config: bool = True) -> None:
     _add(parser, VERBOSITY, inherited=True)
     if config:
-        parser.add_argument("--config", metavar="FILE", help="admin config file to read")
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            type=path,
+            help="admin config file to read (default: $MPSWRAP_CONFIG, else "
+            "/etc/mpswrap/mpswrap.conf)",
+        )
 
 
 def _job_args(parser: argparse.ArgumentParser) -> None:
@@ -83,22 +104,54 @@ def _job_args(parser: argparse.ArgumentParser) -> None:
         "--job",
         metavar="ID",
         default=argparse.SUPPRESS,
+        type=job_id,
         help="job id (default: Slurm's; else every job of yours here)",
     )
-    parser.add_argument("--node", metavar="NAME", help="node name (default: this node)")
-    parser.add_argument("--run-dir", metavar="DIR", help="state directory to use")
+    parser.add_argument(
+        "--node", metavar="NAME", type=node_name, help="node name (default: this node)"
+    )
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        type=path,
+        help="state directory to use (default: the run_dir setting as root, else user_run_dir)",
+    )
 
 
 def _commands(sub: Any) -> None:
     p = sub.add_parser("start", help="start one MPS daemon per GPU (user mode or as root)")
     _common(p)
     _job_args(p)
-    p.add_argument("--gpus", default="all", help="'all', NVML indices (0,2-3) or UUIDs")
-    p.add_argument("--user", help="run the daemons as this user (root only)")
-    p.add_argument("--cpus", help="CPUs the daemons may use (intersected with GPU-local CPUs)")
-    p.add_argument("--threads", help="default active thread percentage")
-    p.add_argument("--mem-limit", help="default pinned device memory limit (e.g. 8G)")
-    p.add_argument("--priority", choices=("0", "1"), help="default client priority")
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        default="all",
+        help="'all', NVML indices (0,2-3) or UUIDs (default: all)",
+    )
+    p.add_argument("--user", help="run the daemons as this user, root only (default: you)")
+    p.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help="CPUs the daemons may use, intersected with GPU-local CPUs "
+        "(default: every CPU this process may use)",
+    )
+    p.add_argument(
+        "--threads",
+        metavar="PERCENT",
+        help="default active thread percentage (default: the active_thread_percentage "
+        "setting, none)",
+    )
+    p.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        help="default pinned device memory limit, e.g. 8G (default: the pinned_mem_limit "
+        "setting, none)",
+    )
+    p.add_argument(
+        "--priority",
+        choices=("0", "1"),
+        help="default client priority (default: the client_priority setting, none)",
+    )
     p.add_argument("--prestart", action="store_true", help="start the MPS server now")
     p.add_argument("--json", action="store_true", help="print the manifests as JSON")
     for name, text in (
@@ -114,12 +167,18 @@ def _commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("demo", help="start MPS, run clients, show status, tear down")
     _common(p)
-    p.add_argument("--clients", type=int, default=4, help="number of clients (default 4)")
+    p.add_argument(
+        "--clients",
+        type=at_least(1),
+        default=4,
+        metavar="N",
+        help="number of clients, at most the GPUs' MPS client limits (default: 4)",
+    )
     p.add_argument(
         "--simulate",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="use the built-in MPS simulator (auto: when no GPU/MPS is found)",
+        help="use the built-in MPS simulator; auto: when no GPU/MPS is found (default: auto)",
     )
     p = sub.add_parser(
         "run",
@@ -136,15 +195,16 @@ def _commands(sub: Any) -> None:
 def _admin_commands(sub: Any) -> None:
     p = sub.add_parser("report", help="a finished job's record (log_archive): clients, faults")
     _common(p)
-    p.add_argument("job_id", metavar="JOB", help="the job id")
+    p.add_argument("job_id", metavar="JOB", type=job_id, help="the job id (required)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub.choices["status"].add_argument(
         "--watch",
         nargs="?",
-        type=float,
+        type=seconds(),
         const=2.0,
         metavar="S",
-        help="print it again every S seconds (default 2) until interrupted",
+        help="print it again every S seconds (2 when S is not given) until interrupted "
+        "(default: once)",
     )
     p = sub.add_parser("metrics", help="daemons, servers, clients in Prometheus text format")
     _common(p)
@@ -158,7 +218,9 @@ def _admin_commands(sub: Any) -> None:
     p.add_argument(
         "--textfile",
         metavar="DIR",
-        help="write DIR/mpswrap.prom instead (for node_exporter's textfile collector)",
+        type=path,
+        help="write DIR/mpswrap.prom, for node_exporter's textfile collector (default: print "
+        "to standard output)",
     )
     p.add_argument(
         "--process-labels",
@@ -177,8 +239,29 @@ def _admin_commands(sub: Any) -> None:
     p = sub.add_parser("uninstall-hooks", help="remove the Slurm hook shims (root)")
     install.add_uninstall_arguments(p)
     _common(p, config=False)
+    p = sub.add_parser("completion", help="print the bash completion script")
+    p.add_argument(
+        "shell", nargs="?", choices=("bash",), default="bash", help="the shell (default: bash)"
+    )
     p = sub.add_parser("help", help="this help, or a command's: help COMMAND")
-    p.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain")
+    p.add_argument(
+        "topic", nargs="?", metavar="COMMAND", help="the command to explain (default: all)"
+    )
+    p.add_argument("--man-path", action="store_true", help="print where the man page mpswrap(1) is")
+    _describe(sub)
+
+
+def _describe(sub: Any) -> None:
+    """Each command's description and examples (``helptext``), and the help of an inherited
+    option where it means something else there."""
+    for name, parser in sub.choices.items():
+        text, examples = helptext.COMMANDS[name]
+        parser.description = textwrap.fill(text, 79)
+        parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        for action in parser._actions:
+            for flag in action.option_strings:
+                action.help = helptext.OPTION_HELP.get((name, flag), action.help)
 
 
 def build_parser(commands: bool = True) -> argparse.ArgumentParser:
@@ -236,8 +319,6 @@ def _check_args(args: argparse.Namespace) -> None:
         provision_threads(args.threads, 1, 0)  # raises UsageError naming the valid forms
     if args.mem_limit not in (None, "auto") and not _SIZE.match(args.mem_limit):
         raise UsageError("bad --mem-limit", thing=args.mem_limit, hint="use auto, 8G or 512M")
-    if args.verify_timeout <= 0 or (args.grace is not None and args.grace < 0):
-        raise UsageError("--verify-timeout and --grace must be positive")
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -348,7 +429,8 @@ def dispatch(argv: list[str]) -> int:
     if mode == "command":
         args = parser.parse_args(argv)
         setup_logging(args, "info")
-        return HANDLERS[args.command](args)
+        with _gpus_at_fault(args):
+            return HANDLERS[args.command](args)
     args = parser.parse_args(head)
     if mode == "none":
         if dashdash:
@@ -359,7 +441,8 @@ def dispatch(argv: list[str]) -> int:
         setup_logging(args, "info")
         from ..entry.launch import prefix
 
-        return prefix(_options(args), rest)
+        with _gpus_at_fault(args):
+            return prefix(_options(args), rest)
     # One rank of many: "daemon already running" from every rank is noise at 48 ranks a GPU.
     setup_logging(args, "warning")
     from ..entry.launch import per_rank
@@ -367,7 +450,20 @@ def dispatch(argv: list[str]) -> int:
 
     opts = _options(args)  # usage errors (2) first, then 127/126, before NVML or a daemon
     check_program(rest, os.environ)
-    return per_rank(opts, rest)
+    with _gpus_at_fault(args):
+        return per_rank(opts, rest)
+
+
+@contextmanager
+def _gpus_at_fault(args: argparse.Namespace) -> Iterator[None]:
+    """A GPU list naming a GPU this node lacks (exit 2) names ``--gpus`` when it came from
+    there (not from the step's CUDA_VISIBLE_DEVICES)."""
+    try:
+        yield
+    except GpuChoiceError as exc:
+        if getattr(args, "gpus", None) is not None:
+            exc.with_context("--gpus")
+        raise
 
 
 def _command_after_dashes(
@@ -378,13 +474,13 @@ def _command_after_dashes(
     mode_head, command, _ = split_options(rest, _valued((*WRAPPER_OPTIONS, *own)))
     args = parser.parse_args([*head, mode, *mode_head])
     setup_logging(args, "info")
-    if mode == "calibrate":
-        from .farmcmd import cmd_calibrate
-
-        return cmd_calibrate(args, _options(args), command)
     from ..entry.local import run_local
+    from .farmcmd import cmd_calibrate
 
-    return run_local(_options(args), args.nprocs, command)
+    with _gpus_at_fault(args):
+        if mode == "calibrate":
+            return cmd_calibrate(args, _options(args), command)
+        return run_local(_options(args), args.nprocs, command)
 
 
 def _mode(rest: Sequence[str], dashdash: bool) -> str:
@@ -403,27 +499,48 @@ def _mode(rest: Sequence[str], dashdash: bool) -> str:
         return "launcher"
     if "/" in word or shutil.which(word):
         return "program"
-    words = [*HANDLERS, "run", "calibrate", *LAUNCHERS]
-    near = difflib.get_close_matches(word, words, n=1, cutoff=0.6)
     raise UsageError(
-        f"unknown command '{word}'" + (f" (did you mean '{near[0]}'?)" if near else ""),
-        hint="mpswrap --help lists the commands; to run a program, give its path "
+        f"unknown command '{word}'{_did_you_mean(word)}",
+        hint="mpswrap help lists the commands; to run a program, give its path "
         f"or use 'mpswrap -- {word}'",
     )
 
 
+def _did_you_mean(word: str) -> str:
+    """`` (did you mean 'X'?)`` for a close match only: the one word that starts with
+    ``word``, or one a typo or two away (difflib's ratio 0.75: 'stauts', 'hlep'); else
+    nothing ('logs' is no 'prolog'; 'sta' could be start or status)."""
+    words = [*HANDLERS, "run", "calibrate", *LAUNCHERS]
+    starting = [w for w in words if w.startswith(word)]
+    if len(starting) > 1:
+        return ""
+    near = starting or difflib.get_close_matches(word, words, n=1, cutoff=0.75)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
 def _cmd_help(args: argparse.Namespace) -> int:
     parser = build_parser()
+    if args.man_path:
+        print(manpage.shipped())
+        return 0
     if args.topic is None:
         parser.print_help()
         return 0
     if args.topic not in (*HANDLERS, "run", "calibrate"):
-        raise UsageError(f"no command '{args.topic}'", hint="mpswrap help")
+        raise UsageError(
+            f"no command '{args.topic}'{_did_you_mean(args.topic)}", hint="mpswrap help"
+        )
     parser.parse_args([args.topic, "--help"])
     return 0
 
 
+def _cmd_completion(args: argparse.Namespace) -> int:
+    print(completion.bash(build_parser()), end="")
+    return 0
+
+
 HANDLERS["help"] = _cmd_help
+HANDLERS["completion"] = _cmd_completion
 
 
 def main(argv: Sequence[str] | None = None) -> int:

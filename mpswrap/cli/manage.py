@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _proc
 from ..config import Settings, load_settings
-from ..errors import UsageError
+from ..errors import ConfigError, UsageError
 from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
@@ -67,15 +67,35 @@ def _allowed_cpus(text: str | None) -> frozenset[int] | None:
     return asked
 
 
+#: The settings ``start``'s options give, by option: a bad value names its option.
+_START_SETTINGS = {
+    "threads": ("--threads", "active_thread_percentage"),
+    "mem_limit": ("--mem-limit", "pinned_mem_limit"),
+    "priority": ("--priority", "client_priority"),
+}
+
+
+def _start_settings(args: argparse.Namespace) -> Settings:
+    try:
+        return _settings(
+            args,
+            prestart_server=True if args.prestart else None,
+            **{name: getattr(args, dest) for dest, (_, name) in _START_SETTINGS.items()},
+        )
+    except ConfigError as exc:
+        for option, name in _START_SETTINGS.values():
+            if exc.what == f"bad value for {name}" and str(exc.thing).endswith(" in argument"):
+                exc.with_context(option)
+        raise
+
+
 def cmd_start(args: argparse.Namespace) -> int:
-    settings = _settings(
-        args,
-        active_thread_percentage=args.threads,
-        pinned_mem_limit=args.mem_limit,
-        client_priority=args.priority,
-        prestart_server=True if args.prestart else None,
-    )
-    user = _proc.lookup_user(args.user) if args.user else _proc.lookup_user()
+    settings = _start_settings(args)
+    try:
+        user = _proc.lookup_user(args.user) if args.user else _proc.lookup_user()
+    except UsageError as exc:
+        exc.with_context("--user")
+        raise
     if user.uid != os.geteuid() and os.geteuid() != 0:
         raise UsageError("--user needs root", thing=args.user)
     node = _node(args)

@@ -4,7 +4,12 @@ parser."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
+
+from ..errors import MpswrapError
+from ..paths import validate_name
 
 __all__ = [
     "CALIBRATE_OPTIONS",
@@ -16,7 +21,74 @@ __all__ = [
     "VERBOSITY",
     "WRAPPER_OPTIONS",
     "Options",
+    "at_least",
+    "job_id",
+    "node_name",
+    "path",
+    "seconds",
 ]
+
+
+# --- values: what an option accepts, checked as it is parsed (a bad one exits 2, naming it) --
+def _refused(message: str) -> Exception:
+    """The parser's error for a bad value: ``argument FLAG: message``. argparse is imported
+    here, not at the top: the hooks read this module's HOOK_COMMANDS and load no parser."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
+def seconds(minimum: float = 0.0, *, above: bool = True) -> Callable[[str], float]:
+    """Seconds, a finite number above ``minimum`` (or at least it, ``above=False``)."""
+    words = f"above {minimum:g}" if above else f"{minimum:g} or more"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < minimum or (above and value == minimum):
+            raise _refused(f"invalid value {text!r}: expected seconds {words}")
+        return value
+
+    return parse
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """A whole number, ``minimum`` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise _refused(f"invalid value {text!r}: expected a whole number, {minimum} or more")
+        return value
+
+    return parse
+
+
+def _name(kind: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return validate_name(kind, text)
+        except MpswrapError as exc:
+            raise _refused(exc.line()) from None
+
+    return parse
+
+
+#: A job id or a node name: one safe path component.
+job_id, node_name = _name("job id"), _name("node name")
+
+
+def path(text: str) -> str:
+    """A file or directory name: not empty (an empty one would silently mean the default)."""
+    if not text:
+        raise _refused("invalid value '': expected a path")
+    return text
+
 
 #: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
 HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
@@ -25,25 +97,34 @@ Options = tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
 # fmt: off
 WRAPPER_OPTIONS: Options = (
-    (("--gpus",), {"metavar": "LIST", "help": "GPUs to use: 'all', NVML indices or UUIDs"}),
-    (("--policy",), {"choices": ("block", "cyclic", "affinity"), "help": "rank to GPU mapping"}),
+    (("--gpus",), {"metavar": "LIST", "help": "GPUs to use: 'all', NVML indices or UUIDs "
+                   "(default: the step's GPUs, else all)"}),
+    (("--policy",), {"choices": ("block", "cyclic", "affinity"),
+                     "help": "rank to GPU mapping: consecutive ranks share a GPU (block), "
+                     "take turns (cyclic) or go to GPUs near their CPUs (affinity) "
+                     "(default: the gpu_policy setting, block)"}),
     (("--threads",), {"metavar": "SPEC", "help": "active thread %%: none, uniform, "
-                      "oversubscribe, a percent, or weights w1:w2:..."}),
+                      "oversubscribe, a percent, or weights w1:w2:... "
+                      "(default: the active_thread_percentage setting, none)"}),
     (("--mem-limit",), {"metavar": "SIZE", "help": "pinned device memory per client: "
-                        "auto (GPU memory / ranks on it) or e.g. 8G, 512M"}),
-    (("--priority",), {"type": int, "choices": (0, 1), "help": "client priority (1 = below)"}),
+                        "auto (GPU memory / ranks on it) or e.g. 8G, 512M "
+                        "(default: the pinned_mem_limit setting, none)"}),
+    (("--priority",), {"type": int, "choices": (0, 1), "help": "client priority, 1 = below normal "
+                      "(default: the client_priority setting, none)"}),
     (("--verify-attach",), {"choices": ("warn", "fail", "off"),
                             "help": "a rank that is not an MPS client: warn, fail (exit 69) or "
                             "off (default: the verify_attach setting, warn)"}),
-    (("--verify-timeout",), {"type": float, "default": 30.0, "metavar": "S",
-                             "help": "seconds to wait for attachment (default 30)"}),
+    (("--verify-timeout",), {"type": seconds(), "default": 30.0, "metavar": "S",
+                             "help": "seconds to wait for attachment (default: 30)"}),
     (("--no-shield",), {"action": "store_true",
                         "help": "let TERM/INT/HUP reach the program directly"}),
-    (("--grace",), {"type": float, "metavar": "S",
-                    "help": "seconds from signal to SIGKILL (default: kill_grace)"}),
+    (("--grace",), {"type": seconds(above=False), "metavar": "S",
+                    "help": "seconds from signal to SIGKILL "
+                    "(default: the kill_grace setting, 10)"}),
     (("--dry-run",), {"action": "store_true",
                       "help": "print what would run (or refuse as the run would); start nothing"}),
-    (("--job",), {"metavar": "ID", "help": "job id for the per-job state (default: Slurm's)"}),
+    (("--job",), {"metavar": "ID", "type": job_id,
+                  "help": "job id for the per-job state (default: Slurm's)"}),
 )
 #: Output options, accepted before and after a command word.
 VERBOSITY: Options = (
@@ -56,7 +137,16 @@ VERBOSITY: Options = (
 )
 # fmt: on
 RUN_OPTIONS: Options = (
-    (("-n", "--np"), {"type": int, "required": True, "dest": "nprocs", "help": "ranks to start"}),
+    (
+        ("-n", "--np"),
+        {
+            "type": int,
+            "required": True,
+            "dest": "nprocs",
+            "metavar": "N",
+            "help": "ranks to start (required)",
+        },
+    ),
 )
 # fmt: off
 #: ``mpswrap farm``'s own options (docs/howto-farm.md).
@@ -64,27 +154,30 @@ FARM_OPTIONS: Options = (
     (("--per-gpu",), {"type": int, "metavar": "K", "help": "tasks at once on each GPU "
                       "(default: the client limit, a CPU per task, at most 16)"}),
     (("--retries",), {"type": int, "default": 1, "metavar": "N",
-                      "help": "runs more of a task a fatal GPU fault ended (default 1)"}),
-    (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "help": "logs and state "
+                      "help": "runs more of a task a fatal GPU fault ended (default: 1)"}),
+    (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "type": path, "help": "logs and state "
                   "(default: <TASKS>.farm here); running again skips tasks done there"}),
     (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
                     "srun task's share, SLURM_PROCID of the step's tasks; else all)"}),
     (("--progress",), {"choices": ("auto", "bar", "lines", "off"), "default": "auto",
                        "help": "a redrawn line (bar), a line per task (lines) or none; "
-                       "auto: bar on a terminal"}),
+                       "auto: bar on a terminal (default: auto)"}),
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (
-    (("--max",), {"type": int, "dest": "top", "metavar": "N", "help": "most copies at once "
+    (("--max",), {"type": at_least(1), "dest": "top", "metavar": "N", "help": "most copies at once "
                   "(default: the client limit, a CPU per copy, at most 16)"}),
     (("--counts",), {"metavar": "LIST", "help": "copies to try, e.g. 1,4,8,12 "
                      "(default: 1, 2, 4, ... up to --max)"}),
-    (("--repeats",), {"type": int, "default": 2, "metavar": "R",
-                      "help": "runs of each configuration, interleaved (default 2)"}),
-    (("--plot",), {"metavar": "FILE", "help": "save throughput against copies (matplotlib)"}),
+    (("--repeats",), {"type": at_least(1), "default": 2, "metavar": "R",
+                      "help": "runs of each configuration, interleaved (default: 2)"}),
+    (("--plot",), {"metavar": "FILE", "type": path,
+                   "help": "save throughput against copies (matplotlib) (default: none)"}),
     (("--json",), {"action": "store_true", "help": "print the table as JSON"}),
     (("--dir",), {"dest": "farm_dir", "default": "calibrate.farm", "metavar": "DIR",
-                  "help": "where the copies' logs go (kept when one fails)"}),
+                  "type": path,
+                  "help": "where the copies' logs go, kept when one fails "
+                  "(default: calibrate.farm)"}),
 )
 # fmt: on
 

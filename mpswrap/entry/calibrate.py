@@ -90,8 +90,9 @@ def run_calibrate(
 ) -> int:
     if not command:
         raise UsageError("no command to calibrate", hint="mpswrap calibrate -- python train.py")
-    if repeats < 1 or (top is not None and top < 1) or any(c < 1 for c in counts or ()):
-        raise UsageError("--max, --counts and --repeats must be at least 1")
+    for option, value in (("--max", top), ("--repeats", repeats), ("--counts", min(counts or [1]))):
+        if value is not None and value < 1:
+            raise UsageError(f"bad {option}", thing=str(value), cause="need at least 1")
     if plot:
         _matplotlib()  # refuse before hours of runs, not after
     planned = plan(opts, "calibrate")
@@ -144,12 +145,13 @@ def _counts(
 ) -> list[int]:
     """The copies to try: as given (within the GPU's client limit), or 1, 2, 4, ... up to
     ``--max`` or what ``mpswrap farm`` would take by default."""
-    if counts and max(counts) > limit:
-        raise UsageError(
-            "--counts asks for more clients than the GPU takes",
-            thing=str(max(counts)),
-            cause=f"its limit is {limit}",
-        )
+    for option, asked in (("--counts", max(counts or [0])), ("--max", top or 0)):
+        if asked > limit:  # refused, never quietly fewer copies than asked for
+            raise UsageError(
+                f"{option} asks for more clients than the GPU takes",
+                thing=str(asked),
+                cause=f"its limit is {limit}",
+            )
     return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GpuError
+from ..errors import GpuChoiceError, GpuError
 from ..jobenv import UUID_RE, parse_int_list
 from . import inventory_cache
 
@@ -66,7 +66,7 @@ class Inventory:
         for gpu in self.gpus:
             if gpu.uuid.lower() == uuid.lower():
                 return gpu
-        raise GpuError(
+        raise GpuChoiceError(
             "no such GPU",
             thing=uuid,
             cause=f"not among {len(self.gpus)} GPUs",
@@ -77,7 +77,7 @@ class Inventory:
         for gpu in self.gpus:
             if gpu.index == index:
                 return gpu
-        raise GpuError(
+        raise GpuChoiceError(
             "no such GPU", thing=f"index {index}", cause=f"this node has {len(self.gpus)} GPU(s)"
         )
 
@@ -261,7 +261,7 @@ def _nvml_or_kept(kept: Path | None) -> Inventory:
 # --- resolution -----------------------------------------------------------------------
 def check_uuid(text: str) -> str:
     if not UUID_RE.fullmatch(text):
-        raise GpuError(
+        raise GpuChoiceError(
             "malformed GPU UUID",
             thing=repr(text),
             cause="expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
@@ -283,7 +283,7 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
         else:
             out.extend(inventory.by_index(i) for i in parse_int_list(item, "GPU list"))
     if len({g.uuid for g in out}) != len(out):
-        raise GpuError("GPU listed twice", thing=spec)
+        raise GpuChoiceError("GPU listed twice", thing=spec)
     return out
 
 

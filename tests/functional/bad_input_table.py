@@ -59,6 +59,9 @@ class Case:
     as_user: bool = False
     #: A Slurm hook: the fake Slurm job environment is added (job 101 of the test user).
     hook: bool = False
+    #: The option whose value is bad, as ``COMMAND --FLAG`` (``--FLAG`` alone: the launch
+    #: modes' wrapper options); its message names it (test_bad_input checks both).
+    option: str = ""
 
 
 @dataclass
@@ -92,6 +95,95 @@ def _cont(line: str) -> str:
 
 
 APP = ("--", "{client}", "--seconds", "0.1")
+START_HELP = "hint: mpswrap start --help"
+
+
+def _bad(
+    command: str,
+    flag: str,
+    value: str,
+    message: str,
+    *rest: str,
+    hint: str | None = None,
+    setup: str | None = None,
+) -> Case:
+    """A bad value of one option: exit 2 and one line naming the option (``argument FLAG:``
+    from the parser, or the check that knows the limit)."""
+    words = (command,) if command else ()
+    name = f"value-{command or 'wrap'}{flag}-{value or 'empty'}".replace("/", "-")
+    if hint is None:
+        hint = f"\nhint: mpswrap {command} --help" if message.startswith("argument") else ""
+    argv = (*words, flag, value, *rest)
+    option = f"{command} {flag}".strip()
+    return Case(
+        name, "option value", argv, f"mpswrap: {message}{hint}", 2, setup=setup, option=option
+    )
+
+
+_SECONDS_0 = "expected seconds above 0"
+# fmt: off
+#: A bad value of every option of every command that takes one (test_bad_input checks that
+#: none is missing; the launch modes share their wrapper options, each covered once).
+OPTION_VALUES: tuple[Case, ...] = (
+    _bad("", "--verify-timeout", "0", f"argument --verify-timeout: invalid value '0': "
+         f"{_SECONDS_0}", *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--grace", "-1", "argument --grace: invalid value '-1': expected seconds 0 or more",
+         *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}", *APP,
+         hint="\nhint: mpswrap --help"),
+    _bad("", "--mem-limit", "0G", "bad --mem-limit (0G)", *APP,
+         hint="\nhint: use auto, 8G or 512M"),
+    _bad("", "--priority", "2", "argument --priority: invalid choice: 2 (choose from 0, 1)",
+         *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
+         "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
+    _bad("run", "--grace", "nan", "argument --grace: invalid value 'nan': expected seconds 0 or "
+         "more", "-n", "1", *APP),
+    _bad("run", "-n", "x", "argument -n/--np: invalid int value: 'x'", *APP),
+    _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
+    _bad("farm", "--retries", "-1", "bad --retries (-1): must be >= 0", "tasks.txt", hint=""),
+    _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
+         "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
+    _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
+         "tasks.txt", setup="tasks_file"),
+    _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
+         "number, 1 or more", "--", "true"),
+    _bad("calibrate", "--max", "100", "--max asks for more clients than the GPU takes (100): "
+         "its limit is 48", "--", "true"),
+    _bad("calibrate", "--repeats", "0", "argument --repeats: invalid value '0': expected a "
+         "whole number, 1 or more", "--", "true"),
+    _bad("calibrate", "--plot", "", "argument --plot: invalid value '': expected a path",
+         "--", "true"),
+    _bad("calibrate", "--dir", "", "argument --dir: invalid value '': expected a path",
+         "--", "true"),
+    _bad("start", "--run-dir", "", "argument --run-dir: invalid value '': expected a path",
+         *JOB),
+    _bad("start", "--config", "", "argument --config: invalid value '': expected a path", *JOB),
+    _bad("stop", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}"),
+    _bad("stop", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
+    _bad("stop", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
+    _bad("stop", "--config", "", "argument --config: invalid value '': expected a path"),
+    _bad("status", "--watch", "nan", f"argument --watch: invalid value 'nan': {_SECONDS_0}"),
+    _bad("status", "--job", "a/b", f"argument --job: invalid job id ('a/b'): {NAME_RULE}"),
+    _bad("status", "--node", "..", f"argument --node: invalid node name ('..'): {NAME_RULE}"),
+    _bad("status", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
+    _bad("status", "--config", "", "argument --config: invalid value '': expected a path"),
+    _bad("metrics", "--textfile", "", "argument --textfile: invalid value '': expected a path"),
+    _bad("metrics", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}"),
+    _bad("metrics", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
+    _bad("metrics", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
+    _bad("metrics", "--config", "", "argument --config: invalid value '': expected a path"),
+    _bad("config", "--config", "", "argument --config: invalid value '': expected a path"),
+    _bad("report", "--config", "", "argument --config: invalid value '': expected a path", "1"),
+    _bad("demo", "--clients", "0", "argument --clients: invalid value '0': expected a whole "
+         "number, 1 or more"),
+    _bad("demo", "--clients", "100", "bad --clients (100): 2 GPU(s) take at most 96 MPS clients "
+         "(48 a GPU)", "--simulate", "yes", hint="\nhint: mpswrap demo --clients 96"),
+    _bad("demo", "--simulate", "maybe", "argument --simulate: invalid choice: 'maybe' (choose "
+         "from 'auto', 'yes', 'no')"),
+    _bad("demo", "--config", "", "argument --config: invalid value '': expected a path"),
+)
+# fmt: on
 # fmt: off
 CASES: tuple[Case, ...] = (
     # --- environment variables ---------------------------------------------------------------
@@ -105,7 +197,7 @@ CASES: tuple[Case, ...] = (
          "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')", 1,
          env={"CUDA_VISIBLE_DEVICES": "-1"}),
     Case("cvd-no-such-gpu", "environment", APP,
-         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)", 1,
+         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)", 2,
          env={"CUDA_VISIBLE_DEVICES": "5"}),
     Case("job-gpus-malformed", "environment", ("prolog",),
          _cont("malformed SLURM_JOB_GPUS ('0-'): expected GPU numbers like 0,2-3 or GPU "
@@ -161,37 +253,40 @@ CASES: tuple[Case, ...] = (
     # --- command-line arguments --------------------------------------------------------------
     Case("cli-bad-choice", "arguments", ("start", *JOB, "--priority", "7"),
          "mpswrap: argument --priority: invalid choice: '7' (choose from '0', '1')\n"
-         "hint: mpswrap start --help", 2),
+         "hint: mpswrap start --help", 2, option="start --priority"),
     Case("cli-unknown-option", "arguments", ("start", "--bogus"),
          "mpswrap: unrecognized arguments: --bogus\nhint: mpswrap --help", 2),
     Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
-         "mpswrap: bad value for active_thread_percentage ('0' in argument): expected a "
-         "percentage in (0, 100]", 2),
+         "mpswrap: --threads: bad value for active_thread_percentage ('0' in argument): "
+         "expected a percentage in (0, 100]", 2, option="start --threads"),
     Case("cli-mem-limit", "arguments", ("start", *JOB, "--mem-limit", "12T"),
-         "mpswrap: bad value for pinned_mem_limit ('12T' in argument): expected a size like "
-         "512M or 2G", 2),
+         "mpswrap: --mem-limit: bad value for pinned_mem_limit ('12T' in argument): expected a "
+         "size like 512M or 2G", 2, option="start --mem-limit"),
     Case("cli-cpus", "arguments", ("start", *JOB, "--cpus", "a-b"),
-         "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2),
+         "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2,
+         option="start --cpus"),
     Case("run-zero-ranks", "arguments", ("run", "-n", "0", "--", "true"),
-         "mpswrap: bad -n (0): need at least one rank", 2),
+         "mpswrap: bad -n (0): need at least one rank", 2, option="run -n"),
     Case("run-no-command", "arguments", ("run", "-n", "2"),
          "mpswrap: no command to run\nhint: mpswrap run -n 4 -- python train.py", 2),
     Case("farm-no-task-list", "arguments", ("farm", "/nonexistent/tasks.txt"),
          "mpswrap: cannot read the task list (/nonexistent/tasks.txt): No such file or "
          "directory", 2),
     Case("farm-per-gpu-zero", "arguments", ("farm", "--per-gpu", "0", "tasks.txt"),
-         "mpswrap: bad --per-gpu (0): need at least 1", 2),
+         "mpswrap: bad --per-gpu (0): need at least 1", 2, option="farm --per-gpu"),
     Case("farm-bad-share", "arguments", ("farm", "--share", "2/2", "tasks.txt"),
-         "mpswrap: bad --share (2/2)\nhint: use I/N with 0 <= I < N, e.g. 0/4", 2),
+         "mpswrap: bad --share (2/2)\nhint: use I/N with 0 <= I < N, e.g. 0/4", 2,
+         option="farm --share"),
     Case("calibrate-no-command", "arguments", ("calibrate", "--counts", "1"),
          "mpswrap: no command to calibrate\nhint: mpswrap calibrate -- python train.py", 2),
     Case("calibrate-bad-counts", "arguments", ("calibrate", "--counts", "0,x", "--", "true"),
-         "mpswrap: bad --counts (0,x)\nhint: e.g. 1,4,8,12", 2),
+         "mpswrap: bad --counts (0,x)\nhint: e.g. 1,4,8,12", 2, option="calibrate --counts"),
     Case("wrap-threads-150", "arguments", ("--threads", "150", "--", "true"),
-         "mpswrap: bad --threads (150): percent must be in (0, 100]", 2),
+         "mpswrap: bad --threads (150): percent must be in (0, 100]", 2, option="--threads"),
     Case("wrap-bad-policy", "arguments", ("--policy", "random", "--", "true"),
          "mpswrap: argument --policy: invalid choice: 'random' (choose from 'block', 'cyclic', "
-         "'affinity')\nhint: mpswrap --help", 2),
+         "'affinity')\nhint: mpswrap --help", 2, option="--policy"),
+    *OPTION_VALUES,
     # --- admin file --------------------------------------------------------------------------
     Case("conf-not-key-value", "admin file", ("start", *JOB),
          "mpswrap: expected key = value (<root>/mpswrap.conf:1): 'this is not a setting'", 2,
@@ -216,30 +311,44 @@ CASES: tuple[Case, ...] = (
          config="run_dir = /run/mpsw\udce4p\n"),
     # --- command words -------------------------------------------------------------------------
     Case("command-misspelt", "arguments", ("stauts",),
-         "mpswrap: unknown command 'stauts' (did you mean 'status'?)\nhint: mpswrap --help lists "
+         "mpswrap: unknown command 'stauts' (did you mean 'status'?)\nhint: mpswrap help lists "
          "the commands; to run a program, give its path or use 'mpswrap -- stauts'", 2),
     Case("command-help-misspelt", "arguments", ("hlep",),
-         "mpswrap: unknown command 'hlep' (did you mean 'help'?)\nhint: mpswrap --help lists "
+         "mpswrap: unknown command 'hlep' (did you mean 'help'?)\nhint: mpswrap help lists "
          "the commands; to run a program, give its path or use 'mpswrap -- hlep'", 2),
+    Case("command-not-close", "arguments", ("logs",),
+         "mpswrap: unknown command 'logs'\nhint: mpswrap help lists the commands; to run a "
+         "program, give its path or use 'mpswrap -- logs'", 2),
+    Case("help-not-close", "arguments", ("help", "logs"),
+         "mpswrap: no command 'logs'\nhint: mpswrap help", 2),
+    Case("completion-other-shell", "arguments", ("completion", "zsh"),
+         "mpswrap: argument shell: invalid choice: 'zsh' (choose from 'bash')\n"
+         "hint: mpswrap completion --help", 2),
+    Case("report-job-slash", "job id", ("report", "a/b"),
+         f"mpswrap: argument JOB: invalid job id ('a/b'): {NAME_RULE}\n"
+         "hint: mpswrap report --help", 2),
     Case("program-missing-after-dashdash", "arguments", ("--", "status"),
          "mpswrap: program not found (status)\nhint: check the name and PATH", 127),
     Case("cpus-not-available", "arguments", ("start", *JOB, "--gpus", "0", "--cpus", "4099"),
          "mpswrap: bad --cpus (4099): CPU(s) 4099 not available to this process\n"
-         "hint: choose among CPUs {cpus}", 2),
+         "hint: choose among CPUs {cpus}", 2, option="start --cpus"),
     # --- GPU lists ---------------------------------------------------------------------------
     Case("gpus-no-such-index", "GPU list", ("start", *JOB, "--gpus", "7"),
-         "mpswrap: no such GPU (index 7): this node has 2 GPU(s)", 1),
+         "mpswrap: --gpus: no such GPU (index 7): this node has 2 GPU(s)", 2,
+         option="start --gpus"),
     Case("gpus-twice", "GPU list", ("start", *JOB, "--gpus", "0,0"),
-         "mpswrap: GPU listed twice (0,0)", 1),
+         "mpswrap: --gpus: GPU listed twice (0,0)", 2),
     Case("gpus-reversed-range", "GPU list", ("start", *JOB, "--gpus", "1-0"),
          "mpswrap: malformed GPU list ('1-0'): bad range '1-0'", 2),
     Case("gpus-malformed-uuid", "GPU list", ("start", *JOB, "--gpus", "GPU-zzz"),
-         "mpswrap: malformed GPU UUID ('GPU-zzz'): expected "
-         "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", 1),
+         "mpswrap: --gpus: malformed GPU UUID ('GPU-zzz'): expected "
+         "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", 2),
     Case("gpus-absent-uuid", "GPU list",
          ("start", *JOB, "--gpus", "GPU-5a1d0009-0000-4000-8000-000000000009"),
-         "mpswrap: no such GPU (GPU-5a1d0009-0000-4000-8000-000000000009): not among 2 GPUs\n"
-         "hint: list GPUs with: nvidia-smi -L", 1),
+         "mpswrap: --gpus: no such GPU (GPU-5a1d0009-0000-4000-8000-000000000009): not among 2 "
+         "GPUs\nhint: list GPUs with: nvidia-smi -L", 2),
+    Case("run-gpus-no-such-index", "GPU list", ("run", "-n", "1", "--gpus", "5", *APP),
+         "mpswrap: --gpus: no such GPU (index 5): this node has 2 GPU(s)", 2, option="--gpus"),
     Case("gpus-none-in-inventory", "GPU list", ("start", *JOB),
          "mpswrap: no GPUs found (<root>/empty.json)", 1,
          env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="empty_inventory"),
@@ -249,17 +358,19 @@ CASES: tuple[Case, ...] = (
          env={"MPSWRAP_GPU_INVENTORY": "<root>/none.json"}),
     # --- job ids and node names --------------------------------------------------------------
     Case("job-dotdot", "job id", ("start", "--job", "..", "--node", "n1"),
-         f"mpswrap: invalid job id ('..'): {NAME_RULE}", 1),
+         f"mpswrap: argument --job: invalid job id ('..'): {NAME_RULE}\n{START_HELP}", 2,
+         option="start --job"),
     Case("job-slash", "job id", ("start", "--job", "a/b", "--node", "n1"),
-         f"mpswrap: invalid job id ('a/b'): {NAME_RULE}", 1),
+         f"mpswrap: argument --job: invalid job id ('a/b'): {NAME_RULE}\n{START_HELP}", 2),
     Case("job-too-long", "job id", ("start", "--job", "x" * 65, "--node", "n1"),
-         f"mpswrap: invalid job id ('{'x' * 65}'): {NAME_RULE}", 1),
+         f"mpswrap: argument --job: invalid job id ('{'x' * 65}'): {NAME_RULE}\n{START_HELP}", 2),
     Case("job-empty", "job id", ("start", "--job", "", "--node", "n1"),
-         f"mpswrap: invalid job id (''): {NAME_RULE}", 1),
+         f"mpswrap: argument --job: invalid job id (''): {NAME_RULE}\n{START_HELP}", 2),
     Case("job-newline", "job id", ("start", "--job", "j1\n", "--node", "n1"),
-         f"mpswrap: invalid job id ('j1\\n'): {NAME_RULE}", 1),
+         f"mpswrap: argument --job: invalid job id ('j1\\n'): {NAME_RULE}\n{START_HELP}", 2),
     Case("node-slash", "job id", ("start", "--job", "j1", "--node", "a/b"),
-         f"mpswrap: invalid node name ('a/b'): {NAME_RULE}", 1),
+         f"mpswrap: argument --node: invalid node name ('a/b'): {NAME_RULE}\n{START_HELP}", 2,
+         option="start --node"),
     # --- paths -------------------------------------------------------------------------------
     Case("run-dir-relative-missing", "path", ("start", *JOB, "--run-dir", "rel/dir"),
          "mpswrap: cannot create directory (<root>/rel/dir): No such file or directory", 1),
@@ -290,7 +401,7 @@ CASES: tuple[Case, ...] = (
          env={"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"}),
     # --- users -------------------------------------------------------------------------------
     Case("user-unknown", "user", ("start", *JOB, "--user", "nosuchuser"),
-         "mpswrap: unknown user (nosuchuser)", 2),
+         "mpswrap: --user: unknown user (nosuchuser)", 2, option="start --user"),
     Case("user-not-root", "user", ("start", *JOB, "--user", "root"),
          "mpswrap: --user needs root (root)", 2, as_user=True),
 )
@@ -338,7 +449,12 @@ def _open_user_run_dir(node: SimNode, uid: int) -> None:
     node.user_run_dir.chmod(0o777)
 
 
+def _tasks_file(node: SimNode, uid: int) -> None:
+    (node.root / "tasks.txt").write_text("true\n")
+
+
 SETUPS: dict[str, Callable[[SimNode, int], None]] = {
+    "tasks_file": _tasks_file,
     "empty_inventory": _empty_inventory,
     "symlink_user_run_dir": _symlink_user_run_dir,
     "symlink_job_dir": _symlink_job_dir,

@@ -7,10 +7,13 @@ policy (prolog_failure = continue: 0; drain: 1; epilog_failure = drain: 1).
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
 
+from mpswrap.cli import main as cli
+from mpswrap.cli.options import HOOK_COMMANDS, WRAPPER_OPTIONS
 from mpswrap.errors import ConfigError, MpswrapError, UsageError
 from tests.functional.bad_input_table import CASES, Case, run_case
 
@@ -31,6 +34,39 @@ def test_the_table_is_big_enough_and_names_are_unique() -> None:
 def test_exit_codes_follow_the_error_classes() -> None:
     assert UsageError("x").exit_code == ConfigError("x").exit_code == 2
     assert MpswrapError("x").exit_code == 1
+
+
+#: Commands whose bad values are not judged here: the Slurm hooks exit by the admin's failure
+#: policy, and install-hooks/uninstall-hooks change the system (tests/functional/
+#: test_install_hooks.py runs them in a sandbox).
+NOT_HERE = {*HOOK_COMMANDS, "install-hooks", "uninstall-hooks"}
+
+
+def _valued_options() -> set[str]:
+    """``COMMAND --FLAG`` for every option of every command that takes a value; the wrapper
+    options of the launch modes (one table, one check) as ``--FLAG``."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    wrapper = {flags[0] for flags, _ in WRAPPER_OPTIONS}
+    found = {flags[0] for flags, kw in WRAPPER_OPTIONS if kw.get("action") != "store_true"}
+    for name, command in {"": parser, **sub.choices}.items():
+        for action in command._actions:
+            flag = next(iter(action.option_strings), None)
+            if flag and action.nargs != 0 and flag not in wrapper and name not in NOT_HERE:
+                found.add(f"{name} {flag}".strip())
+    return found
+
+
+def test_every_option_that_takes_a_value_has_a_bad_value_case() -> None:
+    covered = {c.option for c in CASES if c.option and c.code == 2}
+    assert not _valued_options() - covered, sorted(_valued_options() - covered)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.option], ids=lambda c: c.name)
+def test_a_bad_value_names_its_option(case: Case) -> None:
+    flag = case.option.split()[-1]
+    first = case.stderr.splitlines()[0]
+    assert case.code == 2 and flag in first, (case.option, first)
 
 
 @pytest.mark.timeout(300)

@@ -39,7 +39,10 @@ class _NoNvml(types.ModuleType):
         (["--gpus", "0", "stpo"], "stop"),
         (["mpirn", "-np", "2", "./app"], "mpirun"),
         (["hepl"], "help"),
+        (["statu"], "status"),
         (["xyzzy-no-such-word"], None),
+        (["logs"], None),
+        (["sta"], None),
     ],
 )
 def test_an_unknown_word_is_a_usage_error_before_any_gpu_work(
@@ -59,7 +62,7 @@ def test_an_unknown_word_is_a_usage_error_before_any_gpu_work(
     expected = f"mpswrap: unknown command '{word}'"
     expected += f" (did you mean '{suggestion}'?)" if suggestion else ""
     assert err[0] == expected
-    assert err[1].startswith("hint: ") and f"mpswrap -- {word}" in err[1]
+    assert err[1].startswith("hint: mpswrap help ") and f"mpswrap -- {word}" in err[1]
     assert not (tmp_path / "run").exists()  # nothing created
 
 
@@ -129,9 +132,11 @@ def test_an_unknown_mpswrap_variable_is_a_warning_not_a_failure(node: SimNode) -
 def _codes(node: SimNode, tmp_path: Path) -> dict[str, int]:
     """Run one case per documented exit code; return what each gave."""
     found: dict[str, int] = {}
-    found["2"] = node.mpswrap("stauts").returncode
+    assert node.mpswrap("stauts").returncode == 2
     found["4"] = node.mpswrap("status", *JOB).returncode
-    found["1"] = node.mpswrap("start", "--gpus", "7", *JOB).returncode  # no such GPU
+    missing = "/nonexistent/nvidia-cuda-mps-control"  # no MPS control program
+    found["1"] = node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=missing).returncode
+    found["2"] = node.mpswrap("start", "--gpus", "7", *JOB).returncode  # no such GPU: a bad value
     started = node.mpswrap("start", "--gpus", "0", *JOB)
     assert started.returncode == 0, started
     found["0"] = node.mpswrap("status", *JOB).returncode

@@ -58,7 +58,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "report": ("summary", "farmview", "metrics", "status"),
     "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
-    "cli": ("options", "logs", "manage", "demo", "farmcmd", "main"),
+    "cli": (
+        "options",
+        "helptext",
+        "logs",
+        "manage",
+        "demo",
+        "farmcmd",
+        "completion",
+        "manpage",
+        "main",
+    ),
 }
 #: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
 FACES = {"__init__", "__main__"}

@@ -29,6 +29,18 @@ def test_reference_matches_the_code() -> None:
     assert current == wanted, f"docs/reference.md is out of date: run `{gen.FIX}`\n{diff}"
 
 
+def test_the_shipped_man_page_and_completion_match_the_parser() -> None:
+    """mpswrap/cli/mpswrap.1 and mpswrap.bash are what the generator makes from the parser,
+    and the package data the wheel ships (pyproject.toml)."""
+    gen = _generator()
+    shipped = gen.shipped()
+    assert {p.name for p in shipped} == {"mpswrap.1", "mpswrap.bash"}
+    for path, text in shipped.items():
+        assert path.read_text(encoding="utf-8") == text, f"{path.name}: run `{gen.FIX}`"
+    data = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"mpswrap.cli" = ["mpswrap.1", "mpswrap.bash"]' in data
+
+
 def test_every_setting_command_and_exit_code_is_in_the_generated_text() -> None:
     """The sections say what they are built from (a guard on the generator itself)."""
     from mpswrap.cli.main import build_parser

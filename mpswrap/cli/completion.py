@@ -1,0 +1,135 @@
+"""Bash completion, generated from the one parser: the command words and launchers, each
+command's options, and the values of options that have a fixed set (``--policy``) or name a
+file or directory. ``mpswrap completion bash`` prints it; the wheel ships the same text as
+``mpswrap/cli/mpswrap.bash`` (tools/gen_reference.py writes it, a test compares)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections import defaultdict
+
+from .options import LAUNCHERS
+
+__all__ = ["SHIPPED", "bash"]
+
+#: The shipped script's file name, beside this module.
+SHIPPED = "mpswrap.bash"
+
+_WORD = re.compile(r"^[\w@%+=:,./-]+$")
+#: What a value is, by its metavar, where it has no fixed choices.
+_FILES, _DIRS = {"FILE", "TASKS", "PATH"}, {"DIR"}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _words(words: list[str]) -> str:
+    bad = [w for w in words if not _WORD.match(w)]
+    assert not bad, f"not a plain word for bash: {bad}"
+    return " ".join(words)
+
+
+def _value_kind(action: argparse.Action, commands: list[str]) -> str | None:
+    """``words:A B``, ``files``, ``dirs`` or None (nothing to offer) for an action's value."""
+    if action.choices is not None:
+        return "words:" + _words([str(c) for c in action.choices])
+    if action.metavar == "COMMAND":
+        return "words:" + _words(commands)
+    if action.metavar in _FILES:
+        return "files"
+    if action.metavar in _DIRS:
+        return "dirs"
+    return None
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [f for a in parser._actions for f in a.option_strings]
+
+
+def _valued(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        f for a in parser._actions if a.option_strings and a.nargs != 0 for f in a.option_strings
+    ]
+
+
+def _reply(kind: str) -> str:
+    if kind == "files":
+        return 'COMPREPLY=($(compgen -f -- "$cur"))'
+    if kind == "dirs":
+        return 'COMPREPLY=($(compgen -d -- "$cur"))'
+    return f'COMPREPLY=($(compgen -W "{kind[len("words:") :]}" -- "$cur"))'
+
+
+def _value_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str]) -> list[str]:
+    """``case "$cmd $prev"`` arms: the values of the option before the cursor."""
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            kind = _value_kind(action, commands) if action.nargs != 0 else None
+            if kind is not None and action.option_strings:
+                by_kind[kind] += [shlex.quote(f"{name} {flag}") for flag in action.option_strings]
+    return [
+        f"        {'|'.join(keys)}) {_reply(kind)}; return ;;" for kind, keys in by_kind.items()
+    ]
+
+
+def _command_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str]) -> list[str]:
+    """``case $cmd`` arms: each command's options, or its positional's values."""
+    arms = []
+    for name, parser in parsers.items():
+        if not name:
+            continue
+        positional = [a for a in parser._actions if not a.option_strings]
+        kind = _value_kind(positional[0], commands) if positional else None
+        words = f'words="{_words(_options(parser))}"'
+        if kind:
+            words += f"; [[ $cur == -* ]] || {{ {_reply(kind)}; return; }}"
+        arms.append(f"        {shlex.quote(name)}) {words} ;;")
+    return arms
+
+
+def bash(parser: argparse.ArgumentParser) -> str:
+    """The completion script for ``parser`` (``cli.main.build_parser()``)."""
+    sub = _subparsers(parser)
+    commands = [*sub, *LAUNCHERS]
+    parsers = {"": parser, **sub}
+    skip = "|".join(_valued(parser))
+    lines = [
+        "# bash completion for mpswrap, generated from its parser: mpswrap completion bash",
+        "_mpswrap() {",
+        "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
+        '    local cmd="" i=1 words=""',
+        "    # the command word: the first word after mpswrap's own options (and their values)",
+        '    while [ "$i" -lt "$COMP_CWORD" ]; do',
+        "        case ${COMP_WORDS[i]} in",
+        "            --) cmd=--; break ;;",
+        f"            {skip}) i=$((i + 2)); continue ;;",
+        "            -*) ;;",
+        "            *) cmd=${COMP_WORDS[i]}; break ;;",
+        "        esac",
+        "        i=$((i + 1))",
+        "    done",
+        "    # after a -- (run, calibrate) the words are the program's",
+        '    while [ $((i += 1)) -lt "$COMP_CWORD" ]; do',
+        '        [ "${COMP_WORDS[i]}" = -- ] && cmd=--',
+        "    done",
+        '    case "$cmd $prev" in',
+        *_value_cases(parsers, commands),
+        "    esac",
+        "    case $cmd in",
+        f'        "") if [[ $cur == -* ]]; then words="{_words(_options(parser))}"; '
+        f'else words="{_words(commands)}"; fi ;;',
+        *_command_cases(parsers, commands),
+        "        *) COMPREPLY=($(compgen -f -- \"$cur\")); return ;;  # a launcher's, a program's",
+        "    esac",
+        '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',
+        "}",
+        "complete -o default -F _mpswrap mpswrap",
+    ]
+    return "\n".join(lines) + "\n"
