@@ -46,7 +46,7 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also write the environment module DIR/mpswrap/VERSION (Tcl, for Lmod and "
         "Environment Modules): 'module load mpswrap' puts mpswrap on PATH and sets "
-        "MPSWRAP_CONFIG when --config is not the default",
+        "MPSWRAP_CONFIG when --config is not the default (default: none)",
     )
 
 
@@ -55,7 +55,7 @@ def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--modulefile",
         metavar="DIR",
-        help="also remove the modules install-hooks --modulefile DIR wrote",
+        help="also remove the modules install-hooks --modulefile DIR wrote (default: none)",
     )
     parser.add_argument(
         "--force",
