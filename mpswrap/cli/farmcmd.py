@@ -22,14 +22,23 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
     p = sub.add_parser(
         "farm",
         help="run many independent commands, K at a time per GPU",
-        usage="mpswrap farm [options] TASKS",
+        usage="mpswrap farm [options] TASKS\n       mpswrap farm status [--json] [DIR]",
+        description="Run the lines of TASKS (shell command lines, one per line) K at a time "
+        "on each GPU. 'mpswrap farm status [DIR]' shows, from any shell, how the farm of DIR "
+        "(a farm directory or its task list; default: the one *.farm here) is doing; a task "
+        "list named 'status' is given as ./status.",
     )
     for options in inherited:
         add(p, options, inherited=True)
     add(p, FARM_OPTIONS)
     p.add_argument(
-        "tasks", metavar="TASKS", help="a file with one command per line, or - for standard input"
+        "tasks",
+        metavar="TASKS",
+        help="a file with one command per line, or - for standard input; "
+        "'status' asks how a farm is doing",
     )
+    p.add_argument("status_dir", nargs="?", metavar="DIR", help="farm status: the farm's directory")
+    _status_dir_after_options(p)
     p = sub.add_parser(
         "calibrate",
         help="time 1, 2, 4, ... copies of a command per GPU, "
@@ -41,15 +50,48 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
     add(p, CALIBRATE_OPTIONS)
 
 
-def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
-    from ..entry.farm import FarmOptions, run_farm
+#: ``farm status``: the one word that is not a task list (``./status`` is one).
+STATUS = "status"
 
+
+def _status_dir_after_options(parser: Any) -> None:
+    """``farm status --json DIR``: argparse fills its positionals from the words before the
+    first option, so DIR there would be an unrecognised word; it is ``farm status``'s DIR."""
+    parse = parser.parse_known_args
+
+    def known(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = parse(args, namespace)
+        words = [w for w in extras if not w.startswith("-")]
+        status = getattr(ns, "tasks", None) == STATUS and ns.status_dir is None
+        if status and len(words) == 1 and words == extras:
+            ns.status_dir, extras = words[0], []
+        return ns, extras
+
+    parser.parse_known_args = known
+
+
+def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
+    from ..entry.farm import FarmOptions, farm_status, run_farm
+
+    if args.tasks == STATUS:
+        if args.status_dir is not None and args.farm_dir is not None:
+            raise UsageError("farm status: give DIR or --dir, not both")
+        return farm_status(args.status_dir or args.farm_dir, args.json)
+    if args.status_dir is not None:
+        raise UsageError(
+            "farm takes one task list",
+            thing=args.status_dir,
+            hint="mpswrap farm [options] TASKS (or: mpswrap farm status DIR)",
+        )
+    if args.json:
+        raise UsageError("--json is for farm status", hint="mpswrap farm status --json DIR")
     farm_opts = FarmOptions(
         per_gpu=args.per_gpu,
         retries=args.retries,
         directory=args.farm_dir,
         share=args.share,
         progress=args.progress,
+        tag=args.tag,
     )
     return run_farm(opts, farm_opts, args.tasks)
 

@@ -162,6 +162,11 @@ FARM_OPTIONS: Options = (
     (("--progress",), {"choices": ("auto", "bar", "lines", "off"), "default": "auto",
                        "help": "a redrawn line (bar), a line per task (lines) or none; "
                        "auto: bar on a terminal (default: auto)"}),
+    (("--tag",), {"action": "store_true",
+                  "help": "show each task's output live, whole lines, each prefixed by "
+                  "the task's number and a tab (stdout to stdout, stderr to stderr), as "
+                  "parallel --tag --line-buffer; the logs are written as without it"}),
+    (("--json",), {"action": "store_true", "help": "farm status: print it as JSON"}),
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (

@@ -9,29 +9,47 @@ Tasks, logs and the resume record: ``job.tasks``. Across nodes, inside an alloca
 
 Exit code: 0 when every task of the share is done (now or before), 1 when any failed or did
 not run, 128+signal after TERM/INT/HUP (every running task ended through terminate_client).
+
+The command prints its summary on stdout; ``mpswrap.farm()`` prints nothing: it returns the
+records and sends the same lines to the ``mpswrap.entry.farm`` logger. ``farm_status`` is
+``mpswrap farm status``: what the farm's journal says (``report.farmstatus``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shlex
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .. import _proc
 from .._lock import file_lock
-from ..errors import LockTimeout, UsageError
+from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
+from ..job.job import Released
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
-from ..job.tasks import FarmDir, Share, Task, TaskRecord, parse_share, parse_tasks, read_tasks
+from ..job.tasks import (
+    FarmDir,
+    Share,
+    Task,
+    TaskRecord,
+    parse_share,
+    parse_tasks,
+    read_journal,
+    read_tasks,
+)
+from ..job.tee import Tee
 from ..jobenv import JobEnv
+from ..report import farmstatus
 from ..report.farmview import Progress, summary_lines
-from ..report.summary import print_summary
+from ..report.summary import node_summary, print_summary
 
-__all__ = ["FarmOptions", "FarmResult", "default_per_gpu", "farm", "run_farm"]
+__all__ = ["FarmOptions", "FarmResult", "default_per_gpu", "farm", "farm_status", "run_farm"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +66,8 @@ class FarmOptions:
     directory: str | None = None
     share: str | None = None
     progress: str = "auto"
+    #: Each task's output lines, live, tagged with its number (``--tag``).
+    tag: bool = False
 
 
 @dataclass
@@ -85,7 +105,7 @@ def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
     """``mpswrap farm``: the exit code; the summary on stdout."""
     _check(farm_opts)  # bad options before a missing task list
     result = farm_tasks(
-        opts, farm_opts, read_tasks(source), _directory(farm_opts.directory, source)
+        opts, farm_opts, read_tasks(source), _directory(farm_opts.directory, source), _SHOW
     )
     return result.code
 
@@ -104,17 +124,46 @@ def farm(
     """Run ``tasks`` (command lines, as the lines of a task list) on this job's GPUs, as
     ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU, logs and state in ``directory``
     (tasks done there before are skipped), ``retries`` more runs of a task a fatal GPU fault
-    ended. Prints the summary; returns a ``FarmResult`` (``code``: 0 when every task is done,
-    1 when any failed or did not run, 128+N after signal N). Usage errors raise ``UsageError``.
+    ended. Prints nothing: the summary (and, unless ``progress`` is ``off``, a line per
+    finished attempt) goes to the ``mpswrap.entry.farm`` logger at INFO. Returns a
+    ``FarmResult`` (``code``: 0 when every task is done, 1 when any failed or did not run,
+    128+N after signal N). Usage errors (a bad task line too) raise ``UsageError``.
     """
     opts = LaunchOptions(gpus=gpus, threads=threads)
     farm_opts = FarmOptions(per_gpu, retries, directory, share, progress)
     _check(farm_opts)
-    return farm_tasks(opts, farm_opts, parse_tasks(tasks), directory)
+    return farm_tasks(opts, farm_opts, parse_tasks(tasks, "tasks"), directory, _LOG)
+
+
+@dataclass(frozen=True)
+class _Show:
+    """Where a farm's words go: the command's stdout and stderr, or the API's log."""
+
+    line: Callable[[str], None]
+    progress: Callable[[str], Progress]
+    summary: Callable[[Released], None]
+
+
+def _log_summary(done: Released) -> None:
+    node = node_summary(done)
+    if node is not None and node.outcomes:
+        log.info("%s", node.line())
+
+
+_SHOW = _Show(lambda text: print(text, flush=True), Progress, print_summary)
+_LOG = _Show(
+    lambda text: log.info("%s", text),
+    lambda mode: Progress(mode, emit=lambda text: log.info("%s", text)),
+    _log_summary,
+)
 
 
 def farm_tasks(
-    opts: LaunchOptions, farm_opts: FarmOptions, tasks: list[Task], directory: str
+    opts: LaunchOptions,
+    farm_opts: FarmOptions,
+    tasks: list[Task],
+    directory: str,
+    show: _Show = _SHOW,
 ) -> FarmResult:
     """The farm of checked ``farm_opts`` (``_check``): both callers check before reading."""
     env = JobEnv.current()
@@ -127,10 +176,10 @@ def farm_tasks(
     if share.count > 1:
         log.info("farm: share %s: %d of %d task(s)", share, len(mine), len(tasks))
     if not mine:
-        print(f"farm: no tasks to run (share {share} of {len(tasks)} task(s))")
+        show.line(f"farm: no tasks to run (share {share} of {len(tasks)} task(s))")
         return result
     if not todo:
-        print(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
+        show.line(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
         return result
     planned = plan(opts, "farm")
     per_gpu = _per_gpu(planned, farm_opts.per_gpu, len(todo))
@@ -139,7 +188,7 @@ def farm_tasks(
         return result
     farm_dir.create()
     with _only_farm(farm_dir):
-        view = Progress(farm_opts.progress)
+        view = show.progress(farm_opts.progress)
         engines: list[Farmer] = []
 
         def body(run: Started) -> int:
@@ -147,13 +196,34 @@ def farm_tasks(
                 run, farm_opts=farm_opts, per_gpu=per_gpu, todo=todo, farm_dir=farm_dir, view=view
             )
             engines.append(farmer)
+            _begin(farm_dir, run, farmer, result.skipped, farm_opts.retries)
             return farmer.run(run.trap)
 
         try:
-            code = execute(planned, body, summary=print_summary)
+            code = execute(planned, body, summary=show.summary)
         finally:
             view.close()
-    return _result(result, engines[0] if engines else None, code, farm_dir, todo)
+        result = _result(result, engines[0] if engines else None, code, farm_dir, todo, show=show)
+        farm_dir.event("end", time=time.time(), code=result.code)
+    return result
+
+
+def _begin(farm_dir: FarmDir, run: Started, farmer: Farmer, skipped: int, retries: int) -> None:
+    """The journal's ``farm`` event: who runs this share now, and what it has to do."""
+    me = _proc.identify(os.getpid())
+    farm_dir.event(
+        "farm",
+        time=farmer.counts.started,
+        node=run.plan.env.node,
+        pid=os.getpid(),
+        pid_start=me.start_time if me else 0.0,
+        share=str(farm_dir.share),
+        todo=farmer.counts.total,
+        skipped=skipped,
+        gpus=len(farmer.lanes),
+        slots=farmer.counts.slots,
+        retries=retries,
+    )
 
 
 @contextmanager
@@ -218,13 +288,20 @@ def _farmer(
         client_env=client_env,
         report=view.report,
         ended=run.ended,
+        tee=Tee(sys.stdout, sys.stderr) if farm_opts.tag else None,
     )
 
 
 def _result(
-    result: FarmResult, farmer: Farmer | None, code: int, farm_dir: FarmDir, todo: list[Task]
+    result: FarmResult,
+    farmer: Farmer | None,
+    code: int,
+    farm_dir: FarmDir,
+    todo: list[Task],
+    *,
+    show: _Show,
 ) -> FarmResult:
-    """The summary on stdout, and the exit code; every task not run where a signal came
+    """The summary (``show``), and the exit code; every task not run where a signal came
     before the first one started (``farmer`` None)."""
     result.records = farmer.records if farmer else []
     result.not_run = farmer.not_run if farmer else list(todo)
@@ -232,7 +309,7 @@ def _result(
     for line in summary_lines(
         result.records, result.not_run, result.skipped, counts, str(farm_dir.path)
     ):
-        print(line, flush=True)
+        show.line(line)
     failed = counts.failed or result.not_run
     result.code = code if code else (1 if failed else 0)
     return result
@@ -265,8 +342,42 @@ def _check(farm_opts: FarmOptions) -> None:
 def _print_plan(todo: list[Task], directory: str, per_gpu: int, planned: Plan) -> None:
     """``--dry-run``: what would run, and how; nothing is started or written."""
     for task in todo:
-        print(f"[task {task.number}] {shlex.join(task.argv)}")
+        print(f"[task {task.number}] {task.command}")
     print(
         f"farm: {len(todo)} task(s) would run, {per_gpu} at a time on each of "
         f"{len(planned.slots)} GPU(s); logs and state in {directory}"
     )
+
+
+def farm_status(directory: str | None, as_json: bool) -> int:
+    """``mpswrap farm status [DIR]``: what the farm's journal says, from any shell. DIR: a
+    farm's directory, or its task list (``<TASKS>.farm``); none: the one ``*.farm`` here."""
+    path = _status_dir(directory)
+    try:
+        journal = read_journal(path)
+    except LayoutError as exc:
+        raise UsageError(exc.what, thing=exc.thing, cause=exc.cause, hint=_STATUS_HINT) from None
+    if not journal:
+        raise UsageError("not a farm directory (no state file)", thing=path, hint=_STATUS_HINT)
+    alive = farmstatus.process_alive(JobEnv.current().node)
+    shares = [farmstatus.fold(name, lines, alive) for name, lines in journal.items()]
+    now = time.time()
+    if as_json:
+        print(json.dumps(farmstatus.status_json(path, shares, now), indent=1))
+    else:
+        for line in farmstatus.status_lines(path, shares, now):
+            print(line)
+    return 0
+
+
+_STATUS_HINT = "give the farm's directory (--dir, default <TASKS>.farm) or its task list"
+
+
+def _status_dir(given: str | None) -> str:
+    if given is not None:
+        return given if not os.path.isfile(given) else _directory(None, given)
+    here = sorted(n for n in os.listdir(".") if n.endswith(".farm") and os.path.isdir(n))
+    if len(here) != 1:
+        found = f"found {', '.join(here)}" if here else "none here"
+        raise UsageError("which farm?", cause=f"{found}", hint=_STATUS_HINT)
+    return here[0]

@@ -41,6 +41,7 @@ from .supervise import (
     watch,
 )
 from .tasks import DONE, FAILED, FAULT, FarmDir, Task, TaskRecord
+from .tee import Tee
 from .verify import Listings, Verifier
 
 __all__ = ["Counts", "FarmPlan", "Farmer", "Lane"]
@@ -56,6 +57,8 @@ RECOVER_WAIT = 0.5
 HOLD_MAX = 60.0
 #: The engine's wake: faults are looked for, the progress shown.
 TICK = 0.25
+#: Seconds the tasks' live output (``--tag``) is read for once the farm is over.
+TEE_DRAIN = 5.0
 
 
 @dataclass
@@ -112,18 +115,40 @@ class FarmPlan:
 
 @dataclass
 class Counts:
-    """Where the farm stands, for the progress line and the summary."""
+    """Where the farm stands, for the progress line, ``farm status`` and the summary."""
 
     total: int
     started: float
     done: int = 0
     failed: int = 0
     retried: int = 0
-    running: int = 0
+    #: When each running attempt started: kept equal to the attempts running, whenever the
+    #: set changes, so that a line printed at any moment counts what runs then.
+    since: list[float] = field(default_factory=list)
+    #: Tasks at once: K on each GPU.
+    slots: int = 0
+    #: Seconds the finished attempts took, and how many they are (the ETA's mean).
+    busy: float = 0.0
+    attempts: int = 0
 
     @property
     def finished(self) -> int:
         return self.done + self.failed
+
+    @property
+    def running(self) -> int:
+        return len(self.since)
+
+    def count(self, status: str, seconds: float, retried: bool) -> None:
+        """One finished attempt."""
+        self.busy += seconds
+        self.attempts += 1
+        if status == DONE:
+            self.done += 1
+        elif retried:
+            self.retried += 1
+        else:
+            self.failed += 1
 
 
 #: The client environment of a seat of a lane (``placement.place`` for that GPU).
@@ -145,9 +170,12 @@ class Farmer:
         client_env: ClientEnv,
         report: Report,
         ended: Callable[[Outcome], None] | None = None,
+        tee: Tee | None = None,
     ) -> None:
         self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
         self.client_env, self.report = client_env, report
+        #: The tasks' output, live (``--tag``); None: straight to their log files.
+        self.tee = tee
         #: Each attempt's outcome, as it ends (the run record; ``outcomes`` keeps them too).
         self.ended = ended
         self.tasks = list(tasks)
@@ -160,7 +188,7 @@ class Farmer:
         self.listings = Listings()
         self.records: list[TaskRecord] = []
         self.outcomes: list[Outcome] = []
-        self.counts = Counts(len(tasks), time.time())
+        self.counts = Counts(len(tasks), time.time(), slots=sum(len(ln.seats) for ln in lanes))
         self.stopping = False
         self.error: OSError | None = None  # a log or the state that could not be written
 
@@ -177,6 +205,7 @@ class Farmer:
                     tick=self._tick,
                     isolated=True,
                     more=self._more,
+                    readable=self.tee.fds if self.tee else None,
                 )
             self._tick()
             self._decide(time.time(), final=True)
@@ -184,6 +213,8 @@ class Farmer:
             for guard in (a.guard for a in self.live):
                 if guard is not None:
                     guard.release()
+            if self.tee is not None:
+                self.tee.close(TEE_DRAIN)
         if self.error is not None:
             if isinstance(self.error, MpswrapError):
                 raise self.error
@@ -203,12 +234,13 @@ class Farmer:
     def _tick(self) -> float:
         now = time.time()
         try:
+            if self.tee is not None:
+                self.tee.pump()
             self._reap(now)
             self._watch_lanes(now)
             self._decide(now)
             if not self.stopping:
                 self._fill(now)
-            self.counts.running = len(self.live)
             self.report(None, self.counts)
         except OSError as exc:  # disk full, quota: end the running tasks through the ladder
             if self.error is None:
@@ -236,10 +268,16 @@ class Farmer:
         )
         end_ranks(self.ranks, sig, self.plan.grace)
 
+    def _live(self, attempts: list[Attempt]) -> None:
+        """The running attempts, and the counts' view of them, changed together."""
+        self.live = attempts
+        self.counts.since = [a.start for a in attempts]
+
     def _reap(self, now: float) -> None:
         end_leftovers(self.ranks)  # a task's tree ends with it
-        for attempt in [a for a in self.live if not a.rank.running()]:
-            self.live.remove(attempt)
+        gone = [a for a in self.live if not a.rank.running()]
+        self._live([a for a in self.live if all(a is not g for g in gone)])  # before any shows
+        for attempt in gone:
             self.ranks.remove(attempt.rank)
             if attempt.guard is not None:
                 attempt.guard.release()
@@ -271,7 +309,8 @@ class Farmer:
             if new:
                 named = set().union(*(f.pids for f in new))
                 mine = [a for a in self.live if a.lane is lane]
-                lane.holding = {id(a) for a in [a for a in mine if a.pids & named] or mine}
+                hit = [a for a in mine if {p.pid for p in a.rank.tree()} & named]
+                lane.holding = {id(a) for a in hit or mine}  # a shell's client is its child
                 lane.paused_at = lane.paused_at or now
                 log.warning(
                     "farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
@@ -326,7 +365,7 @@ class Farmer:
 
     # --- one attempt ---------------------------------------------------------------------
     def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
-        out, err = self.dir.open_logs(task, number)
+        out, err = self._outputs(task, number)
         # A process of its own, not a rank of the step that runs the farm.
         env = {k: v for k, v in os.environ.items() if k not in PLACE_IN_LAUNCH_VARS}
         env.update(self.client_env(lane, seat))
@@ -362,9 +401,33 @@ class Farmer:
                 rank, lane.daemon, self.plan.verify_timeout, str(self.plan.verify), self.listings
             )
             self.checks.append(attempt.check)
-        self.live.append(attempt)
+        self._live([*self.live, attempt])
         self.ranks.append(rank)  # before its guard: a failed fork still ends it, by the ladder
         attempt.guard = guard_ranks([rank], self.plan.grace)
+        # Once it is watched: a journal that cannot be written stops the farm, through the
+        # ladder for this task too.
+        self.dir.event(
+            "start",
+            task=task.number,
+            key=task.key,
+            line=task.line,
+            attempt=number,
+            node=self.plan.node,
+            gpu=lane.slot.uuid,
+            gpu_index=lane.position,
+            time=start,
+        )
+
+    def _outputs(self, task: Task, number: int) -> tuple[int, int]:
+        """The task's stdout and stderr: its log files, or (``--tag``) pipes to them."""
+        logs = self.dir.open_logs(task, number)
+        if self.tee is None:
+            return logs
+        try:
+            return self.tee.attach(str(task.number), *logs)
+        finally:
+            os.close(logs[0])
+            os.close(logs[1])
 
     def _record(self, attempt: Attempt, status: str, retried: bool = False) -> None:
         self._record_parts(
@@ -403,17 +466,13 @@ class Farmer:
             span[1],
             str(out),
             str(err),
+            retried,
         )
         self.dir.append(record)
         self.records.append(record)
         if not retried:
             self.settled.add(task.number)
-        if status == DONE:
-            self.counts.done += 1
-        elif retried:
-            self.counts.retried += 1
-        else:
-            self.counts.failed += 1
+        self.counts.count(status, record.seconds, retried)
         self.report(record, self.counts)
 
 

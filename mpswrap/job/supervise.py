@@ -303,13 +303,15 @@ def watch(
     tick: Callable[[], float] | None = None,
     isolated: bool = False,
     more: Callable[[], bool] | None = None,
+    readable: Callable[[], Sequence[int]] | None = None,
 ) -> int:
     """Wait until every rank has exited; return the exit code.
 
     USR1/USR2 go to the live ranks. The first TERM/INT/HUP runs ``on_terminate`` (default:
     the ladder for every rank). A rank that fails, or that a ``fail`` check finds without MPS,
     ends the others (``isolated``: itself). ``tick`` runs at each wake, may add ranks and checks
-    (a farm), and says when to wake; ``more``: work remains though no rank runs. Exit code:
+    (a farm), and says when to wake; ``more``: work remains though no rank runs; ``readable``:
+    descriptors that wake it too (a farm's live output). Exit code:
     128+signal after a terminating signal, else (not isolated) the first failure's, else 0."""
     terminate = on_terminate or (lambda sig: end_ranks(ranks, sig, grace))
     ended_by: int | None = None
@@ -335,7 +337,8 @@ def watch(
             live = [r for r in ranks if r.running()]
             if not live and not (more is not None and ended_by is None and more()):
                 break  # a farm's last task is reaped by the tick above
-            _nap(trap.wake_fd, fds.watch(live), wake)
+            extra = list(readable()) if readable else []
+            _nap(trap.wake_fd, fds.watch(live), wake, extra)
     return _exit_code(ranks, ended_by, failed, isolated, grace)
 
 
@@ -430,11 +433,12 @@ class _ExitFds:
                 os.close(fd)
 
 
-def _nap(wake_fd: int, live: list[int | None], wake: float) -> None:
-    """Sleep until a rank with a pidfd exits, a signal comes, or ``wake``; ranks without a
-    pidfd are polled (0.05 s)."""
+def _nap(wake_fd: int, live: list[int | None], wake: float, extra: Sequence[int] = ()) -> None:
+    """Sleep until a rank with a pidfd exits, a signal comes, one of ``extra`` is readable, or
+    ``wake``; ranks without a pidfd are polled (0.05 s)."""
     watched = [fd for fd in live if fd is not None]
-    _sleep([wake_fd, *watched], wake if len(watched) == len(live) else min(wake, 0.05))
+    timeout = wake if len(watched) == len(live) else min(wake, 0.05)
+    _sleep([wake_fd, *watched, *extra], timeout)
 
 
 def _sleep(fds: list[int], timeout: float) -> None:

@@ -1,15 +1,21 @@
 """A task farm's tasks and its record: the task list, each task's logs, and the state file.
 
 A task list has one command per line; blank lines and lines starting with ``#`` are not
-tasks. Tasks are numbered from 0 in file order (``MPSWRAP_TASK``). A line with shell syntax
-(pipes, redirections, variables, ``&&``, globs) runs under ``/bin/sh -c``; any other line is
-split like a shell would and run directly, so the task's process is the program itself.
+tasks. Tasks are numbered from 0 in file order (``MPSWRAP_TASK``). Every line is a shell
+command line and runs as ``/bin/sh -c LINE`` (as GNU parallel runs its lines): ``exit 5``
+exits 5, a missing program exits 127 with the shell's "not found". The task's program is then
+a child of that shell, found as a descendant of the task (``supervise.Rank.tree``) when its
+clients are checked and ended. The list is read and checked whole before anything starts: a
+line with a NUL byte, one that is not UTF-8, or one longer than ``LINE_LIMIT`` bytes is a
+UsageError naming it (``tasks.txt:3: ...``).
 
 Everything a farm writes lives in its directory (``--dir``, default ``<TASKS>.farm`` beside
 the task list): ``logs/NNNN-HASH.out`` and ``.err`` for attempt 1 (the task's number and
 its command's hash), ``NNNN-HASH.A.out`` for attempt A; and one state file per share of the
 tasks (``state.jsonl``, or ``state-IofN.jsonl`` for share I of N), a JSON line per finished
-attempt, appended with one write each; a lock file per share, held while a farm runs. A task
+attempt, appended with one write each, and the farm's events (``event``: ``farm`` when a farm
+begins, ``start`` for each attempt it starts, ``end`` when it ends), which ``farm status``
+reads; a lock file per share, held while a farm runs. A task
 whose command has a ``done`` line in any state file of the directory is not run again: the
 key is the command's text (and which occurrence of it), so an edited line runs again and
 reordering lines runs nothing twice.
@@ -27,8 +33,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import LayoutError, UsageError
+from ..paths import list_dir, read_job_file
 
 __all__ = [
     "FarmDir",
@@ -37,7 +45,10 @@ __all__ = [
     "TaskRecord",
     "parse_share",
     "parse_tasks",
+    "read_journal",
     "read_tasks",
+    "record_of",
+    "task_lines",
 ]
 
 #: Statuses of a finished attempt: exit 0; a failure of its own; ended by a fatal GPU fault
@@ -45,11 +56,11 @@ __all__ = [
 DONE, FAILED, FAULT = "done", "failed", "fault"
 #: A state line longer than this was not written by a farm.
 RECORD_LIMIT = 1 << 16
-#: Characters that make a line shell syntax rather than a plain command.
-_SHELL = re.compile(
-    r"[|&;<>()$`*?\[\]{}~\n\\]|\s#|(^|\s)[A-Za-z_][A-Za-z0-9_]*="
-    r"|^\s*(cd|export|exec|source|\.|ulimit|umask|eval|set|unset|trap|wait|time)(\s|$)"
-)
+#: A task line longer than this (bytes) is refused: no command line is that long on purpose,
+#: and the kernel refuses an argument past 128 KiB (MAX_ARG_STRLEN) anyway.
+LINE_LIMIT = 1 << 16
+#: ``farm status`` reads a state file up to this size (a record is a few hundred bytes).
+STATE_LIMIT = 64 << 20
 _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
@@ -60,6 +71,7 @@ class Task:
     number: int
     command: str
     key: str  # the command's hash and its occurrence: stable when lines move
+    line: int = 0  # its line in the list, from 1 (0: not from a list)
 
     @property
     def log_stem(self) -> str:
@@ -70,39 +82,83 @@ class Task:
 
     @property
     def argv(self) -> list[str]:
-        """How it runs: split, or through ``/bin/sh -c`` when it has shell syntax."""
-        if _SHELL.search(self.command):
-            return ["/bin/sh", "-c", self.command]
-        return shlex.split(self.command)
+        """How it runs: a shell command line (written out: the security test's scan counts
+        the package's shell calls, and this is its one)."""
+        return ["/bin/sh", "-c", self.command]
 
 
-def parse_tasks(lines: Iterable[str]) -> list[Task]:
-    """Tasks of a list; a line that does not split (an open quote) is a UsageError naming it."""
+def parse_tasks(lines: Iterable[str], source: str = "tasks") -> list[Task]:
+    """Tasks of a list; a line that is no command line (a NUL byte, an open quote, too long)
+    is a UsageError naming ``source`` and its line number."""
     tasks: list[Task] = []
     seen: Counter[str] = Counter()
     for line_no, raw in enumerate(lines, 1):
         command = raw.strip()
         if not command or command.startswith("#"):
             continue
-        try:
-            shlex.split(command)
-        except ValueError as exc:
-            raise UsageError(f"bad task on line {line_no}", thing=command, cause=str(exc)) from None
+        _check_line(command, source, line_no)
         seen[command] += 1
         digest = hashlib.sha256(command.encode()).hexdigest()[:16]
-        tasks.append(Task(len(tasks), command, f"{digest}-{seen[command]}"))
+        tasks.append(Task(len(tasks), command, f"{digest}-{seen[command]}", line_no))
     return tasks
 
 
-def read_tasks(source: str) -> list[Task]:
-    """The tasks of a file, or of standard input for ``-``."""
-    if source == "-":
-        return parse_tasks(sys.stdin.read().splitlines())
+def _check_line(command: str, source: str, line_no: int) -> None:
+    if "\0" in command:
+        raise _bad_line(source, line_no, "the line has a NUL byte")
     try:
-        text = Path(source).read_text(errors="replace")
+        size = len(command.encode())
+    except UnicodeEncodeError:
+        raise _bad_line(source, line_no, "the line is not UTF-8 text") from None
+    if size > LINE_LIMIT:
+        raise _too_long(source, line_no, size)
+    try:
+        shlex.split(command)
+    except ValueError as exc:
+        raise UsageError(
+            f"{source}:{line_no}: bad task: {exc}", hint="quote as in a shell script"
+        ) from None
+
+
+def _bad_line(source: str, line_no: int, what: str) -> UsageError:
+    return UsageError(
+        f"{source}:{line_no}: {what}", hint="a task list is text: one command line per line"
+    )
+
+
+def _too_long(source: str, line_no: int, size: int) -> UsageError:
+    return UsageError(
+        f"{source}:{line_no}: the line is longer than {LINE_LIMIT // 1024} KiB ({size} bytes)",
+        hint="put long arguments in a file the command reads",
+    )
+
+
+def task_lines(data: bytes, source: str) -> list[str]:
+    """The lines of a task list's bytes, each checked in order: at most ``LINE_LIMIT`` bytes,
+    no NUL byte, UTF-8 (else a UsageError naming the first line that is not)."""
+    lines = []
+    for line_no, raw in enumerate(data.splitlines(), 1):
+        if len(raw) > LINE_LIMIT:
+            raise _too_long(source, line_no, len(raw))
+        if b"\0" in raw:
+            raise _bad_line(source, line_no, "the line has a NUL byte")
+        try:
+            lines.append(raw.decode())
+        except UnicodeDecodeError as exc:
+            where = f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+            raise _bad_line(source, line_no, f"the line is not UTF-8 text ({where})") from None
+    return lines
+
+
+def read_tasks(source: str) -> list[Task]:
+    """The tasks of a file, or of standard input for ``-``, checked before anything starts."""
+    if source == "-":
+        return parse_tasks(task_lines(sys.stdin.buffer.read(), "stdin"), "stdin")
+    try:
+        data = Path(source).read_bytes()
     except OSError as exc:
         raise UsageError("cannot read the task list", thing=source, cause=exc.strerror) from None
-    return parse_tasks(text.splitlines())
+    return parse_tasks(task_lines(data, source), source)
 
 
 @dataclass(frozen=True)
@@ -149,6 +205,8 @@ class TaskRecord:
     end: float
     stdout: str
     stderr: str
+    #: A fault's attempt whose task went back to the queue (not settled by it).
+    retried: bool = False
 
     @property
     def seconds(self) -> float:
@@ -200,7 +258,14 @@ class FarmDir:
 
     def append(self, record: TaskRecord) -> None:
         """One line, one write, so that a farm ended at any moment leaves whole lines."""
-        line = json.dumps(asdict(record), sort_keys=True) + "\n"
+        self._append(asdict(record))
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """One of the farm's events (``farm``, ``start``, ``end``), a line of the state file."""
+        self._append({"event": kind, **fields})
+
+    def _append(self, data: dict[str, Any]) -> None:
+        line = json.dumps(data, sort_keys=True) + "\n"
         path = self.path / self.share.state_name
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -210,7 +275,7 @@ class FarmDir:
 
     def records(self) -> Iterator[TaskRecord]:
         """Every attempt in every state file of the directory; lines that are not records
-        (cut short, edited by hand) are passed over."""
+        (events, lines cut short or edited by hand) are passed over."""
         names = sorted(p for p in self.path.glob("state*.jsonl") if p.is_file())
         for path in names:
             with open(path, errors="replace") as lines:
@@ -224,11 +289,45 @@ class FarmDir:
         return {r.key for r in self.records() if r.status == DONE}
 
 
-def _record(line: str) -> TaskRecord | None:
+def read_journal(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each state file of a farm's directory (by name), its lines in order, as ``farm status``
+    reads them from any shell: the directory as named (its links followed, as ``cd`` would),
+    the files in it through ``paths.read_job_file`` (no link, no FIFO, at most
+    ``STATE_LIMIT`` bytes). A LayoutError when it is no directory or a state file is refused;
+    an empty mapping when it has no state file."""
+    real = Path(os.path.realpath(directory))
+    names = list_dir(real, "cannot read the farm directory")
+    if names is None:
+        raise LayoutError("no such farm directory", thing=str(directory))
+    journal: dict[str, list[dict[str, Any]]] = {}
+    for name in sorted(n for n in names if re.fullmatch(r"state(-\d+of\d+)?\.jsonl", n)):
+        text = read_job_file(real / name, STATE_LIMIT)
+        if text is None:
+            raise LayoutError("cannot read the farm's state file", thing=str(real / name))
+        journal[name] = [d for d in map(_line, text.splitlines()) if d is not None]
+    return journal
+
+
+def _line(line: str) -> dict[str, Any] | None:
     if len(line) > RECORD_LIMIT:
         return None
     try:
         data = json.loads(line)
-        return TaskRecord(**data) if isinstance(data, dict) else None
-    except (ValueError, TypeError):
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _record(line: str) -> TaskRecord | None:
+    data = _line(line)
+    return record_of(data) if data is not None else None
+
+
+def record_of(data: dict[str, Any]) -> TaskRecord | None:
+    """A finished attempt from a state line's data; None for an event or a stray line."""
+    if "event" in data:
+        return None
+    try:
+        return TaskRecord(**data)
+    except TypeError:
         return None

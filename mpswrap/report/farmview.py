@@ -12,13 +12,13 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from ..job.farmer import Counts
 from ..job.tasks import DONE, FAILED, FAULT, Task, TaskRecord
 
-__all__ = ["Progress", "duration", "summary_lines"]
+__all__ = ["Progress", "attempt_line", "duration", "eta", "state_words", "summary_lines"]
 
 #: Seconds between two redraws of the progress line.
 REDRAW = 0.5
@@ -36,25 +36,52 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _state(counts: Counts) -> str:
+def eta(counts: Counts, now: float) -> float | None:
+    """Seconds until every task has run, if each attempt still to come takes the mean of the
+    attempts finished so far (``busy / attempts``): the work left (a task not started yet: the
+    mean; a running one: the mean less the time it has run, at least 0) spread over the
+    farm's places (K on each GPU); with no task waiting, the running task with most left.
+    None before any attempt finished."""
+    if not counts.attempts:
+        return None
+    mean = counts.busy / counts.attempts
+    ahead = [max(0.0, mean - (now - since)) for since in counts.since]
+    waiting = counts.total - counts.finished - counts.running
+    if waiting <= 0:
+        return max(ahead, default=0.0)
+    return (waiting * mean + sum(ahead)) / max(1, counts.slots)
+
+
+def state_words(counts: Counts, now: float | None = None) -> str:
+    """``3/10 finished (2 done, 1 failed), 4 running, ETA 12s``: the progress line's, and
+    ``farm status``'s."""
+    now = time.time() if now is None else now
     text = f"{counts.finished}/{counts.total} finished ({counts.done} done, {counts.failed} failed)"
     text += f", {counts.running} running"
     if counts.retried:
         text += f", {counts.retried} retried"
-    elapsed = time.time() - counts.started
-    left = counts.total - counts.finished
-    if counts.finished and left:
-        text += f", ETA {duration(elapsed / counts.finished * left)}"
+    left = eta(counts, now)
+    if left is not None and counts.finished < counts.total:
+        text += f", ETA {duration(left)}"
     return text
 
 
 class Progress:
-    """The farm's report callback (``Farmer``'s ``report``)."""
+    """The farm's report callback (``Farmer``'s ``report``). ``emit``: each line goes there
+    instead (``mpswrap.farm()``'s log), and ``bar`` and ``auto`` mean ``lines``."""
 
-    def __init__(self, mode: str = "auto", stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "auto",
+        stream: TextIO | None = None,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
         self.stream = stream or sys.stderr
+        self.emit = emit
         tty = getattr(self.stream, "isatty", lambda: False)()
         self.mode = ("bar" if tty else "lines") if mode == "auto" else mode
+        if emit is not None and self.mode == "bar":
+            self.mode = "lines"
         self.drawn = 0.0
         self.width = 0
         if self.mode == "bar":  # mpswrap's own log lines go above the bar, not across it
@@ -71,9 +98,9 @@ class Progress:
         if self.mode == "off":
             return
         if record is not None and (self.mode == "lines" or record.status != DONE):
-            self._line(f"{_attempt_line(record)} [{_state(counts)}]")
+            self._line(f"{attempt_line(record)} [{state_words(counts)}]")
         if self.mode == "bar" and time.monotonic() - self.drawn >= REDRAW:
-            self._bar(f"mpswrap: farm: {_state(counts)}")
+            self._bar(f"mpswrap: farm: {state_words(counts)}")
 
     def close(self) -> None:
         if self.mode == "bar" and self.width:
@@ -87,6 +114,9 @@ class Progress:
         self.width, self.drawn = len(text), time.monotonic()
 
     def _line(self, text: str) -> None:
+        if self.emit is not None:
+            self.emit(f"farm: {text}")
+            return
         if self.mode == "bar" and self.width:
             self._write("\r" + " " * self.width + "\r")
             self.width = 0
@@ -101,11 +131,22 @@ class Progress:
             self.mode = "off"
 
 
-def _attempt_line(record: TaskRecord) -> str:
+#: What a shell's exit code says of a task line's program.
+SHELL_CODES = {127: "command not found", 126: "command not executable"}
+
+
+def _exit_words(code: int) -> str:
+    """``exit 3``; ``exit 127: command not found``, as the task's shell meant it."""
+    return f"exit {code}" + (f": {SHELL_CODES[code]}" if code in SHELL_CODES else "")
+
+
+def attempt_line(record: TaskRecord) -> str:
+    """``task 3 failed (exit 127: command not found) (gpu 0, 0.1 s, log ...)``."""
+    code = _exit_words(record.code)
     how = {
         DONE: "done",
-        FAILED: f"failed (exit {record.code})",
-        FAULT: f"ended by a GPU fault (exit {record.code})",
+        FAILED: f"failed ({code})",
+        FAULT: f"ended by a GPU fault ({code})",
     }[record.status]
     attempt = f" attempt {record.attempt}" if record.attempt > 1 else ""
     where = f"gpu {record.gpu_index}, {record.seconds:.1f} s"
@@ -147,7 +188,7 @@ def summary_lines(
         )
     for record in failed[:SHOWN_FAILURES]:
         lines.append(
-            f"  failed: task {record.task} (exit {record.code}, {record.status}): "
+            f"  failed: task {record.task} ({_exit_words(record.code)}, {record.status}): "
             f"{record.command}  log: {record.stderr}"
         )
     if len(failed) > SHOWN_FAILURES:

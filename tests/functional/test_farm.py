@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.functional.test_launcher import by_tag, records
@@ -27,10 +28,11 @@ pytestmark = pytest.mark.functional
 
 
 def state(farm_dir: Path) -> list[dict[str, Any]]:
+    """The finished attempts of the state files (not the farm's events)."""
     lines: list[dict[str, Any]] = []
     for path in sorted(farm_dir.glob("state*.jsonl")):
         lines += [json.loads(line) for line in path.read_text().splitlines()]
-    return lines
+    return [line for line in lines if "event" not in line]
 
 
 def task_line(node: SimNode, rec: Path, seconds: float, extra: str = "") -> str:
@@ -200,8 +202,11 @@ def test_tasks_from_stdin_and_the_python_api(node: SimNode) -> None:
     assert res.returncode == 0, res.stderr
     assert "3 done, 0 failed" in res.stdout
     code = (
-        "import mpswrap, sys; r = mpswrap.farm(sys.argv[1:], directory='api', per_gpu=2); "
-        "print('result', r.code, [x.status for x in r.records]); sys.exit(r.code)"
+        "import logging, mpswrap, sys; logging.basicConfig(level=logging.INFO, "
+        "format='%(name)s: %(message)s'); "
+        "r = mpswrap.farm(sys.argv[1:], directory='api', per_gpu=2, progress='lines'); "
+        "print('result', r.code, [(x.status, x.code) for x in r.records], file=sys.stderr); "
+        "sys.exit(r.code)"
     )
     res = subprocess.run(
         [sys.executable, "-c", code, *lines, "exit 5"],
@@ -212,7 +217,12 @@ def test_tasks_from_stdin_and_the_python_api(node: SimNode) -> None:
         timeout=60,
     )
     assert res.returncode == 1, res.stderr
-    assert "result 1" in res.stdout and res.stdout.count("'done'") == 3, res.stdout
+    assert res.stdout == ""  # the library prints nothing: it returns, and logs
+    assert "result 1" in res.stderr and res.stderr.count("('done', 0)") == 3, res.stderr
+    assert "('failed', 5)" in res.stderr, res.stderr
+    logged = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap.entry.farm: ")]
+    assert any("farm: 4 task(s): 3 done, 1 failed, 0 not run" in ln for ln in logged), logged
+    assert any("farm: task 3 failed (exit 5)" in ln for ln in logged), logged
 
 
 def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> None:
@@ -297,11 +307,27 @@ def test_bad_farm_input_is_one_line_and_exit_2(
     assert not any(node.user_run_dir.glob("*/*"))
 
 
-def test_an_open_quote_names_its_line(node: SimNode) -> None:
-    tasks = node.root / "tasks.txt"
-    tasks.write_text("true\n# fine\necho 'open\n")
-    res = node.run("farm", str(tasks))
-    assert res.returncode == 2 and "bad task on line 3" in res.stderr, res.stderr
+@pytest.mark.parametrize(
+    ("third", "says"),
+    [
+        (b"echo 'open", "tasks.txt:3: bad task: No closing quotation"),
+        (b"echo a\0b", "tasks.txt:3: the line has a NUL byte"),
+        (b"echo \xff\xfe", "tasks.txt:3: the line is not UTF-8 text (byte 0xff at column 6)"),
+        (b"echo " + b"x" * 70000, "tasks.txt:3: the line is longer than 64 KiB (70005 bytes)"),
+    ],
+)
+def test_a_bad_task_line_is_one_line_naming_it_before_any_daemon_starts(
+    node: SimNode, third: bytes, says: str
+) -> None:
+    (node.root / "tasks.txt").write_bytes(b"true\n# fine\n" + third + b"\ntrue\n")
+    res = node.run("farm", "tasks.txt")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[0] == f"mpswrap: {says}", res.stderr
+    assert [ln for ln in res.stderr.splitlines() if not ln.startswith("hint: ")] == [
+        f"mpswrap: {says}"
+    ]
+    assert not (node.root / "tasks.txt.farm").exists()
+    assert not any(node.user_run_dir.glob("*/*")), "no daemon may have started"
 
 
 def test_running_again_with_everything_done_starts_nothing(node: SimNode) -> None:
@@ -410,3 +436,164 @@ def test_calibrate_refuses_more_copies_than_the_gpu_takes_and_leaves_nothing(
         "mpswrap: --counts asks for more clients than the GPU takes (49): its limit is 48"
     )
     assert not any(node.user_run_dir.glob("*/*"))
+
+
+# --- issue 31: what GNU parallel and HyperQueue users expect ------------------------------
+def test_progress_lines_count_what_runs_when_they_are_printed(node: SimNode) -> None:
+    """Ten places for ten tasks: all start at once, so once the tasks that exited together
+    are reaped, the running count is the tasks not finished: never more (a stale count), and
+    exactly that on the last line of each batch; the last line says 0."""
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("".join(task_line(node, rec, 0.2 + 0.4 * i) + "\n" for i in range(10)))
+    args = ("farm", "--per-gpu", "5", "--progress", "lines", "--dir", str(farm_dir), str(tasks))
+    res = node.run(*args, timeout=120)
+    assert res.returncode == 0, res.stderr
+    found = [
+        (int(done), int(running))
+        for done, running in re.findall(
+            r"\[(\d+)/10 finished \(\d+ done, \d+ failed\), (\d+) running", res.stderr
+        )
+    ]
+    assert len(found) == 10, res.stderr
+    assert all(done + running <= 10 for done, running in found), res.stderr
+    batch_ends = [
+        f for f, after in zip(found, [*found[1:], (0, -1)], strict=True) if f[1] != after[1]
+    ]
+    assert all(done + running == 10 for done, running in batch_ends), res.stderr
+    assert len(batch_ends) > 1, res.stderr  # not all reaped at once: the counts were tested
+    assert found[-1] == (10, 0)
+
+
+def test_every_line_is_a_shell_command_line(node: SimNode) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(
+        f"exit 5\nno-such-program-mpswrap --seed 1\n{node.client} --seconds 0.1 --record {rec}\n"
+    )
+    res = node.run("farm", "--progress", "lines", "--dir", str(farm_dir), str(tasks))
+    assert res.returncode == 1, res.stderr
+    codes = {r["task"]: (r["status"], r["code"]) for r in state(farm_dir)}
+    assert codes == {0: ("failed", 5), 1: ("failed", 127), 2: ("done", 0)}, codes
+    err = one((farm_dir / "logs").glob("0001-*.err")).read_text()
+    assert "no-such-program-mpswrap" in err and "not found" in err, err
+    assert "task 1 failed (exit 127: command not found)" in res.stderr, res.stderr
+    assert "task 1 (exit 127: command not found, failed): no-such-program" in res.stdout
+    assert [r["mode"] for r in records(rec) if r["event"] == "start"] == ["mps"]
+
+
+@pytest.mark.parametrize("prefix", ["", "true && "])
+def test_a_tasks_client_under_its_shell_is_ended_through_terminate_client(
+    node: SimNode, prefix: str
+) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(f"{prefix}{node.client} --seconds 60 --record {rec}\n" * 2)
+    proc = node.start("farm", "--per-gpu", "1", "--grace", "5", "--dir", str(farm_dir), str(tasks))
+    wait_until(lambda: len(_started(rec)) == 2 or None, 30, "2 tasks started")
+    pids = [r["pid"] for r in _started(rec)]
+    for pid in pids:  # the task's process is the shell; the MPS client is its child
+        parent = psutil.Process(pid).parent()
+        assert parent is not None and parent.cmdline()[:2] == ["/bin/sh", "-c"], parent
+    assert signal_tree(proc, signal.SIGTERM) >= 5
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert [r["reason"] for r in records(rec) if r["event"] == "end"] == ["terminated"] * 2
+    assert "2 not run" in out, out
+    assert not any(node.user_run_dir.glob("*/*"))
+
+
+def test_farm_status_from_another_shell_while_it_runs_and_after(node: SimNode) -> None:
+    rec, farm_dir = node.root / "rec.jsonl", node.root / "tasks.txt.farm"
+    gate = node.root / "go"
+    quick = task_line(node, rec, 0.2)
+    held = f"while [ ! -e {gate} ]; do sleep 0.05; done; {task_line(node, rec, 0.1)}"
+    (node.root / "tasks.txt").write_text(f"# four\n{quick}\n{quick}\n{held}\n{held}\n{quick}\n")
+    proc = node.start("farm", "--per-gpu", "1", "--progress", "off", "tasks.txt")
+    wait_until(lambda: len(state(farm_dir)) == 2 or None, 60, "the first two done")
+    wait_until(lambda: _starts(farm_dir) == 4 or None, 30, "tasks 2 and 3 started")
+    shown = node.run("farm", "status", "tasks.txt.farm")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"farm tasks.txt.farm: running on node {_node(farm_dir)}")
+    assert lines[1].startswith("  5 task(s): 2 done, 0 failed, 2 running, 1 not run"), lines
+    assert "ETA" in lines[1], lines
+    running = sorted(ln for ln in lines if ln.startswith("  running:"))
+    assert [ln.split(",")[0] for ln in running] == [
+        "  running: task 2 (line 4) on gpu 0",
+        "  running: task 3 (line 5) on gpu 1",
+    ] or [ln.split(",")[0] for ln in running] == [
+        "  running: task 2 (line 4) on gpu 1",
+        "  running: task 3 (line 5) on gpu 0",
+    ], lines
+    data = json.loads(node.run("farm", "status", "--json", "tasks.txt").stdout)
+    assert (data["done"], data["running"], data["not_run"], data["failed"]) == (2, 2, 1, 0)
+    assert sorted(t["line"] for t in data["shares"][0]["running_tasks"]) == [4, 5]
+    assert data["shares"][0]["state"] == "running" and data["shares"][0]["eta_s"] is not None
+    gate.touch()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    after = node.run("farm", "status")  # the one *.farm here
+    assert after.returncode == 0, after.stderr
+    assert "ended" in after.stdout and "exit code 0" in after.stdout, after.stdout
+    assert "5 task(s): 5 done, 0 failed, 0 running, 0 not run" in after.stdout
+
+
+def _starts(farm_dir: Path) -> int:
+    path = farm_dir / "state.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum('"event": "start"' in line for line in lines)
+
+
+def _node(farm_dir: Path) -> str:
+    head = json.loads((farm_dir / "state.jsonl").read_text().splitlines()[0])
+    assert head["event"] == "farm"
+    return str(head["node"])
+
+
+def test_farm_status_refuses_what_is_no_farm_and_a_list_named_status_still_runs(
+    node: SimNode,
+) -> None:
+    missing = node.run("farm", "status", "nowhere.farm")
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr.splitlines()[0] == "mpswrap: no such farm directory (nowhere.farm)"
+    (node.root / "empty").mkdir()
+    foreign = node.run("farm", "status", "empty")
+    assert foreign.returncode == 2
+    assert foreign.stderr.startswith("mpswrap: not a farm directory (no state file) (empty)")
+    which = node.run("farm", "status")
+    assert which.returncode == 2 and "which farm?: none here" in which.stderr, which.stderr
+    fifo = node.root / "fifo.farm"
+    fifo.mkdir()
+    os.mkfifo(fifo / "state.jsonl")  # never opened for reading blocking, never read
+    stuck = node.run("farm", "status", "fifo.farm", timeout=20)
+    assert stuck.returncode == 2, stuck.stderr
+    assert "mpswrap: cannot read the farm's state file" in stuck.stderr, stuck.stderr
+    (node.root / "status").write_text("true\n")
+    ran = node.run("farm", "./status", PATH=os.environ["PATH"])
+    assert ran.returncode == 0, ran.stderr
+    assert "1 done" in node.run("farm", "status", "status").stdout  # the list: its ./status.farm
+
+
+def test_tag_shows_each_tasks_output_live_in_whole_lines_and_keeps_the_logs(
+    node: SimNode,
+) -> None:
+    farm_dir = node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text(
+        "printf 'zero-'; sleep 0.4; echo end; echo oops >&2\n"
+        "sleep 0.2; printf 'one-'; sleep 0.4; printf 'end\\nno newline'\n"
+    )
+    args = ("farm", "--tag", "--per-gpu", "2", "--gpus", "0", "--dir", str(farm_dir), str(tasks))
+    res = node.run(*args, PATH=os.environ["PATH"])
+    assert res.returncode == 0, res.stderr
+    out = [ln for ln in res.stdout.splitlines() if not ln.startswith(("farm:", "  "))]
+    assert sorted(out) == ["0\tzero-end", "1\tno newline", "1\tone-end"], res.stdout
+    assert "0\toops" in res.stderr.splitlines(), res.stderr
+    assert one((farm_dir / "logs").glob("0000-*.out")).read_text() == "zero-end\n"
+    assert one((farm_dir / "logs").glob("0001-*.out")).read_text() == "one-end\nno newline"
+    assert one((farm_dir / "logs").glob("0000-*.err")).read_text() == "oops\n"
+
+
+def _started(rec: Path) -> list[dict[str, Any]]:
+    return [r for r in records(rec) if r["event"] == "start"]

@@ -445,7 +445,7 @@ def _shell_uses(tree_: ast.AST) -> list[str]:
     return found
 
 
-#: The one shell mpswrap runs on purpose: a farm's task line with shell syntax is the user's
+#: The one shell mpswrap runs on purpose: a farm's task line is the user's
 #: own shell code (`cd run3 && python a.py > out`), run as that user by ``mpswrap farm`` under
 #: their own uid, never by root nor by a hook. Nothing of mpswrap's is put into that line.
 DELIBERATE_SHELLS = {"mpswrap/job/tasks.py": 1}

@@ -10,7 +10,7 @@ from mpswrap.entry.calibrate import Calibration, counts_up_to, recommend
 from mpswrap.entry.farm import default_per_gpu
 from mpswrap.errors import UsageError
 from mpswrap.job.faultwatch import FaultSeen, is_victim, stamp_time
-from mpswrap.job.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks
+from mpswrap.job.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks, task_lines
 from mpswrap.report.farmview import duration
 
 
@@ -20,23 +20,22 @@ def test_tasks_skip_blanks_and_comments_and_number_from_zero() -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "argv"),
+    "line",
     [
-        ("python train.py --seed 3", ["python", "train.py", "--seed", "3"]),
-        ("python 'my file.py' --name \"a b\"", ["python", "my file.py", "--name", "a b"]),
-        ("python a.py > out.txt", ["/bin/sh", "-c", "python a.py > out.txt"]),
-        ("cd run3 && python a.py", ["/bin/sh", "-c", "cd run3 && python a.py"]),
-        ("SEED=3 python a.py", ["/bin/sh", "-c", "SEED=3 python a.py"]),
-        ("python a.py --seed $MPSWRAP_TASK", ["/bin/sh", "-c", "python a.py --seed $MPSWRAP_TASK"]),
-        ("python a.py data/*.h5", ["/bin/sh", "-c", "python a.py data/*.h5"]),
-        ("python a.py # a comment", ["/bin/sh", "-c", "python a.py # a comment"]),
-        ("python a.py --lr=0.1", ["python", "a.py", "--lr=0.1"]),
+        "python train.py --seed 3",
+        "exit 5",
+        "python a.py > out.txt",
+        "cd run3 && python a.py",
+        "python a.py --seed $MPSWRAP_TASK",
     ],
 )
-def test_plain_lines_run_directly_and_shell_syntax_runs_under_sh(
-    line: str, argv: list[str]
-) -> None:
-    assert parse_tasks([line])[0].argv == argv
+def test_every_line_is_a_shell_command_line(line: str) -> None:
+    assert parse_tasks([line])[0].argv == ["/bin/sh", "-c", line]
+
+
+def test_tasks_know_their_line_in_the_list() -> None:
+    tasks = parse_tasks(["# head", "", "a", "b"])
+    assert [(t.number, t.line) for t in tasks] == [(0, 3), (1, 4)]
 
 
 def test_keys_follow_the_command_not_its_line_and_tell_repeats_apart() -> None:
@@ -48,8 +47,38 @@ def test_keys_follow_the_command_not_its_line_and_tell_repeats_apart() -> None:
 
 
 def test_an_open_quote_is_a_usage_error_naming_the_line() -> None:
-    with pytest.raises(UsageError, match="bad task on line 2"):
-        parse_tasks(["true", "echo 'open"])
+    with pytest.raises(UsageError, match=r"^tasks.txt:2: bad task: No closing quotation"):
+        parse_tasks(["true", "echo 'open"], "tasks.txt")
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"true\n# fine\necho a\0b\n", "tasks.txt:3: the line has a NUL byte"),
+        (b"true\n\nprintf '\xff\xfe'\n", "tasks.txt:3: the line is not UTF-8 text (byte 0xff"),
+        (b"true\necho " + b"x" * 65536 + b"\n", "tasks.txt:2: the line is longer than 64 KiB"),
+        (b"true\x00\n" + b"\xff\n", "tasks.txt:1: the line has a NUL byte"),  # the first
+    ],
+)
+def test_a_task_list_that_is_not_lines_of_text_names_the_first_bad_line(
+    data: bytes, says: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_tasks(task_lines(data, "tasks.txt"), "tasks.txt")
+    assert str(caught.value).startswith(says), caught.value
+    assert "\n" not in str(caught.value)
+
+
+def test_the_python_api_checks_its_lines_too() -> None:
+    with pytest.raises(UsageError, match=r"^tasks:2: the line has a NUL byte"):
+        parse_tasks(["true", "echo a\0b"])
+    with pytest.raises(UsageError, match=r"^tasks:1: the line is longer than 64 KiB"):
+        parse_tasks(["echo " + "é" * 40000])  # 80,005 bytes of UTF-8
+    assert parse_tasks(["echo " + "x" * 65000])[0].line == 1
+
+
+def test_lines_end_where_an_editor_ends_them() -> None:
+    assert task_lines(b"a\r\nb\x0cc\n\nd", "t") == ["a", "b\x0cc", "", "d"]
 
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/2", "0/0", "1/2/3", ""])
@@ -203,3 +232,103 @@ def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: objec
     assert second[0].time == stamp_time("2026-11-24 06:02:00.500")
     assert first[0].pids == {3, 4} and first[0].time == stamp_time("2026-11-24 06:01:00.000")
     assert watch.refresh() == []  # unchanged: not read again
+
+
+def test_the_eta_spreads_the_mean_attempt_over_the_places() -> None:
+    from mpswrap.job.farmer import Counts
+    from mpswrap.report.farmview import eta
+
+    counts = Counts(10, 0.0, done=2, attempts=2, busy=20.0, since=[95.0, 99.0], slots=4)
+    # 6 waiting at the mean (10 s) and the running ones' 5 s and 9 s left, over 4 places.
+    assert eta(counts, 100.0) == (6 * 10 + 5 + 9) / 4
+    counts.total = 4  # none waiting: the running task with most left
+    assert eta(counts, 100.0) == 9.0
+    assert eta(Counts(4, 0.0, since=[1.0], slots=4), 100.0) is None  # nothing finished yet
+
+
+def _journal() -> list[dict[str, object]]:
+    def start(task: int, attempt: int, at: float) -> dict[str, object]:
+        return {
+            "event": "start",
+            "task": task,
+            "line": task + 2,
+            "attempt": attempt,
+            "node": "n1",
+            "gpu": "GPU-a",
+            "gpu_index": 0,
+            "time": at,
+        }
+
+    def record(task: int, attempt: int, status: str, retried: bool = False) -> dict[str, object]:
+        rec = TaskRecord(
+            task,
+            f"k{task}",
+            "cmd",
+            attempt,
+            status,
+            0,
+            "n1",
+            "GPU-a",
+            0,
+            10.0,
+            14.0,
+            "o",
+            "e",
+            retried,
+        )
+        return dict(rec.__dict__)
+
+    return [
+        record(0, 1, "done"),  # a run before this one: counted in "skipped"
+        {
+            "event": "farm",
+            "time": 10.0,
+            "node": "n1",
+            "pid": 7,
+            "pid_start": 5.0,
+            "todo": 4,
+            "skipped": 1,
+            "slots": 2,
+        },
+        start(0, 1, 10.0),
+        start(1, 1, 10.0),
+        record(0, 1, "done"),
+        record(1, 1, "fault", retried=True),
+        start(1, 2, 14.0),
+        start(2, 1, 14.5),
+    ]
+
+
+def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() -> None:
+    from mpswrap.report.farmstatus import fold, status_json, status_lines
+
+    seen: list[tuple[str, int, float]] = []
+
+    def alive(node: str, pid: int, start: float) -> bool:
+        seen.append((node, pid, start))
+        return True
+
+    status = fold("state.jsonl", _journal(), alive)
+    assert seen == [("n1", 7, 5.0)]
+    assert status.state == "running" and status.done_before == 1
+    counts = status.counts
+    assert (counts.done, counts.failed, counts.retried, counts.running) == (1, 0, 1, 2)
+    assert [(t.task, t.attempt, t.line) for t in status.running] == [(1, 2, 3), (2, 1, 4)]
+    assert status.not_run == 1  # task 3: waiting
+    lines = status_lines("t.farm", [status], 20.0)
+    assert lines[1].startswith("  5 task(s): 1 done, 0 failed, 2 running, 1 not run, 1 done")
+    assert "ETA" in lines[1] and "running: task 1 (line 3) on gpu 0, attempt 2" in lines[2]
+    data = status_json("t.farm", [status], 20.0)
+    assert (data["tasks"], data["running"], data["not_run"]) == (5, 2, 1)
+    assert data["shares"][0]["running_tasks"][0]["gpu"] == "GPU-a"
+
+
+def test_a_farm_gone_without_its_end_runs_nothing_and_one_ended_says_its_code() -> None:
+    from mpswrap.report.farmstatus import fold
+
+    gone = fold("state.jsonl", _journal(), lambda *_: False)
+    assert gone.state == "gone" and gone.running == [] and gone.not_run == 3
+    ended = fold("state.jsonl", [*_journal(), {"event": "end", "time": 30.0, "code": 1}], print)
+    assert ended.state == "ended" and ended.code == 1 and ended.running == []
+    elsewhere = fold("state.jsonl", _journal(), lambda *_: None)
+    assert elsewhere.state == "elsewhere" and len(elsewhere.running) == 2

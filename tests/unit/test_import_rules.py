@@ -53,10 +53,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "exclusive",
         "watchdog",
         "faultwatch",
+        "tee",
         "farmer",
         "run",
     ),
-    "report": ("summary", "farmview", "metrics", "status"),
+    "report": ("summary", "farmview", "farmstatus", "metrics", "status"),
     "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
     "cli": (
         "options",
