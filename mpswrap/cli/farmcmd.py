@@ -37,7 +37,12 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
         help="a file with one command per line, or - for standard input; "
         "'status' asks how a farm is doing",
     )
-    p.add_argument("status_dir", nargs="?", metavar="DIR", help="farm status: the farm's directory")
+    p.add_argument(
+        "status_dir",
+        nargs="?",
+        metavar="DIR",
+        help="farm status: the farm's directory, or its task list (default: the one *.farm here)",
+    )
     _status_dir_after_options(p)
     p = sub.add_parser(
         "calibrate",

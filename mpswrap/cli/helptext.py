@@ -45,8 +45,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, str]]] = {
     "farm": (
         "Run many independent commands, one a line of TASKS, K at "
         "a time on each GPU. Logs and state go to --dir; running it again skips the tasks "
-        "already done there.",
-        ("mpswrap farm tasks.txt", "mpswrap farm --per-gpu 8 --dir results tasks.txt"),
+        "already done there. 'mpswrap farm status [DIR]' tells, from any shell, how a farm is "
+        "doing.",
+        ("mpswrap farm --per-gpu 8 --dir results tasks.txt", "mpswrap farm status results"),
     ),
     "calibrate": (
         "Time 1, 2, 4, ... copies of a program on one GPU, time-sliced and under MPS, and "
