@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -27,8 +28,63 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def _state(farm_dir: Path) -> list[dict[str, object]]:
+    """The farm's attempt records (its journal's events left out)."""
     path = farm_dir / "state.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in lines if "event" not in r]
+
+
+def _farm_status(root: Path, farm_dir: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "mpswrap", "farm", "status", "--json", str(farm_dir)]
+    res = subprocess.run(argv, env=_env(root), text=True, capture_output=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    found: dict[str, Any] = json.loads(res.stdout)
+    return found
+
+
+def test_farm_status_from_another_shell_mid_run(
+    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """``mpswrap farm status --json DIR`` from another process while 8 real clients run 4 at a
+    time: the running tasks, their GPU and since when, the counts and an ETA; then done."""
+    tasks = shared_tmp / "tasks.txt"
+    tasks.write_text("".join(f"{CLIENT} --seconds 6\n" for _ in range(8)))
+    farm_dir = shared_tmp / "farm"
+    argv = [sys.executable, "-m", "mpswrap", "farm", "--per-gpu", "4", "--dir", str(farm_dir)]
+    proc = subprocess.Popen(
+        [*argv, str(tasks)],
+        env=_env(shared_tmp),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            if farm_dir.exists():
+                status = _farm_status(shared_tmp, farm_dir)
+                if status["running"] == 4:
+                    break
+            time.sleep(0.2)
+        print(json.dumps(status, indent=1))
+        assert status.get("running") == 4, status
+        (share,) = status["shares"]
+        assert share["state"] == "running" and share["tasks"] == 8, share
+        running = share["running_tasks"]
+        assert len(running) == 4 and all(t["gpu"] and t["since"] for t in running), running
+        assert share["not_run"] + share["done"] + share["failed"] + 4 == 8, share
+        out, err = proc.communicate(timeout=180)
+        print(out, err)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=120)
+    after = _farm_status(shared_tmp, farm_dir)
+    print(json.dumps(after, indent=1))
+    assert (after["done"], after["failed"], after["running"]) == (8, 0, 0), after
+    assert leftovers(shared_tmp, mps_baseline) == []
 
 
 def test_a_real_fault_is_retried_and_every_task_is_a_client(
