@@ -284,3 +284,38 @@ def test_scancel_mid_kernel_under_srun_mpswrap(
         str(work),
     )
     assert nxt.returncode == 0 and "done" in nxt.stdout, nxt.stdout + nxt.stderr
+
+
+def test_farm_in_a_job_and_farm_status_from_the_login_shell(
+    cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """An sbatch job runs ``mpswrap farm`` of 8 PyTorch tasks, 4 at a time, on the prolog's
+    daemon; the job's user asks ``mpswrap farm status --json`` from outside the job while it
+    runs: the running tasks and their GPU; afterwards all 8 done, nothing left."""
+    work = Path(cluster["state"]) / "work"
+    tasks = work / "farm-tasks.txt"
+    tasks.write_text(f"{sys.executable} {HERE / 'torch_client.py'} --seconds 8\n" * 8)
+    tasks.chmod(0o644)
+    farm_dir = work / "farm-dir"
+    run = f"{sys.executable} -m mpswrap farm --per-gpu 4 --dir {farm_dir} {tasks}"
+    job = submit(cluster, gpu_user, "farm", "-n 1 -c 8 --gres=gpu:1 --comment=mps", run)
+    argv = [sys.executable, "-m", "mpswrap", "farm", "status", "--json", str(farm_dir)]
+    status: dict[str, Any] = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        res = _as_user(gpu_user, cluster, argv, str(work))
+        if res.returncode == 0:
+            status = json.loads(res.stdout)
+            if status["running"] == 4:
+                break
+        time.sleep(0.5)
+    print(json.dumps(status, indent=1))
+    assert status.get("running") == 4, status
+    (share,) = status["shares"]
+    assert all(t["gpu"] for t in share["running_tasks"]), share
+    _wait_job_gone(cluster, job)
+    print((work / "farm.out").read_text()[-2000:])
+    after = json.loads(_as_user(gpu_user, cluster, argv, str(work)).stdout)
+    print(json.dumps(after, indent=1))
+    assert (after["done"], after["failed"], after["running"]) == (8, 0, 0), after
+    assert_job_left_nothing(cluster, job, mps_baseline)
