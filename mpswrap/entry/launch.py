@@ -24,7 +24,7 @@ from .._wait import end_procs
 from ..errors import CapacityError, MpswrapError
 from ..job import launchargs
 from ..job.run import LaunchOptions, Started, execute, local_position, plan
-from ..job.supervise import VERIFY_FAILED, Rank, supervise, watch
+from ..job.supervise import Rank, supervise, watch
 from ..jobenv import JobEnv
 from ..report.summary import print_summary
 
@@ -68,10 +68,12 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
             name=f"rank {rank if planned.env.rank is None else planned.env.rank}",
         )
         run.ended(outcome)
+        refused.append(outcome.refused)
         return outcome.code
 
+    refused: list[bool] = []
     code = execute(planned, body, summary=print_summary, counted=True, announce=False)
-    if code == VERIFY_FAILED:
+    if any(refused):  # not a program's own exit code 69
         _end_fellow_tasks(planned.env)
     return code
 

@@ -215,6 +215,13 @@ class Farmer:
                     guard.release()
             if self.tee is not None:
                 self.tee.close(TEE_DRAIN)
+                if self.tee.dropped:
+                    log.warning(
+                        "--tag: %d line(s) of the tasks' output not shown: the farm's output "
+                        "did not keep up; the logs in %s have every line",
+                        self.tee.dropped,
+                        self.dir.path / "logs",
+                    )
         if self.error is not None:
             if isinstance(self.error, MpswrapError):
                 raise self.error

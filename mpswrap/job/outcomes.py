@@ -42,6 +42,7 @@ class Outcome:
     attached: bool | None  # listed as a client of its daemon; None: not checked
     ended: int = 0  # its clients ended by terminate_client (its own ladder)
     start: float = 0.0  # when its supervisor started (epoch seconds)
+    refused: bool = False  # ended by --verify-attach fail: it ran without MPS
 
     @classmethod
     def from_json(cls, data: Any) -> Outcome:
@@ -56,7 +57,8 @@ class Outcome:
             raise ValueError("attached must be true, false or null")
         if not isinstance(start, (int, float)) or isinstance(start, bool):
             raise ValueError("start must be a number")
-        return cls(code, attached, ended, float(start))
+        refused = data.get("refused", False) is True
+        return cls(code, attached, ended, float(start), refused)
 
 
 # --- the records of a node's ranks (called under the job's owner lock) ---------------------

@@ -488,4 +488,4 @@ def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float)
         seen = checked.get(id(rank))
         return None if seen is None else seen or rank.ended + rank.dropped > 0
 
-    return [Outcome(code(r), attached(r), r.ended, start) for r in ranks]
+    return [Outcome(code(r), attached(r), r.ended, start, id(r) in refused) for r in ranks]

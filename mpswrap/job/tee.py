@@ -9,6 +9,11 @@ task closed the pipe). One thread, no locks: the loop that watches the tasks rea
 
 A task whose farm was killed outright (SIGKILL) has no reader any more: its guard ends it
 through the ladder, as without ``--tag``, but its last output may be lost.
+
+The farm's own output may be a pipe nobody reads (``farm --tag | less``, paused) or a stopped
+terminal. The loop that writes it also reaps tasks and handles signals, so it never waits on
+it: lines the stream cannot take now are not shown (the logs still get them), and the farm
+says how many at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class Tee:
     def __init__(self, out: TextIO, err: TextIO) -> None:
         self.out, self.err = out, err
         self.pipes: list[_Pipe] = []
+        #: Lines not shown because their stream could not take them without waiting.
+        self.dropped = 0
 
     def attach(self, tag: str, out_log: int, err_log: int) -> tuple[int, int]:
         """Take a task's two log descriptors; return the write ends its stdout and stderr
@@ -96,10 +103,18 @@ class Tee:
     def _emit(self, pipe: _Pipe, lines: list[bytes]) -> None:
         if not lines or pipe.stream is None:
             return
-        text = b"".join(pipe.tag + line + b"\n" for line in lines).decode(errors="replace")
         try:
-            pipe.stream.write(text)
-            pipe.stream.flush()
+            fd = _fileno(pipe.stream)
+            if fd is None:  # not a file (a test's StringIO)
+                text = b"".join(pipe.tag + line + b"\n" for line in lines)
+                pipe.stream.write(text.decode(errors="replace"))
+                return
+            pipe.stream.flush()  # what was written through the stream goes first
+            for index, line in enumerate(lines):
+                if not _writable(fd):  # its reader does not keep up: never wait on it
+                    self.dropped += len(lines) - index
+                    return
+                _write_all(fd, pipe.tag + line + b"\n")
         except (OSError, ValueError):  # its reader gone: the logs still get everything
             for other in self.pipes:
                 if other.stream is pipe.stream:
@@ -121,3 +136,16 @@ def _write_all(fd: int, data: bytes) -> None:
             data = data[os.write(fd, data) :]
     except OSError:
         pass
+
+
+def _fileno(stream: TextIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _writable(fd: int) -> bool:
+    """Whether ``fd`` takes a line now: a file always does; a full pipe or a stopped terminal
+    does not (a pipe with room takes PIPE_BUF bytes without waiting)."""
+    return bool(select.select([], [fd], [], 0)[1])

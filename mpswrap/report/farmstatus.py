@@ -13,6 +13,7 @@ attempts count as not run, as the next run of the farm will run them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,7 +106,7 @@ def fold(name: str, lines: Sequence[dict[str, Any]], alive: Alive) -> ShareStatu
 def _begun(
     name: str, head: dict[str, Any], run: Sequence[dict[str, Any]], alive: Alive
 ) -> ShareStatus:
-    node, pid = str(head.get("node", "")), _int(head.get("pid"))
+    node, pid = _word(head.get("node", "")), _int(head.get("pid"))
     counts = Counts(_int(head.get("todo")), _float(head.get("time")), slots=_int(head.get("slots")))
     status = ShareStatus(name, "running", counts, _int(head.get("skipped")), node, pid)
     end = next((d for d in run if d.get("event") == "end"), None)
@@ -124,12 +125,12 @@ def _running(data: dict[str, Any]) -> RunningTask | None:
             int(data["task"]),
             int(data.get("line", 0)),
             int(data["attempt"]),
-            str(data.get("node", "")),
-            str(data.get("gpu", "")),
+            _word(data.get("node", "")),
+            _word(data.get("gpu", "")),
             int(data.get("gpu_index", 0)),
-            float(data["time"]),
+            _float(data["time"]),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 
@@ -138,7 +139,17 @@ def _int(value: Any) -> int:
 
 
 def _float(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    """A finite number from the journal, else 0 (``Infinity`` and ``NaN`` parse as JSON)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if math.isfinite(value) else 0.0
+
+
+def _word(value: Any) -> str:
+    """A name from the journal as words: printable and short, else its repr (the user who
+    wrote the journal must not write to the terminal of whoever reads it, root included)."""
+    text = str(value if value is not None else "")
+    return text if text.isprintable() and len(text) <= 200 else repr(text)[:200]
 
 
 # --- words --------------------------------------------------------------------------------------

@@ -142,8 +142,7 @@ def _samples(status: dict[str, Any], process_labels: bool) -> Iterator[Sample]:
     yield "mpswrap_jobs", {"node": status["node"]}, len(status["jobs"])
     for job in status["jobs"]:
         at_job = {"node": job["node"], "job_id": job["job"], "job_dir": job["job_dir"]}
-        codes = (job.get("runs") or {}).get("exit_codes") or {}
-        for code, count in codes.items():
+        for code, count in _code_counts(job).items():
             yield "mpswrap_programs_ended_total", {**at_job, "exit_code": code}, count
         for gpu in job["gpus"]:
             daemon = gpu.get("daemon") or {}
@@ -235,3 +234,13 @@ def write_textfile(folder: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _code_counts(job: dict[str, Any]) -> dict[str, int]:
+    """Programs ended, by exit code: 0-255 each its own label value, any other "other" (the
+    run record is the job user's file: it must not mint a series per number it holds)."""
+    counts: dict[str, int] = {}
+    for code, count in ((job.get("runs") or {}).get("exit_codes") or {}).items():
+        word = str(code) if str(code).isdigit() and int(str(code)) <= 255 else "other"
+        counts[word] = counts.get(word, 0) + int(count)
+    return counts

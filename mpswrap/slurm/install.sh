@@ -145,23 +145,37 @@ fi
 # A directory root installs into: root-owned, 0755; never written through a symlink someone
 # planted. Missing levels are made one at a time, root's and 0755, and only below a level
 # that no one but root can change; then the whole chain is checked as for an existing one.
-ensure_dir() {  # ensure_dir WHAT DIR
-  local what=$1 dir=$2 base missing=() level
+# An existing directory keeps its mode; one that is made is root's, 0755 (00755: no setgid
+# inherited from its parent). The chain is also checked where symbolic links lead (readlink
+# -f). "lenient": the modules' directories, which users, not root, run: a site's shared,
+# group-writable modulefiles tree gets a warning.
+ensure_dir() {  # ensure_dir WHAT DIR [lenient]
+  local what=$1 dir=$2 lenient=${3:-} base missing=() level
   [ -L "$dir" ] && die "$dir is a symbolic link; refusing"
   base=$(dirname "$dir")
-  while [ ! -e "$base" ] && [ ! -L "$base" ]; do missing=("$base" "${missing[@]}"); base=$(dirname "$base"); done
-  refuse_changeable "$what" "$base"
-  for level in "${missing[@]}"; do
-    mkdir -m 0755 "$level"; chown root:root "$level"; chmod 0755 "$level"
+  while [ ! -e "$base" ] && [ ! -L "$base" ]; do missing=("$base" ${missing[@]+"${missing[@]}"}); base=$(dirname "$base"); done
+  check_level "$what" "$base" "$lenient"
+  [ "$(readlink -f "$base")" = "$base" ] || check_level "$what" "$(readlink -f "$base")" "$lenient"
+  for level in ${missing[@]+"${missing[@]}"}; do
+    mkdir -m 0755 "$level"; chown root:root "$level"; chmod 00755 "$level"
     echo "install.sh: created $level (root's, mode 0755)"
   done
-  refuse_changeable "$what" "$(dirname "$dir")"
-  mkdir -p "$dir"
-  [ "$(stat -c %u "$dir")" = 0 ] || die "$dir is not owned by root"
-  chmod 0755 "$dir"
+  if [ -e "$dir" ]; then
+    [ -d "$dir" ] || die "$dir is not a directory"
+    [ "$(stat -c %u "$dir")" = 0 ] || die "$dir is not owned by root"
+    check_level "$what" "$dir" "$lenient"
+  else
+    mkdir -m 0755 "$dir"; chown root:root "$dir"; chmod 00755 "$dir"
+  fi
   level=$(shared_level "$dir")
   [ -z "$level" ] ||
     warn "$dir is under $level, which every user may write to: a job's private /tmp (job_container/tmpfs) hides it and a cleaner may remove it; install outside it (e.g. /usr/local/libexec/mpswrap)"
+}
+check_level() {  # check_level WHAT PATH [lenient]: refuse (or only warn) a changeable chain
+  local found
+  found=$(changeable "$2") || return 0
+  [ -n "${3:-}" ] || die "$1 $2 can be changed by a user other than root: $found; the hooks run it as root"
+  warn "$1 $2 can be changed by a user other than root ($found): they can change what 'module load' runs for users"
 }
 shared_level() {  # shared_level PATH: the first directory of PATH every user may write to
   local p=$1 mode
@@ -211,8 +225,8 @@ if [ -n "$MODULES" ]; then
 # directory on PATH); it runs the mpswrap that the hooks run.
 exec '$PYTHON' -I -m mpswrap "\$@"
 END
-  ensure_dir "the modulefiles' directory" "$MODULES"
-  ensure_dir "the modulefiles' directory" "$MODULES/mpswrap"
+  ensure_dir "the modulefiles' directory" "$MODULES" lenient
+  ensure_dir "the modulefiles' directory" "$MODULES/mpswrap" lenient
   setenv=""
   [ "$CONFIG" = "$DEFAULT_CONFIG" ] || setenv="setenv MPSWRAP_CONFIG $CONFIG"
   install_file 0644 "$MODULES/mpswrap/$version" <<END

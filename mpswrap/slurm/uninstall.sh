@@ -28,20 +28,16 @@ done
 [[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
 [ -L "$DEST" ] && die "$DEST is a symbolic link; refusing"
 
-# remove_marked FILE MARKER WHAT: FILE if a line of it starts with MARKER (a regex).
+# remove_marked FILE MARKER WHAT: FILE if it is a plain file of root's (no link, no FIFO) and a
+# line of its first 4 KiB starts with MARKER (a regex).
 remove_marked() {
-  [ -e "$1" ] || return 0
-  if [ ! -L "$1" ] && grep -Eq "^$2" "$1"; then rm -f "$1"; echo "uninstall.sh: removed $1"
+  [ -e "$1" ] || [ -L "$1" ] || return 0
+  if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %u "$1")" = 0 ] &&
+     head -c 4096 "$1" | grep -Eq "^$2"; then
+    rm -f "$1"; echo "uninstall.sh: removed $1"
   else echo "uninstall.sh: $1 is not $3: left alone" >&2; fi
 }
-# The modules (install.sh --modulefile): users stop finding mpswrap before it goes.
-if [ -n "$MODULES" ]; then
-  [[ $MODULES = /* ]] || die "'$MODULES' is not an absolute path"
-  [ -L "$MODULES/mpswrap" ] && die "$MODULES/mpswrap is a symbolic link; refusing"
-  for p in "$MODULES"/mpswrap/*; do remove_marked "$p" '# mpswrap module: ' "an mpswrap module"; done
-  if rmdir "$MODULES/mpswrap" 2>/dev/null; then echo "uninstall.sh: removed $MODULES/mpswrap"; fi
-fi
-[ -d "$DEST" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
+[ -d "$DEST" ] || [ -n "$MODULES" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
 
 if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
   if conf=$(timeout 10 scontrol show config 2>/dev/null) &&
@@ -56,6 +52,18 @@ if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
     die "$stack still names $DEST/mpswrap_spank.so: take that line out first (or --force)"
   fi
 fi
+
+# The modules (install.sh --modulefile), once nothing refused: only in a directory of root's
+# that no other user can change (a shared, group-writable tree: removed by hand).
+if [ -n "$MODULES" ] && [ -d "$MODULES/mpswrap" ]; then
+  [[ $MODULES = /* ]] || die "'$MODULES' is not an absolute path"
+  [ -L "$MODULES/mpswrap" ] && die "$MODULES/mpswrap is a symbolic link; refusing"
+  [ "$(stat -c %u:%a "$MODULES/mpswrap")" = 0:755 ] ||
+    die "$MODULES/mpswrap is not root's with mode 755: remove its mpswrap modules by hand"
+  for p in "$MODULES"/mpswrap/*; do remove_marked "$p" '# mpswrap module: ' "an mpswrap module"; done
+  if rmdir "$MODULES/mpswrap" 2>/dev/null; then echo "uninstall.sh: removed $MODULES/mpswrap"; fi
+fi
+[ -d "$DEST" ] || { echo "uninstall.sh: $DEST does not exist: nothing else to do"; exit 0; }
 
 for f in prolog task_prolog epilog; do
   p=$DEST/$f

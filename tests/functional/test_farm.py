@@ -597,3 +597,29 @@ def test_tag_shows_each_tasks_output_live_in_whole_lines_and_keeps_the_logs(
 
 def _started(rec: Path) -> list[dict[str, Any]]:
     return [r for r in records(rec) if r["event"] == "start"]
+
+
+def test_tag_never_waits_on_an_output_nobody_reads(node: SimNode) -> None:
+    """``farm --tag | less``, paused: the farm's stdout is a pipe nobody reads. The farm must
+    still run, reap and end its tasks (the loop that writes the lines also does that); the
+    lines it could not show are counted, and the logs have every byte."""
+    farm_dir = node.root / "farm"
+    tasks = node.root / "tasks.txt"
+    tasks.write_text("seq 1 40000\n" * 3)
+    args = ("farm", "--tag", "--per-gpu", "3", "--gpus", "0", "--dir", str(farm_dir), str(tasks))
+    proc = node.start(*args, PATH=os.environ["PATH"])
+    state = farm_dir / "state.jsonl"
+
+    def done() -> int:
+        lines = state.read_text().splitlines() if state.exists() else []
+        return sum('"status": "done"' in ln for ln in lines)
+
+    try:  # stdout (a pipe) is not read meanwhile
+        wait_until(lambda: done() == 3 or proc.poll() is not None, 60, "3 tasks done")
+    finally:  # the farm's own summary at the end may wait for its reader, as any program's
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "line(s) of the tasks' output not shown" in err, err
+    assert out.startswith(("0\t1\n", "1\t1\n", "2\t1\n")), out[:200]  # shown while it could
+    logs = sorted((farm_dir / "logs").glob("*.out"))
+    assert len(logs) == 3 and all(p.read_text().count("\n") == 40000 for p in logs)

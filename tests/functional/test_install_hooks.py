@@ -270,3 +270,28 @@ def test_a_compiler_warning_fails_the_spank_build_and_is_shown(tmp: Path) -> Non
     assert "-Wall -Wextra -Werror" in res.stdout, res.stdout
     assert "unused variable" in res.stderr and "compiler output above" in res.stderr, res.stderr
     assert not (tmp / "hooks" / "mpswrap_spank.so").exists()
+
+
+def test_an_existing_shared_modulefiles_tree_keeps_its_mode(shared: Path) -> None:
+    """A site's modulefiles tree is often group-writable (root:staff 2775): install-hooks warns
+    and leaves its mode alone (users, not root, run modules); its own mpswrap/ is root's 0755.
+    uninstall-hooks removes the module only from a directory of root's with mode 755."""
+    dest, modules = shared / "libexec" / "mpswrap", shared / "modulefiles"
+    modules.mkdir()
+    modules.chmod(0o2775)
+    res = _install(
+        shared, sys.executable, DEFAULT_CONFIG_FILE, "--modulefile", str(modules), dest=dest
+    )
+    assert res.returncode == 0, res.stderr
+    assert stat.S_IMODE(modules.stat().st_mode) == 0o2775
+    assert "can be changed by a user other than root" in res.stderr, res.stderr
+    assert stat.S_IMODE((modules / "mpswrap").stat().st_mode) == 0o755
+    (modules / "mpswrap").chmod(0o775)  # someone made it group-writable since
+    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    res = subprocess.run([*argv, "--modulefile", str(modules)], capture_output=True, text=True)
+    assert res.returncode != 0 and "remove its mpswrap modules by hand" in res.stderr, res.stderr
+    assert (modules / "mpswrap" / __version__).exists() and dest.exists()
+    (modules / "mpswrap").chmod(0o755)
+    res = subprocess.run([*argv, "--modulefile", str(modules)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert not dest.exists() and not (modules / "mpswrap").exists(), res.stdout

@@ -481,3 +481,15 @@ def test_the_dashboards_queries_are_promql(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in res.stdout, res.stdout
+
+
+def test_exit_codes_of_the_run_record_are_bounded_labels() -> None:
+    """The run record is the job user's: a forged code list must not mint a series per
+    number in root's metrics. Codes 0-255 are their own label value, any other is "other"."""
+    from mpswrap.report.metrics import render
+
+    job = {"node": "n1", "job": "7", "job_dir": "/r/7", "gpus": []}
+    job["runs"] = {"exit_codes": {"0": 3, "137": 1, "1000": 2, "-5": 1, "99999": 4}}
+    text = render({"node": "n1", "jobs": [job]})
+    found = sorted(ln for ln in text.splitlines() if ln.startswith("mpswrap_programs_ended"))
+    assert [ln.split("exit_code=")[1] for ln in found] == ['"0"} 3', '"137"} 1', '"other"} 7']

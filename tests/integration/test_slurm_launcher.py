@@ -193,3 +193,28 @@ def test_verify_attach_fail_ends_every_task_of_the_step(cluster: Cluster, workdi
     assert ends.get("0") == ends.get("2") == "terminated", (ends, out)
     procs, dirs = cluster.wait_clean()
     assert not procs and not dirs, f"left behind: {procs} {dirs}"
+
+
+def test_a_programs_own_exit_code_69_leaves_the_other_tasks_running(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """69 is only mpswrap's word when its check refused a rank: a program that exits 69
+    itself is one failed task, and srun's other tasks run to their end, as srun does."""
+    rec = workdir / "clients.jsonl"
+    user_run = _user_run(cluster, "own69")
+    env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
+    client = " ".join(cluster.client_argv(rec, seconds=4))
+    script = f'if [ "$SLURM_PROCID" = 1 ]; then exit 69; fi; exec {client} --tag "$SLURM_PROCID"'
+    argv = [cluster.python, "-m", "mpswrap", "--verify-attach", "fail", "--verify-timeout", "3"]
+    argv += ["srun", "--job-name=own-69", "-n2", "--gres=gpu:1", "sh", "-c", script]
+    res = cluster.run_as(USER, argv, env=env, cwd=workdir, timeout=90)
+    out = res.stdout + res.stderr
+    job_id = cluster.job_id("own-69")
+    assert job_id is not None, out
+    cluster.wait_gone(job_id)
+    assert res.returncode == 69, out
+    assert "ending the other tasks" not in out, out
+    ends = [e["reason"] for e in read_records(rec, event="end")]
+    assert ends == ["done"], (ends, out)
+    procs, dirs = cluster.wait_clean()
+    assert not procs and not dirs, f"left behind: {procs} {dirs}"

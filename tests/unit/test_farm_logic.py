@@ -332,3 +332,18 @@ def test_a_farm_gone_without_its_end_runs_nothing_and_one_ended_says_its_code() 
     assert ended.state == "ended" and ended.code == 1 and ended.running == []
     elsewhere = fold("state.jsonl", _journal(), lambda *_: None)
     assert elsewhere.state == "elsewhere" and len(elsewhere.running) == 2
+
+
+def test_status_shows_what_the_journal_says_as_words_and_refuses_odd_numbers() -> None:
+    """The journal is the farm user's file; whoever reads its status (root too) must get no
+    terminal control sequences and no crash from a number JSON calls Infinity or NaN."""
+    from mpswrap.report.farmstatus import fold, status_lines
+
+    journal = _journal()
+    journal[1] = {**journal[1], "node": "n1\x1b[2J\nforged line", "time": float("inf")}
+    journal[-1] = {**journal[-1], "gpu": "GPU-\x07", "time": float("nan")}
+    status = fold("state.jsonl", journal, lambda *_: True)
+    lines = status_lines("t.farm", [status], 20.0)
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\x07" not in text and "\nforged line" not in text
+    assert all(t.since == 0.0 or t.since < 1e300 for t in status.running)

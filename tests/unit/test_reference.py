@@ -31,12 +31,17 @@ def test_reference_matches_the_code() -> None:
 
 def test_the_shipped_man_page_and_completion_match_the_parser() -> None:
     """mpswrap/cli/mpswrap.1 and mpswrap.bash are what the generator makes from the parser,
-    and the package data the wheel ships (pyproject.toml)."""
+    and the package data the wheel ships (pyproject.toml). Read where the imported mpswrap
+    has them: the tree, or the installed wheel (the python tier tests the wheel)."""
+    import mpswrap.cli
+
     gen = _generator()
     shipped = gen.shipped()
     assert {p.name for p in shipped} == {"mpswrap.1", "mpswrap.bash"}
+    installed = Path(mpswrap.cli.__file__).parent
     for path, text in shipped.items():
-        assert path.read_text(encoding="utf-8") == text, f"{path.name}: run `{gen.FIX}`"
+        found = installed / path.name
+        assert found.read_text(encoding="utf-8") == text, f"{found}: run `{gen.FIX}`"
     data = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert '"mpswrap.cli" = ["mpswrap.1", "mpswrap.bash"]' in data
 
