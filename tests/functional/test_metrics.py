@@ -488,7 +488,7 @@ def test_exit_codes_of_the_run_record_are_bounded_labels() -> None:
     number in root's metrics. Codes 0-255 are their own label value, any other is "other"."""
     from mpswrap.report.metrics import render
 
-    job = {"node": "n1", "job": "7", "job_dir": "/r/7", "gpus": []}
+    job: dict[str, Any] = {"node": "n1", "job": "7", "job_dir": "/r/7", "gpus": []}
     job["runs"] = {"exit_codes": {"0": 3, "137": 1, "1000": 2, "-5": 1, "99999": 4}}
     text = render({"node": "n1", "jobs": [job]})
     found = sorted(ln for ln in text.splitlines() if ln.startswith("mpswrap_programs_ended"))
