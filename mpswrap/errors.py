@@ -27,6 +27,7 @@ __all__ = [
     "UsageError",
     "internal_error",
     "one_line",
+    "shown",
 ]
 
 #: Every exit code mpswrap itself chooses, and what it means (docs/reference.md shows this
@@ -59,6 +60,15 @@ def one_line(text: str) -> str:
     """``text`` with its line breaks as `` | ``: a message is one line in every log it reaches
     (slurmd's log, syslog, a drain reason), and no input can forge a second one."""
     return _BREAKS.sub(" | ", text.strip())
+
+
+def shown(text: str, limit: int, spaces: bool = True) -> str:
+    """Text someone else wrote, as a word to print or log: itself when printable and at most
+    ``limit`` long (and, unless ``spaces``, without a blank), else the repr of its start: no
+    control sequence or line break of theirs reaches a terminal or a log."""
+    if text.isprintable() and len(text) <= limit and (spaces or " " not in text):
+        return text
+    return repr(text[:limit])
 
 
 def internal_error(exc: BaseException, traceback_at: str) -> str:

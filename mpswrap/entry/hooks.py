@@ -30,6 +30,7 @@ from ..errors import (
     UsageError,
     internal_error,
     one_line,
+    shown,
 )
 from ..job import state
 from ..job.exclusive import make_exclusive, restore_modes
@@ -82,9 +83,7 @@ class _JobFormatter(logging.Formatter):
 
 def _shown(text: str) -> str:
     """Slurm's text as a log prefix may show it: printable, short, else quoted."""
-    if text.isprintable() and len(text) <= 64 and " " not in text:
-        return text
-    return repr(text[:64])
+    return shown(text, 64, spaces=False)
 
 
 def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
@@ -240,14 +239,13 @@ def _drain(env: JobEnv, reason: str) -> None:
 
 
 # --- task prolog ----------------------------------------------------------------------
-def task_prolog(
-    env: JobEnv, settings: Settings, problems: Problems = (), config_file: str | None = None
-) -> int:
+def task_prolog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
     """Print ``export`` lines for a task of a real step of a job that has daemons; on any
-    error none, and one line on stderr: the task then runs as Slurm set it up. Every task
-    (the batch step's too) learns where the admin file is when it is not at the default
-    path, so that ``mpswrap status`` and user mode in the job read the admin's settings."""
-    exports = _config_export(env, config_file)
+    error only the admin file's, and one line on stderr: the task then runs as Slurm set it
+    up. Every task (the batch step's too) learns where the admin file is when it is not at
+    the default path, so that ``mpswrap status`` and user mode in the job read the admin's
+    settings."""
+    exports = _config_export(env)
     try:
         exports.update(_task_exports(env, settings, problems))
     except MpswrapError as exc:
@@ -257,11 +255,11 @@ def task_prolog(
     return 0
 
 
-def _config_export(env: JobEnv, config_file: str | None) -> dict[str, str]:
+def _config_export(env: JobEnv) -> dict[str, str]:
     """``MPSWRAP_CONFIG`` for the task, where the admin file is not at the default path. The
     path is root's: the shim (installed by root) sets it, in an environment it cleared of the
     job user's variables. A line break in it would make a second line for slurmstepd."""
-    path = admin_file(env.env, config_file)
+    path = admin_file(env.env)
     if path == DEFAULT_CONFIG_FILE:
         return {}
     if not _PLAIN_PATH.fullmatch(path):
@@ -379,12 +377,12 @@ HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
 def run_hook(hook: str, config_file: str | None = None) -> int:
     """Run one hook as slurmd calls it; the exit code keeps the hook's contract."""
     env, settings = JobEnv.current(), None
+    if config_file:  # run by hand with --config: as the shim names it, in the environment
+        env = JobEnv({**env.env, "MPSWRAP_CONFIG": config_file})
     problems: list[ConfigError] = []
     try:
         settings = load_settings(config_file=config_file, problems=problems)
         _setup_logging(hook, env, settings)
-        if hook == "task-prolog":  # it tells the tasks where the admin file is
-            return task_prolog(env, settings, problems, config_file)
         return HOOKS[hook](env, settings, problems)
     except Exception as exc:  # the contract holds for the unexpected too
         return _failed(hook, env, settings, exc)

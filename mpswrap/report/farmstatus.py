@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _proc
+from ..errors import shown
 from ..job.farmer import Counts
 from ..job.tasks import record_of
 from .farmview import duration, eta
@@ -146,10 +147,9 @@ def _float(value: Any) -> float:
 
 
 def _word(value: Any) -> str:
-    """A name from the journal as words: printable and short, else its repr (the user who
-    wrote the journal must not write to the terminal of whoever reads it, root included)."""
-    text = str(value if value is not None else "")
-    return text if text.isprintable() and len(text) <= 200 else repr(text)[:200]
+    """A name from the journal (the farm user's file), as ``errors.shown`` shows it to
+    whoever reads the status, root included."""
+    return shown(str(value if value is not None else ""), 200)
 
 
 # --- words --------------------------------------------------------------------------------------
