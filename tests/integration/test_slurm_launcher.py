@@ -164,26 +164,36 @@ def test_time_limit_ends_every_client_through_mps(cluster: Cluster, workdir: Pat
     assert not procs and not dirs, f"left behind: {procs} {dirs}"
 
 
+def _srun_verify_fail(
+    cluster: Cluster, workdir: Path, name: str, *, tasks: int, rank1: str, seconds: float
+) -> tuple[int, str, Path]:
+    """``mpswrap --verify-attach fail srun -nTASKS`` as the job user, outside any allocation:
+    rank 1 runs the shell words ``rank1`` first, every rank then the simulated client tagged
+    with its rank. The exit code, the output, and the clients' records; the job is gone."""
+    rec = workdir / "clients.jsonl"
+    user_run = _user_run(cluster, name)
+    env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
+    client = " ".join(cluster.client_argv(rec, seconds=seconds))
+    script = f'if [ "$SLURM_PROCID" = 1 ]; then {rank1}; fi; exec {client} --tag "$SLURM_PROCID"'
+    argv = [cluster.python, "-m", "mpswrap", "--verify-attach", "fail", "--verify-timeout", "3"]
+    argv += ["srun", f"--job-name={name}", f"-n{tasks}", "--gres=gpu:1", "sh", "-c", script]
+    res = cluster.run_as(USER, argv, env=env, cwd=workdir, timeout=90)
+    out = res.stdout + res.stderr
+    job_id = cluster.job_id(name)
+    assert job_id is not None, out
+    cluster.wait_gone(job_id)
+    return res.returncode, out, rec
+
+
 def test_verify_attach_fail_ends_every_task_of_the_step(cluster: Cluster, workdir: Path) -> None:
     """srun leaves a step's other tasks running when one fails; ``--verify-attach fail`` must
     still end the run: the refused rank exits 69 and the others end through terminate_client,
     long before their program would have."""
-    rec = workdir / "clients.jsonl"
-    user_run = _user_run(cluster, "verify")
-    env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
-    client = " ".join(cluster.client_argv(rec, seconds=120))
-    script = (
-        f'if [ "$SLURM_PROCID" = 1 ]; then export CUDA_MPS_PIPE_DIRECTORY={workdir}/nowhere; fi; '
-        f'exec {client} --tag "$SLURM_PROCID"'
+    nowhere = f"export CUDA_MPS_PIPE_DIRECTORY={workdir}/nowhere"
+    code, out, rec = _srun_verify_fail(
+        cluster, workdir, "verify-fail", tasks=3, rank1=nowhere, seconds=120
     )
-    argv = [cluster.python, "-m", "mpswrap", "--verify-attach", "fail", "--verify-timeout", "3"]
-    argv += ["srun", "--job-name=verify-fail", "-n3", "--gres=gpu:1", "sh", "-c", script]
-    res = cluster.run_as(USER, argv, env=env, cwd=workdir, timeout=90)
-    out = res.stdout + res.stderr
-    job_id = cluster.job_id("verify-fail")
-    assert job_id is not None, out
-    cluster.wait_gone(job_id)
-    assert res.returncode != 0, out
+    assert code != 0, out
     assert "rank 1 is not an MPS client" in out, out
     starts = read_records(rec)
     modes = {r["tag"]: r["mode"] for r in starts}
@@ -200,19 +210,10 @@ def test_a_programs_own_exit_code_69_leaves_the_other_tasks_running(
 ) -> None:
     """69 is only mpswrap's word when its check refused a rank: a program that exits 69
     itself is one failed task, and srun's other tasks run to their end, as srun does."""
-    rec = workdir / "clients.jsonl"
-    user_run = _user_run(cluster, "own69")
-    env = {"MPSWRAP_CONFIG": str(cluster.config_path), "MPSWRAP_USER_RUN_DIR": str(user_run)}
-    client = " ".join(cluster.client_argv(rec, seconds=4))
-    script = f'if [ "$SLURM_PROCID" = 1 ]; then exit 69; fi; exec {client} --tag "$SLURM_PROCID"'
-    argv = [cluster.python, "-m", "mpswrap", "--verify-attach", "fail", "--verify-timeout", "3"]
-    argv += ["srun", "--job-name=own-69", "-n2", "--gres=gpu:1", "sh", "-c", script]
-    res = cluster.run_as(USER, argv, env=env, cwd=workdir, timeout=90)
-    out = res.stdout + res.stderr
-    job_id = cluster.job_id("own-69")
-    assert job_id is not None, out
-    cluster.wait_gone(job_id)
-    assert res.returncode == 69, out
+    code, out, rec = _srun_verify_fail(
+        cluster, workdir, "own-69", tasks=2, rank1="exit 69", seconds=4
+    )
+    assert code == 69, out
     assert "ending the other tasks" not in out, out
     ends = [e["reason"] for e in read_records(rec, event="end")]
     assert ends == ["done"], (ends, out)
