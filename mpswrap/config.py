@@ -9,7 +9,6 @@ shows every resolved value and where it came from.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -369,6 +368,8 @@ def _env_layer(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
                 yield name, text, var
             elif var not in _WARNED:
                 _WARNED.add(var)
+                import difflib
+
                 near = difflib.get_close_matches(name, _BY_NAME, n=1)
                 guess = f" (did you mean {ENV_PREFIX}{near[0].upper()}?)" if near else ""
                 log.warning("ignoring %s: not a setting%s", var, guess)

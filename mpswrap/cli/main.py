@@ -17,14 +17,11 @@ dispatches; the work lives in ``entry`` and ``cli.manage``. Nothing imports this
 from __future__ import annotations
 
 import argparse
-import difflib
-import json
 import logging
 import os
 import re
 import shutil
 import sys
-import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -42,8 +39,6 @@ from ..errors import (
 )
 from ..job import launchargs
 from ..job.placement import provision_threads
-from . import completion, helptext, manpage
-from .farmcmd import add_parsers
 from .logs import debug_env, setup_logging
 from .options import (
     CALIBRATE_OPTIONS,
@@ -188,6 +183,8 @@ def _commands(sub: Any) -> None:
     _add(p, WRAPPER_OPTIONS, inherited=True)
     _add(p, VERBOSITY, inherited=True)
     _add(p, RUN_OPTIONS)
+    from .farmcmd import add_parsers
+
     add_parsers(sub, _add, (WRAPPER_OPTIONS, VERBOSITY))
     _admin_commands(sub)
 
@@ -254,6 +251,10 @@ def _admin_commands(sub: Any) -> None:
 def _describe(sub: Any) -> None:
     """Each command's description and examples (``helptext``), and the help of an inherited
     option where it means something else there."""
+    import textwrap
+
+    from . import helptext
+
     for name, parser in sub.choices.items():
         text, examples = helptext.COMMANDS[name]
         parser.description = textwrap.fill(text, 79)
@@ -331,6 +332,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
             raise problem
     rows = settings.describe()
     if args.json:
+        import json
+
         print(json.dumps({n: {"value": v, "source": s} for n, v, s in rows}, indent=1))
     else:
         width = max(len(n) for n, _, _ in rows)
@@ -514,6 +517,8 @@ def _did_you_mean(word: str) -> str:
     starting = [w for w in words if w.startswith(word)]
     if len(starting) > 1:
         return ""
+    import difflib
+
     near = starting or difflib.get_close_matches(word, words, n=1, cutoff=0.75)
     return f" (did you mean '{near[0]}'?)" if near else ""
 
@@ -521,6 +526,8 @@ def _did_you_mean(word: str) -> str:
 def _cmd_help(args: argparse.Namespace) -> int:
     parser = build_parser()
     if args.man_path:
+        from . import manpage
+
         print(manpage.shipped())
         return 0
     if args.topic is None:
@@ -535,6 +542,8 @@ def _cmd_help(args: argparse.Namespace) -> int:
 
 
 def _cmd_completion(args: argparse.Namespace) -> int:
+    from . import completion
+
     print(completion.bash(build_parser()), end="")
     return 0
 

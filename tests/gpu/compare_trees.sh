@@ -3,8 +3,12 @@
 # the prolog, the epilog and the per-rank supervisor's start (benchmarks/startup_ab.py --gpu:
 # both trees each round, the order alternating), then the 48-client teardown
 # (tests/gpu/test_gpu_teardown.py) of BASE and of this tree, one after the other.
+# The start-up is measured twice: with mpswrap's own venv of the machine's /usr/bin/python3
+# holding only its dependencies (the carried wheels in .whl/), as slurm/README.md installs it
+# (startup-ab.json), and with the PyTorch venv's python3, whose site-packages run PyTorch's
+# .pth start-up hooks in every interpreter (startup-ab-torchpy.json).
 # Run after run_gpu_tier.sh (its setup: the carried wheels in /opt/mpswrap-site, the CUDA
-# test client). Writes startup-ab.json and teardown-<tree>.log to $OUT (or ./gpu-out).
+# test client). Writes those and teardown-<tree>.log to $OUT (or ./gpu-out).
 # Touches no GPU setting (compute mode, clocks, MIG, persistence stay as they are).
 set -uo pipefail
 BASE=$(cd "${1:?usage: compare_trees.sh BASE}" && pwd)
@@ -16,9 +20,21 @@ export OMPI_MCA_plm_rsh_agent=false MPS_STRICT_SKIPS=1
 # Readable by the test user, bytecode compiled, as an installed package has it.
 for tree in "$BASE" "$REPO"; do chmod -R a+rX "$tree"; "$PY" -m compileall -q "$tree/mpswrap" >/dev/null; done
 rc=0
-echo "=== startup: $BASE against $REPO"
-"$PY" "$REPO/benchmarks/startup_ab.py" "$BASE" "$REPO" --gpu --rounds "${AB_ROUNDS:-4}" \
-  --python "$PY" --out "$OUT/startup-ab.json" 2>&1 | tail -4 || rc=1
+# mpswrap's own environment, as an admin makes it: python3 -m venv, then its dependencies.
+VENV=/opt/mpswrap-venv
+if [ ! -x "$VENV/bin/python" ] && /usr/bin/python3 -m venv --without-pip "$VENV"; then
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  "$PY" -m pip install -q --no-index --no-deps --target "$site" "$REPO"/.whl/*.whl || rc=1
+  "$VENV/bin/python" -m compileall -q "$site" >/dev/null; chmod -R a+rX "$VENV"
+fi
+"$VENV/bin/python" -c 'import psutil, filelock, pynvml' || { echo "no mpswrap venv"; rc=1; }
+for run in "$VENV/bin/python startup-ab.json" "$PY startup-ab-torchpy.json"; do
+  read -r py out <<<"$run"
+  for tree in "$BASE" "$REPO"; do "$py" -m compileall -q "$tree/mpswrap" >/dev/null; done
+  echo "=== startup with $py: $BASE against $REPO"
+  "$PY" "$REPO/benchmarks/startup_ab.py" "$BASE" "$REPO" --gpu --rounds "${AB_ROUNDS:-4}" \
+    --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
+done
 for tree in "$BASE" "$REPO"; do
   name=$(basename "$tree")
   echo "=== teardown of 48 clients: $tree"

@@ -198,6 +198,19 @@ def test_import_mpswrap_is_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 
+def test_the_rank_start_path_is_lean() -> None:
+    """What every rank's ``mpswrap ./app`` imports before its program starts leaves out what
+    only the commands use: their help texts, the man page, completion, close-match search."""
+    code = (
+        "import sys, mpswrap.cli.main, mpswrap.entry.launch; "
+        "bad = [m for m in ('difflib', 'mpswrap.cli.helptext', "
+        "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd') "
+        "if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
 def test_the_hooks_start_path_is_lean() -> None:
     """What the shims' ``python -I -m mpswrap <hook>`` imports before the hook runs: not the
     CLI (its parser and the commands' modules), not the launcher or session(), not psutil
