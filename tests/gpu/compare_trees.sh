@@ -28,13 +28,27 @@ if [ ! -x "$VENV/bin/python" ] && /usr/bin/python3 -m venv --without-pip "$VENV"
   "$VENV/bin/python" -m compileall -q "$site" >/dev/null; chmod -R a+rX "$VENV"
 fi
 "$VENV/bin/python" -c 'import psutil, filelock, pynvml' || { echo "no mpswrap venv"; rc=1; }
+# Each tree's package on the machine's own disk, where an admin's venv is: the working copy
+# this script runs from may sit on a slower file system (fs.txt says which), and a Python start
+# opens some 150 files.
+AB=/opt/mpswrap-ab; rm -rf "$AB"
+for tree in "$BASE" "$REPO"; do
+  mkdir -p "$AB/$(basename "$tree")"; cp -a "$tree/mpswrap" "$AB/$(basename "$tree")/"
+done
+chmod -R a+rX "$AB"
+for dir in "$REPO" "$BASE" "$AB" "$VENV"; do
+  echo "$dir: $(stat -f -c %T "$dir") $(df -P "$dir" | awk 'NR == 2 { print $1 }')"
+done >"$OUT/fs.txt"
 for run in "$VENV/bin/python startup-ab.json" "$PY startup-ab-torchpy.json"; do
   read -r py out <<<"$run"
-  for tree in "$BASE" "$REPO"; do "$py" -m compileall -q "$tree/mpswrap" >/dev/null; done
-  echo "=== startup with $py: $BASE against $REPO"
-  "$PY" "$REPO/benchmarks/startup_ab.py" "$BASE" "$REPO" --gpu --rounds "${AB_ROUNDS:-4}" \
-    --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
+  for tree in "$AB"/*; do "$py" -m compileall -q "$tree/mpswrap" >/dev/null; done
+  echo "=== startup with $py: $BASE against $REPO (copies in $AB)"
+  "$PY" "$REPO/benchmarks/startup_ab.py" "$AB/$(basename "$BASE")" "$AB/$(basename "$REPO")" \
+    --gpu --rounds "${AB_ROUNDS:-4}" --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
 done
+# Where the venv's start goes, with this tree from the machine's disk.
+PYTHONPATH=$AB/$(basename "$REPO") bash "$REPO/tests/gpu/startup_costs.sh" "$VENV/bin/python" \
+  >"$OUT/startup-venv.txt" 2>&1 || rc=1
 for tree in "$BASE" "$REPO"; do
   name=$(basename "$tree")
   echo "=== teardown of 48 clients: $tree"
