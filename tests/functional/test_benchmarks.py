@@ -96,3 +96,15 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "Workload `nbody`" in shown and "Workload `mixed`" in shown
     assert "| mpswrap --threads uniform |" in shown, shown
+
+
+@pytest.mark.timeout(120)
+def test_start_trace_profiles_a_rank_up_to_its_programs_spawn() -> None:
+    """The diagnosis of the supervisor's start runs on the simulator: it stops at the spawn,
+    before which a rank on the prolog's daemons has loaded neither NVML nor psutil."""
+    run = [sys.executable, str(REPO / "benchmarks" / "start_trace.py"), str(REPO)]
+    res = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "TRACE modules=" in res.stdout, res.stdout[-3000:]
+    assert "pynvml=False psutil=False" in res.stdout
+    assert "cumulative" in res.stdout  # the profile's table

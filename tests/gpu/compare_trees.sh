@@ -46,6 +46,9 @@ for run in "$VENV/bin/python startup-ab.json" "$PY startup-ab-torchpy.json"; do
   "$PY" "$REPO/benchmarks/startup_ab.py" "$AB/$(basename "$BASE")" "$AB/$(basename "$REPO")" \
     --gpu --rounds "${AB_ROUNDS:-4}" --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
 done
+# What each tree's supervisor does before its program's spawn, profiled.
+"$VENV/bin/python" "$REPO/benchmarks/start_trace.py" "$AB"/* --gpu --python "$VENV/bin/python" \
+  >"$OUT/start-trace.txt" 2>&1 || rc=1
 # Where the venv's start goes, with this tree from the machine's disk.
 PYTHONPATH=$AB/$(basename "$REPO") bash "$REPO/tests/gpu/startup_costs.sh" "$VENV/bin/python" \
   >"$OUT/startup-venv.txt" 2>&1 || rc=1
