@@ -22,7 +22,8 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
     p = sub.add_parser(
         "farm",
         help="run many independent commands, K at a time per GPU",
-        usage="mpswrap farm [options] TASKS\n       mpswrap farm status [--json] [DIR]",
+        usage="mpswrap farm [options] TASKS\n"
+        "       mpswrap farm status [--json] [--plot FILE] [DIR]",
         description="Run the lines of TASKS (shell command lines, one per line) K at a time "
         "on each GPU. 'mpswrap farm status [DIR]' shows, from any shell, how the farm of DIR "
         "(a farm directory or its task list; default: the one *.farm here) is doing; a task "
@@ -81,15 +82,18 @@ def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
     if args.tasks == STATUS:
         if args.status_dir is not None and args.farm_dir is not None:
             raise UsageError("farm status: give DIR or --dir, not both")
-        return farm_status(args.status_dir or args.farm_dir, args.json)
+        return farm_status(args.status_dir or args.farm_dir, args.json, args.plot)
     if args.status_dir is not None:
         raise UsageError(
             "farm takes one task list",
             thing=args.status_dir,
             hint="mpswrap farm [options] TASKS (or: mpswrap farm status DIR)",
         )
-    if args.json:
-        raise UsageError("--json is for farm status", hint="mpswrap farm status --json DIR")
+    for given, option in ((args.json, "--json"), (args.plot, "--plot FILE")):
+        if given:
+            raise UsageError(
+                f"{option.split()[0]} is for farm status", hint=f"mpswrap farm status {option} DIR"
+            )
     farm_opts = FarmOptions(
         per_gpu=args.per_gpu,
         retries=args.retries,

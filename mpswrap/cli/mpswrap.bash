@@ -20,7 +20,7 @@ _mpswrap() {
         ' --policy'|'run --policy'|'farm --policy'|'calibrate --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
         ' --priority'|'start --priority'|'run --priority'|'farm --priority'|'calibrate --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
         ' --verify-attach'|'run --verify-attach'|'farm --verify-attach'|'calibrate --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;
-        'start --config'|'stop --config'|'status --config'|'config --config'|'demo --config'|'calibrate --plot'|'report --config'|'metrics --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        'start --config'|'stop --config'|'status --config'|'config --config'|'demo --config'|'farm --plot'|'calibrate --plot'|'report --config'|'metrics --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
         'start --run-dir'|'stop --run-dir'|'status --run-dir'|'farm --dir'|'calibrate --dir'|'metrics --run-dir'|'metrics --textfile'|'install-hooks --dest'|'install-hooks --modulefile'|'uninstall-hooks --dest'|'uninstall-hooks --modulefile') COMPREPLY=($(compgen -d -- "$cur")); return ;;
         'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
@@ -33,7 +33,7 @@ _mpswrap() {
         config) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         demo) words="-h --help -v --verbose -q --quiet --debug --config --clients --simulate" ;;
         run) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug -n --np" ;;
-        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
+        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
         calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
         report) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         metrics) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --all --textfile --process-labels" ;;

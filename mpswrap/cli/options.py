@@ -167,6 +167,8 @@ FARM_OPTIONS: Options = (
                   "the task's number and a tab (stdout to stdout, stderr to stderr), as "
                   "parallel --tag --line-buffer; the logs are written as without it"}),
     (("--json",), {"action": "store_true", "help": "farm status: print it as JSON"}),
+    (("--plot",), {"metavar": "FILE", "type": path, "help": "farm status: also save K per GPU "
+                   "and throughput over time (matplotlib) (default: none)"}),
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (

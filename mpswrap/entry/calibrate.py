@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from .._signals import SignalTrap
 from ..errors import UsageError
@@ -34,6 +33,7 @@ from ..job.placement import Slot
 from ..job.run import LaunchOptions, Started, execute, plan
 from ..job.tasks import DONE, FarmDir, parse_tasks
 from ..report.farmview import Progress
+from ..report.plots import pyplot
 from .farm import default_per_gpu
 
 __all__ = ["MODES", "Calibration", "counts_up_to", "recommend", "run_calibrate"]
@@ -94,7 +94,7 @@ def run_calibrate(
         if value is not None and value < 1:
             raise UsageError(f"bad {option}", thing=str(value), cause="need at least 1")
     if plot:
-        _matplotlib()  # refuse before hours of runs, not after
+        pyplot()  # refuse before hours of runs, not after
     planned = plan(opts, "calibrate")
     n_gpus = len(planned.slots)  # a farm of this job would share the CPUs among them
     planned.use(1, gpus=1)  # the first GPU of the job (or of --gpus)
@@ -265,19 +265,8 @@ def _advice(best: Calibration | None, sliced: dict[int, float]) -> str:
     )
 
 
-def _matplotlib() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib", hint="pip install 'mpswrap[plot]'") from None
-    return plt
-
-
 def _plot(rows: Sequence[Calibration], path: str) -> None:
-    plt = _matplotlib()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, _, _ in MODES:
         mine = [r for r in rows if r.mode == mode]

@@ -45,7 +45,7 @@ from ..job.tasks import (
 )
 from ..job.tee import Tee
 from ..jobenv import JobEnv
-from ..report import farmstatus
+from ..report import farmstatus, plots
 from ..report.farmview import Progress, summary_lines
 from ..report.summary import node_summary, print_summary
 
@@ -349,9 +349,12 @@ def _print_plan(todo: list[Task], directory: str, per_gpu: int, planned: Plan) -
     )
 
 
-def farm_status(directory: str | None, as_json: bool) -> int:
+def farm_status(directory: str | None, as_json: bool, plot: str | None = None) -> int:
     """``mpswrap farm status [DIR]``: what the farm's journal says, from any shell. DIR: a
-    farm's directory, or its task list (``<TASKS>.farm``); none: the one ``*.farm`` here."""
+    farm's directory, or its task list (``<TASKS>.farm``); none: the one ``*.farm`` here.
+    ``plot``: also save K and throughput over time there (``report.plots``)."""
+    if plot:
+        plots.pyplot()  # refused before anything is read or printed
     path = _status_dir(directory)
     try:
         journal = read_journal(path)
@@ -362,11 +365,15 @@ def farm_status(directory: str | None, as_json: bool) -> int:
     alive = farmstatus.process_alive(JobEnv.current().node)
     shares = [farmstatus.fold(name, lines, alive) for name, lines in journal.items()]
     now = time.time()
+    record = farmstatus.status_json(path, shares, now)
     if as_json:
-        print(json.dumps(farmstatus.status_json(path, shares, now), indent=1))
+        print(json.dumps(record, indent=1))
     else:
         for line in farmstatus.status_lines(path, shares, now):
             print(line)
+    if plot:
+        plots.plot_packing(record, plot, title=f"farm {path}")
+        print(f"farm status: plot saved to {plot}", file=sys.stderr if as_json else sys.stdout)
     return 0
 
 

@@ -57,7 +57,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "farmer",
         "run",
     ),
-    "report": ("summary", "farmview", "farmstatus", "metrics", "status"),
+    "report": ("summary", "farmview", "farmstatus", "metrics", "status", "plots"),
     "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
     "cli": (
         "options",

@@ -1,0 +1,90 @@
+"""Pictures of what happened, for people: matplotlib, an optional extra (``mpswrap[plot]``),
+imported only when a plot is asked for.
+
+``farm status --plot``: K on each GPU and the finished-task throughput over time, from the
+``packing`` history of the farm's status record (``farm status --json``): one panel a GPU,
+K as steps, the throughput the controller measured as points on a second axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import UsageError
+
+__all__ = ["plot_packing", "pyplot"]
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot without a display, or the one-line refusal that names the extra
+    (asked before any work starts, so a missing extra never costs a run)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib", hint="pip install 'mpswrap[plot]'") from None
+    return plt
+
+
+def _histories(status: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """The ``packing`` history of each GPU that has one, in time order."""
+    packing = status.get("packing") or {}
+    out = {}
+    for gpu, entry in sorted(packing.items()):
+        points = [p for p in (entry or {}).get("history") or [] if p.get("t") is not None]
+        if points:
+            out[gpu] = sorted(points, key=lambda p: float(p["t"]))
+    return out
+
+
+def plot_packing(status: Mapping[str, Any], path: str, title: str = "") -> None:
+    """K and throughput over time, one panel a GPU, saved to ``path`` (PNG by its name)."""
+    histories = _histories(status)
+    if not histories:
+        raise UsageError(
+            "farm status --plot: the farm's record has no K history",
+            thing=str(status.get("directory", "")),
+            hint="farms of this mpswrap record it (mpswrap farm --per-gpu auto)",
+        )
+    plt = pyplot()
+    t0 = min(float(h[0]["t"]) for h in histories.values())
+    fig, axes = plt.subplots(
+        len(histories), 1, figsize=(7, 2.6 * len(histories) + 0.6), squeeze=False, sharex=True
+    )
+    end = _end(status, max(float(h[-1]["t"]) for h in histories.values()))
+    for ax, (gpu, points) in zip(axes[:, 0], histories.items(), strict=True):
+        _panel(ax, gpu, points, t0, end)
+    axes[-1, 0].set_xlabel("seconds since the farm's first K")
+    fig.suptitle(title or "K per GPU and finished-task throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _end(status: Mapping[str, Any], last: float) -> float:
+    """Where the last K ends: the farm's end, else the record's time (it still runs)."""
+    ends = [s.get("ended") for s in status.get("shares") or []]
+    known = [float(e) for e in ends if e is not None]
+    if known and len(known) == len(ends):
+        return max(last, *known)
+    return max(last, float(status.get("time") or last))
+
+
+def _panel(ax: Any, gpu: str, points: list[Mapping[str, Any]], t0: float, end: float) -> None:
+    ts = [float(p["t"]) - t0 for p in points]
+    ks = [int(p["k"]) for p in points]
+    ax.step([*ts, end - t0], [*ks, ks[-1]], where="post", color="C0", label="K")
+    ax.set_ylabel("K (tasks at once)", color="C0")
+    ax.set_ylim(0, max(ks) + 1)
+    ax.set_title(gpu, fontsize=9)
+    ax.grid(alpha=0.3)
+    measured = [(t, p["throughput"]) for t, p in zip(ts, points, strict=True)]
+    measured = [(t, float(v)) for t, v in measured if v is not None]
+    if measured:
+        twin = ax.twinx()
+        twin.plot(*zip(*measured, strict=True), "o--", color="C1", label="tasks/s")
+        twin.set_ylabel("finished tasks per second", color="C1")
+        twin.set_ylim(bottom=0)
