@@ -2,21 +2,29 @@
 step), as a task of a farm: no barrier, start-up included. Prints one JSON line.
 
     python benchmarks/workers/mlp_task.py --steps 2000 --seed 3
+
+``MPS_BENCH_WORKER=stand-in`` (workers/protocol.py): no torch, no GPU; the MPS simulator's
+client works a millisecond a step instead (the farm benchmark's functional test).
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
 t0 = time.time()
-import torch  # noqa: E402  (its import is part of a task's cost)
-
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=2000)
 p.add_argument("--seed", type=int, default=int(os.environ.get("MPSWRAP_TASK", "0")))
 args = p.parse_args()
+if os.environ.get("MPS_BENCH_WORKER") == "stand-in":
+    seconds = str(args.steps / 1000)
+    sys.exit(subprocess.run(["mps-sim-client", "--seconds", seconds], timeout=600).returncode)
+
+import torch  # noqa: E402  (its import is part of a task's cost)
+
 torch.manual_seed(args.seed)
 model = torch.nn.Sequential(
     torch.nn.Linear(784, 512),

@@ -108,3 +108,49 @@ def test_start_trace_profiles_a_rank_up_to_its_programs_spawn() -> None:
     assert "TRACE modules=" in res.stdout, res.stdout[-3000:]
     assert "pynvml=False psutil=False" in res.stdout
     assert "cumulative" in res.stdout  # the profile's table
+
+
+@pytest.mark.timeout(600)
+def test_farm_benchmark_sets_run_each_way_on_the_simulator_resume_and_report(
+    sim: SimNode, tmp_path: Path
+) -> None:
+    """benchmarks/farm_bench.py's three task sets (issue 33) with tiny sizes, the workers as
+    CPU stand-ins: every (mode, K) of each set runs, interleaved, every task done; today's
+    default is run once where it equals a fixed K; a second call runs nothing again; a spent
+    budget starts nothing; the report prints each set's table and verdicts. ``auto`` is left
+    out here: it is mpswrap farm's ``--per-gpu auto``."""
+    out = tmp_path / "farm.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "farm_bench.py"), "--out", str(out)]
+    argv += ["--modes", "fixed,default,waves", "--repeats", "2", "--best-k", "2"]
+    argv += ["--default-k", "3", "--mem-k", "1,2", "--light", "3", "--steps", "50"]
+    argv += ["--hetero", "2,1", "--heavy-steps", "300", "--memory", "3", "--gib", "1"]
+    argv += ["--hold", "0.05"]
+    path = f"{sim.bin}:{os.environ['PATH']}"
+    env = sim.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
+    res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    runs = {r["key"]: r for r in data["runs"]}
+    ways = {"light": ("fixed-k2", "default-k3", "waves-k2"), "memory": ("fixed-k1", "fixed-k2")}
+    ways["hetero"] = ways["light"]
+    ways["memory"] += ("default-k3",)
+    assert set(runs) == {f"{s}/{w}/r{rep}" for s, ws in ways.items() for w in ws for rep in (0, 1)}
+    order = [r["key"] for r in data["runs"] if r["key"].startswith("light/")]
+    assert order[0].split("/")[1] != order[3].split("/")[1], "repeats interleaved, rotated"
+    for key, run in runs.items():
+        want = {"light": 3, "hetero": 3, "memory": 3}[run["set"]]
+        assert (run["tasks"], run["done"], run["failed"]) == (want, want, 0), key
+        assert run["makespan_s"] > (0.3 if run["set"] == "hetero" else 0), f"{key}: heavy ran"
+    assert data["meta"]["best_k_from"] == "--best-k" and data["meta"]["sizes"]["light"] == 3
+    shown = res.stdout
+    for name in ("light", "hetero", "memory"):
+        assert f"Set `{name}`:" in shown, shown
+    assert "| raw MPS waves of K=2 |" in shown and "| today's default K=3 |" in shown, shown
+    assert "auto / best fixed K: not measured" in shown, shown
+    again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(json.loads(out.read_text())["runs"]) == len(runs), "nothing runs twice"
+    spent = [*argv[:3], str(tmp_path / "spent.json"), *argv[4:], "--budget", "0"]
+    res = subprocess.run(spent, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "budget reached" in res.stdout, res.stderr[-3000:]
+    assert not (tmp_path / "spent.json").exists(), "nothing ran, nothing written"

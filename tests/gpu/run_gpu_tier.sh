@@ -85,7 +85,7 @@ for phase in "${PHASES[@]}"; do
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
     trust) pt trust tests/gpu/test_gpu_trust.py || rc=1 ;;
-    farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--parts calibrate"
+    farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--quick", "--parts memory"
       # Bytecode for PyTorch, as an installed one has: without it each task's import compiles
       # torch again (14-16 s a task alone on 2026-11-24, where PYTHONDONTWRITEBYTECODE is set).
       torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
