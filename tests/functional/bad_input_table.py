@@ -144,6 +144,7 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--retries", "-1", "bad --retries (-1): must be >= 0", "tasks.txt", hint=""),
     _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
          "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
+    _bad("farm", "--plot", "", "argument --plot: invalid value '': expected a path", "status"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
