@@ -1,5 +1,6 @@
-"""The task farm against what users write by hand, and ``--per-gpu auto`` (issue 33) against
-fixed K, side by side in one visit to the GPU machine.
+"""The task farm against hand-written waves, and --per-gpu auto against fixed K (issue 33).
+
+Everything side by side in one visit to the GPU machine.
 
 Three task sets on GPU 0, each run every way in ``--modes``, ``--repeats`` times, the order
 rotated each repeat (interleaved), makespan from the command's start to its end (the daemon's
