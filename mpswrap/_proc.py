@@ -370,6 +370,16 @@ def children_of(pid: int) -> list[ProcId]:
     return out
 
 
+def lineage(pid: int) -> list[int]:
+    """``pid`` and its ancestors' PIDs, its parent first (just ``pid`` where unreadable)."""
+    import psutil
+
+    try:
+        return [pid, *(p.pid for p in psutil.Process(pid).parents())]
+    except psutil.Error:
+        return [pid]
+
+
 def ancestor_names() -> list[str]:
     """The names of this process's ancestors, its parent first (empty where unreadable)."""
     import psutil

@@ -23,6 +23,7 @@ __all__ = [
     "Options",
     "at_least",
     "job_id",
+    "k_or_auto",
     "node_name",
     "path",
     "seconds",
@@ -67,6 +68,15 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def k_or_auto(text: str) -> int | None:
+    """``--per-gpu``: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise _refused(f"invalid value {text!r}: expected auto or a whole number, 1 or more")
 
 
 def _name(kind: str) -> Callable[[str], str]:
@@ -151,8 +161,9 @@ RUN_OPTIONS: Options = (
 # fmt: off
 #: ``mpswrap farm``'s own options (docs/howto-farm.md).
 FARM_OPTIONS: Options = (
-    (("--per-gpu",), {"type": int, "metavar": "K", "help": "tasks at once on each GPU "
-                      "(default: the client limit, a CPU per task, at most 16)"}),
+    (("--per-gpu",), {"type": k_or_auto, "metavar": "auto|K", "help": "tasks at once on each "
+                      "GPU; auto: found as the farm runs, by throughput and GPU memory "
+                      "(default: auto)"}),
     (("--retries",), {"type": int, "default": 1, "metavar": "N",
                       "help": "runs more of a task a fatal GPU fault ended (default: 1)"}),
     (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "type": path, "help": "logs and state "

@@ -9,7 +9,9 @@ through the task farm's engine (``job.farmer``), so they are started, checked an
 farm's tasks are, and their logs are kept under ``--dir`` when one fails.
 
 It recommends the count and policy with the best throughput, i.e. ``mpswrap farm --per-gpu K
---threads POLICY``, and saves a plot with ``--plot FILE`` (matplotlib, optional).
+--threads POLICY``, says where ``--per-gpu auto`` would settle on the same measurements (the
+farm's rule, ``job.packing.converge``, walked over the best policy's throughputs), and saves a
+plot with ``--plot FILE`` (matplotlib, optional).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from .._signals import SignalTrap
 from ..errors import UsageError
 from ..job.farmer import Farmer, FarmPlan, Lane
+from ..job.packing import MARGIN, Packing, converge
 from ..job.placement import Slot
 from ..job.run import LaunchOptions, Started, execute, plan
 from ..job.tasks import DONE, FarmDir, parse_tasks
@@ -36,7 +40,7 @@ from ..report.farmview import Progress
 from ..report.plots import pyplot
 from .farm import default_per_gpu
 
-__all__ = ["MODES", "Calibration", "counts_up_to", "recommend", "run_calibrate"]
+__all__ = ["MODES", "Calibration", "auto_choice", "counts_up_to", "recommend", "run_calibrate"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,17 @@ def recommend(rows: Sequence[Calibration]) -> Calibration | None:
     """The MPS configuration with the best throughput among those where every copy exited 0."""
     good = [r for r in rows if r.mode != "time-sliced" and not r.failed]
     return max(good, key=lambda r: r.throughput, default=None)
+
+
+def auto_choice(rows: Sequence[Calibration]) -> tuple[Calibration, Packing] | None:
+    """Where ``--per-gpu auto`` would settle: the farm's rule over the throughputs of the
+    best configuration's policy (its clean counts), and the walk that got there."""
+    best = recommend(rows)
+    if best is None:
+        return None
+    mine = {r.copies: r for r in rows if r.mode == best.mode and not r.failed}
+    walk = converge({k: r.throughput for k, r in mine.items()}, max(mine))
+    return mine[walk.k], walk
 
 
 def run_calibrate(
@@ -232,10 +247,17 @@ def _measure(
 
 def _report(rows: Sequence[Calibration], as_json: bool, plot: str | None) -> None:
     best = recommend(rows)
+    auto = auto_choice(rows)
     sliced = {r.copies: r.throughput for r in rows if r.mode == "time-sliced"}
     if as_json:
         data = [{**asdict(r), "median": r.median, "throughput": r.throughput} for r in rows]
-        print(json.dumps({"rows": data, "recommended": best and asdict(best)}, indent=1))
+        chosen = best and {**asdict(best), "throughput": best.throughput}
+        print(
+            json.dumps(
+                {"rows": data, "recommended": chosen, "best": chosen, "auto": _auto_json(auto)},
+                indent=1,
+            )
+        )
     else:
         print(
             f"{'copies':>6}  {'mode':<12} {'median s':>9} {'spread s':>9} {'copies/s':>9}"
@@ -249,6 +271,8 @@ def _report(rows: Sequence[Calibration], as_json: bool, plot: str | None) -> Non
                 f"{r.throughput:>9.3f} {gain:>8.2f}x {r.failed:>6}"
             )
         print(_advice(best, sliced))
+        if best is not None and auto is not None:
+            print(_auto_advice(best, auto[0]))
     if plot:
         _plot(rows, plot)
 
@@ -262,6 +286,27 @@ def _advice(best: Calibration | None, sliced: dict[int, float]) -> str:
     return (
         f"recommended: mpswrap farm --per-gpu {best.copies} --threads {threads} "
         f"({best.throughput:.3f} copies/s{gain})"
+    )
+
+
+def _auto_json(auto: tuple[Calibration, Packing] | None) -> dict[str, Any] | None:
+    if auto is None:
+        return None
+    row, walk = auto
+    return {
+        "copies": row.copies,
+        "mode": row.mode,
+        "throughput": row.throughput,
+        "margin": MARGIN,
+        "history": [c.to_json() for c in walk.history],
+    }
+
+
+def _auto_advice(best: Calibration, auto: Calibration) -> str:
+    share = auto.throughput / best.throughput if best.throughput else 0.0
+    return (
+        f"auto: mpswrap farm (--per-gpu auto) would settle at K {auto.copies} on these figures "
+        f"({auto.throughput:.3f} copies/s, {share:.2f} of the best)"
     )
 
 

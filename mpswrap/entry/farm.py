@@ -32,6 +32,7 @@ from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
 from ..job.job import Released
+from ..job.packing import START_K, Change, Packing
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..job.tasks import (
     FarmDir,
@@ -45,11 +46,20 @@ from ..job.tasks import (
 )
 from ..job.tee import Tee
 from ..jobenv import JobEnv
+from ..mps.gpu import usage
 from ..report import farmstatus, plots
-from ..report.farmview import Progress, summary_lines
+from ..report.farmview import Progress, k_line, summary_lines
 from ..report.summary import node_summary, print_summary
 
-__all__ = ["FarmOptions", "FarmResult", "default_per_gpu", "farm", "farm_status", "run_farm"]
+__all__ = [
+    "FarmOptions",
+    "FarmResult",
+    "auto_cap",
+    "default_per_gpu",
+    "farm",
+    "farm_status",
+    "run_farm",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +71,7 @@ PER_GPU_BOUND = 16
 class FarmOptions:
     """What ``mpswrap farm`` adds to the launch options."""
 
-    per_gpu: int | None = None
+    per_gpu: int | None = None  # None: auto
     retries: int = 1
     directory: str | None = None
     share: str | None = None
@@ -82,8 +92,27 @@ class FarmResult:
 
 
 def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
-    """K when not given: at most the client limit, a CPU per task, and ``PER_GPU_BOUND``."""
+    """The K of ``calibrate --max``: at most the client limit, a CPU per task, and
+    ``PER_GPU_BOUND``."""
     return max(1, min(limit, cpus // max(1, n_gpus), PER_GPU_BOUND))
+
+
+def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
+    """The most K auto goes to: the clients free on a GPU, and a CPU per task."""
+    return max(1, min(limit, cpus // max(1, n_gpus)))
+
+
+def per_gpu_value(value: int | str | None) -> int | None:
+    """``--per-gpu``: a K of 1 or more, or ``auto`` (None, as when not given)."""
+    if value is None or value == "auto":
+        return None
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        k = 0
+    if k < 1:
+        raise UsageError("bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more")
+    return k
 
 
 def _share(given: str | None, env: JobEnv) -> Share:
@@ -114,7 +143,7 @@ def farm(
     tasks: Sequence[str],
     *,
     directory: str = "mpswrap.farm",
-    per_gpu: int | None = None,
+    per_gpu: int | str | None = None,
     retries: int = 1,
     gpus: str | None = None,
     threads: str | None = None,
@@ -122,7 +151,8 @@ def farm(
     progress: str = "off",
 ) -> FarmResult:
     """Run ``tasks`` (command lines, as the lines of a task list) on this job's GPUs, as
-    ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU, logs and state in ``directory``
+    ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU (None or ``"auto"``: found as
+    the farm runs), logs and state in ``directory``
     (tasks done there before are skipped), ``retries`` more runs of a task a fatal GPU fault
     ended. Prints nothing: the summary (and, unless ``progress`` is ``off``, a line per
     finished attempt) goes to the ``mpswrap.entry.farm`` logger at INFO. Returns a
@@ -130,7 +160,7 @@ def farm(
     128+N after signal N). Usage errors (a bad task line too) raise ``UsageError``.
     """
     opts = LaunchOptions(gpus=gpus, threads=threads)
-    farm_opts = FarmOptions(per_gpu, retries, directory, share, progress)
+    farm_opts = FarmOptions(per_gpu_value(per_gpu), retries, directory, share, progress)
     _check(farm_opts)
     return farm_tasks(opts, farm_opts, parse_tasks(tasks, "tasks"), directory, _LOG)
 
@@ -182,9 +212,9 @@ def farm_tasks(
         show.line(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
         return result
     planned = plan(opts, "farm")
-    per_gpu = _per_gpu(planned, farm_opts.per_gpu, len(todo))
+    seats = _per_gpu(planned, farm_opts.per_gpu, len(todo))
     if opts.dry_run:
-        _print_plan(todo, directory, per_gpu, planned)
+        _print_plan(todo, directory, farm_opts.per_gpu, seats, planned)
         return result
     farm_dir.create()
     with _only_farm(farm_dir):
@@ -193,7 +223,7 @@ def farm_tasks(
 
         def body(run: Started) -> int:
             farmer = _farmer(
-                run, farm_opts=farm_opts, per_gpu=per_gpu, todo=todo, farm_dir=farm_dir, view=view
+                run, farm_opts=farm_opts, seats=seats, todo=todo, farm_dir=farm_dir, view=view
             )
             engines.append(farmer)
             _begin(farm_dir, run, farmer, result.skipped, farm_opts.retries)
@@ -248,12 +278,13 @@ def _farmer(
     run: Started,
     *,
     farm_opts: FarmOptions,
-    per_gpu: int,
+    seats: int,
     todo: list[Task],
     farm_dir: FarmDir,
     view: Progress,
 ) -> Farmer:
-    """The engine for this farm: a lane of ``per_gpu`` seats on each GPU the run uses."""
+    """The engine for this farm: a lane of ``seats`` seats on each GPU the run uses, K of
+    them used at once (given, or found: ``packing``)."""
     planned = run.plan
     opts, settings = planned.opts, planned.settings
     plan_ = FarmPlan(
@@ -265,20 +296,32 @@ def _farmer(
         verify_timeout=opts.verify_timeout,
     )
     daemons = [run.daemon(s) for s in planned.slots]
+    now = time.time()
     lanes = [
-        Lane(i, s, d, list(range(per_gpu)), FaultWatch(d))
+        Lane(
+            i,
+            s,
+            d,
+            list(range(seats)),
+            FaultWatch(d),
+            packing=Packing.start(now, seats, farm_opts.per_gpu),
+        )
         for i, (s, d) in enumerate(zip(planned.slots, daemons, strict=True))
     ]
     log.info(
-        "farm: %d task(s), %d at a time on each of %d GPU(s), logs in %s",
+        "farm: %d task(s), %s on each of %d GPU(s), logs in %s",
         len(todo),
-        per_gpu,
+        _k_words(farm_opts.per_gpu, seats),
         len(lanes),
         farm_dir.logs,
     )
 
     def client_env(lane: Lane, seat: int) -> dict[str, str]:
-        return planned.place(seat, per_gpu, policy="block", slots=[lane.slot]).env
+        return planned.place(seat, seats, policy="block", slots=[lane.slot]).env
+
+    def repacked(lane: Lane, before: Change, change: Change) -> None:
+        if change.why != "start":
+            view.note(k_line(lane.position, before, change))
 
     return Farmer(
         lanes,
@@ -289,7 +332,15 @@ def _farmer(
         report=view.report,
         ended=run.ended,
         tee=Tee(sys.stdout, sys.stderr) if farm_opts.tag else None,
+        usage=lambda uuid: usage(uuid, settings.gpu_inventory),
+        repacked=repacked,
     )
+
+
+def _k_words(given: int | None, seats: int) -> str:
+    if given is not None:
+        return f"{given} at a time"
+    return f"K found as it runs (auto: from {min(seats, START_K)}, at most {seats})"
 
 
 def _result(
@@ -306,29 +357,33 @@ def _result(
     result.records = farmer.records if farmer else []
     result.not_run = farmer.not_run if farmer else list(todo)
     counts: Counts = farmer.counts if farmer else Counts(len(todo), time.time())
+    packing = {
+        lane.position: lane.packing.history
+        for lane in (farmer.lanes if farmer else [])
+        if lane.packing is not None
+    }
     for line in summary_lines(
-        result.records, result.not_run, result.skipped, counts, str(farm_dir.path)
+        result.records, result.not_run, result.skipped, counts, str(farm_dir.path), packing=packing
     ):
         show.line(line)
-    failed = counts.failed or result.not_run
+    failed = counts.failed or counts.oom or result.not_run
     result.code = code if code else (1 if failed else 0)
     return result
 
 
 def _per_gpu(planned: Plan, given: int | None, tasks: int) -> int:
-    """K: as given, or ``default_per_gpu``, on as many GPUs as there are tasks (at most the
-    run's); refused when K more clients would not fit on each."""
+    """The seats on each GPU: K as given, or the most auto goes to (``auto_cap``), on as
+    many GPUs as there are tasks (at most the run's); refused when they would not fit."""
     gpus = min(tasks, len(planned.slots))
     planned.use(gpus, "block", gpus=gpus)
     cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
-    per_gpu = given or default_per_gpu(max(1, planned.free()), gpus, cpus)
-    planned.use(per_gpu * gpus, "block")
-    return per_gpu
+    seats = given or auto_cap(max(1, planned.free()), gpus, cpus)
+    planned.use(seats * gpus, "block")
+    return seats
 
 
 def _check(farm_opts: FarmOptions) -> None:
-    if farm_opts.per_gpu is not None and farm_opts.per_gpu < 1:
-        raise UsageError("bad --per-gpu", thing=str(farm_opts.per_gpu), cause="need at least 1")
+    per_gpu_value(farm_opts.per_gpu)
     if farm_opts.retries < 0:
         raise UsageError("bad --retries", thing=str(farm_opts.retries), cause="must be >= 0")
     if farm_opts.progress not in ("auto", "bar", "lines", "off"):
@@ -339,12 +394,14 @@ def _check(farm_opts: FarmOptions) -> None:
         parse_share(farm_opts.share)
 
 
-def _print_plan(todo: list[Task], directory: str, per_gpu: int, planned: Plan) -> None:
+def _print_plan(
+    todo: list[Task], directory: str, given: int | None, seats: int, planned: Plan
+) -> None:
     """``--dry-run``: what would run, and how; nothing is started or written."""
     for task in todo:
         print(f"[task {task.number}] {task.command}")
     print(
-        f"farm: {len(todo)} task(s) would run, {per_gpu} at a time on each of "
+        f"farm: {len(todo)} task(s) would run, {_k_words(given, seats)} on each of "
         f"{len(planned.slots)} GPU(s); logs and state in {directory}"
     )
 

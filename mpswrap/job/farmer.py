@@ -9,6 +9,13 @@ server refuses clients meanwhile) until server.log says it recovered or the task
 named have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more. On TERM/INT/HUP every
 running task is ended through the ladder (terminate_client first) and no new one starts;
 those ended are not recorded, so running the farm again runs them.
+
+K, the tasks at once on a GPU, is its lane's ``Packing``: given, or found as the farm runs
+(auto; the rule in ``packing``). With auto, each wake also reads the GPUs' memory through
+NVML (``usage``): a GPU takes another task only while its free memory covers the peak its
+tasks are expected to need (``gpumemory``). A failed attempt whose output says CUDA ran out
+of memory while its GPU was (nearly) full is recorded as ``oom``, not ``failed``, and its
+task goes back to the queue, up to ``OOM_TRIES`` runs; under auto its GPU's K is lowered.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from .._signals import Guard, SignalTrap
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import PLACE_IN_LAUNCH_VARS
 from ..mps.daemon import Daemon
+from ..paths import read_job_file
 from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
+from .gpumemory import Peaks, Reading, admits, out_of_memory
 from .outcomes import Outcome
+from .packing import Change, Packing
 from .placement import Slot
 from .supervise import (
     VERIFY_FAILED,
@@ -40,7 +50,7 @@ from .supervise import (
     spawn_rank,
     watch,
 )
-from .tasks import DONE, FAILED, FAULT, FarmDir, Task, TaskRecord
+from .tasks import DONE, FAILED, FAULT, OOM, OOM_TRIES, FarmDir, Task, TaskRecord
 from .tee import Tee
 from .verify import Listings, Verifier
 
@@ -59,6 +69,8 @@ HOLD_MAX = 60.0
 TICK = 0.25
 #: Seconds the tasks' live output (``--tag``) is read for once the farm is over.
 TEE_DRAIN = 5.0
+#: Bytes of the end of a failed attempt's logs searched for an out-of-memory message.
+OOM_TAIL = 64 << 10
 
 
 @dataclass
@@ -77,9 +89,24 @@ class Lane:
     resume_at: float = 0.0
     #: A task failed here since server.log was last read.
     suspect: bool = False
+    #: K: given, or found as the farm runs (None: as many as the seats).
+    packing: Packing | None = None
+    #: NVML's last reading of the GPU's memory (None: none taken), and the tasks' peaks.
+    reading: Reading | None = None
+    peaks: Peaks = field(default_factory=lambda: Peaks([]))
+    running: int = 0
+
+    @property
+    def k(self) -> int:
+        return self.packing.k if self.packing else self.running + len(self.seats)
 
     def takes(self, now: float) -> bool:
-        return bool(self.seats) and self.paused_at is None and now >= self.resume_at
+        return (
+            bool(self.seats)
+            and self.running < self.k
+            and self.paused_at is None
+            and now >= self.resume_at
+        )
 
 
 @dataclass
@@ -99,6 +126,10 @@ class Attempt:
     code: int = 0
     #: Running when the farm was told to stop: ended by it, not recorded.
     stopped: bool = False
+    #: The most GPU memory its processes held at one reading; the least free memory of its
+    #: GPU read while it ran (None: none read).
+    peak: int = 0
+    least_free: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,8 @@ class Counts:
     started: float
     done: int = 0
     failed: int = 0
+    #: Tasks that ran out of memory on every try.
+    oom: int = 0
     retried: int = 0
     #: When each running attempt started: kept equal to the attempts running, whenever the
     #: set changes, so that a line printed at any moment counts what runs then.
@@ -133,7 +166,7 @@ class Counts:
 
     @property
     def finished(self) -> int:
-        return self.done + self.failed
+        return self.done + self.failed + self.oom
 
     @property
     def running(self) -> int:
@@ -147,6 +180,8 @@ class Counts:
             self.done += 1
         elif retried:
             self.retried += 1
+        elif status == OOM:
+            self.oom += 1
         else:
             self.failed += 1
 
@@ -155,6 +190,10 @@ class Counts:
 ClientEnv = Callable[[Lane, int], Mapping[str, str]]
 #: Told of each finished attempt (None: only the counts moved, at each wake).
 Report = Callable[[TaskRecord | None, Counts], None]
+#: NVML's figures of a GPU (``mps.gpu.usage`` of its UUID); None: NVML not asked.
+Usage = Callable[[str], "Mapping[str, object] | None"]
+#: Told of each change of a GPU's K: the lane, its change before, and the new one.
+Repacked = Callable[[Lane, Change, Change], None]
 
 
 class Farmer:
@@ -171,6 +210,8 @@ class Farmer:
         report: Report,
         ended: Callable[[Outcome], None] | None = None,
         tee: Tee | None = None,
+        usage: Usage | None = None,
+        repacked: Repacked | None = None,
     ) -> None:
         self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
         self.client_env, self.report = client_env, report
@@ -188,12 +229,19 @@ class Farmer:
         self.listings = Listings()
         self.records: list[TaskRecord] = []
         self.outcomes: list[Outcome] = []
-        self.counts = Counts(len(tasks), time.time(), slots=sum(len(ln.seats) for ln in lanes))
+        self.counts = Counts(len(tasks), time.time(), slots=sum(ln.k for ln in lanes))
         self.stopping = False
         self.error: OSError | None = None  # a log or the state that could not be written
+        #: NVML's memory figures of a GPU, read at each wake where a lane's K is auto.
+        self.usage = usage
+        self.repacked = repacked
+        self.ooms: collections.Counter[int] = collections.Counter()  # task -> oom attempts
 
     def run(self, trap: SignalTrap) -> int:
         """0 once every task ran (each record says how), or 128+signal."""
+        for lane in self.lanes:  # K's start, in the journal (``farm status``)
+            if lane.packing is not None:
+                self._repack(lane, lane.packing.last)
         try:
             with killed_on_error(self.ranks):
                 code = watch(
@@ -243,6 +291,7 @@ class Farmer:
         try:
             if self.tee is not None:
                 self.tee.pump()
+            self._read_memory(now)
             self._reap(now)
             self._watch_lanes(now)
             self._decide(now)
@@ -294,15 +343,86 @@ class Farmer:
                 self.checks.remove(attempt.check)
                 attempt.code = VERIFY_FAILED if attempt.check.refused else attempt.code
             attempt.lane.seats.append(attempt.seat)
+            attempt.lane.running -= 1
             attempt.lane.holding.discard(id(attempt))
             self._ended(_outcome(attempt))
             if attempt.stopped:
                 continue
             if attempt.code == 0:
+                attempt.lane.peaks.add(attempt.peak)
                 self._record(attempt, DONE)
+                self._finished(attempt.lane, now)
             else:
                 attempt.lane.suspect = True
                 self.undecided.append(attempt)
+
+    # --- K and memory --------------------------------------------------------------------
+    def _read_memory(self, now: float) -> None:
+        """NVML's reading of each lane's GPU; each running task's peak, and the least free
+        memory its GPU had while it ran."""
+        if self.usage is None:
+            return
+        for lane in self.lanes:
+            lane.reading = Reading.of(self.usage(lane.slot.uuid))
+            reading = lane.reading
+            mine = [a for a in self.live if a.lane is lane]
+            if reading is None or not mine:
+                continue
+            held = _held_by(mine, reading)
+            for attempt in mine:
+                attempt.peak = max(attempt.peak, held.get(id(attempt), 0))
+                least = attempt.least_free
+                attempt.least_free = reading.free if least is None else min(least, reading.free)
+
+    def _expected(self, lane: Lane) -> int | None:
+        return lane.peaks.expected(a.peak for a in self.live if a.lane is lane)
+
+    def _admits(self, lane: Lane, now: float) -> bool:
+        """Whether the GPU's free memory takes another task (always, with none running)."""
+        if lane.packing is None or not lane.packing.auto or not lane.running:
+            return True
+        if lane.reading is None:  # NVML gives no memory figures: nothing to go by
+            return True
+        mine = [a for a in self.live if a.lane is lane]
+        expected = self._expected(lane)
+        if lane.peaks.learning(expected, min(a.start for a in mine), now):
+            return False
+        if admits(lane.reading, expected, [a.peak for a in mine]):
+            return True
+        self._repack(lane, lane.packing.memory(now, lane.running))
+        return False
+
+    def _finished(self, lane: Lane, now: float) -> None:
+        if lane.packing is not None:
+            self._repack(lane, lane.packing.finished(now))
+
+    def _repack(self, lane: Lane, change: Change | None) -> None:
+        if change is None or lane.packing is None:
+            return
+        history = lane.packing.history
+        before = history[-2] if len(history) > 1 else change
+        self.dir.event(
+            "k",
+            gpu=lane.slot.uuid,
+            gpu_index=lane.position,
+            node=self.plan.node,
+            auto=lane.packing.auto,
+            **change.to_json(),
+        )
+        self.counts.slots = sum(ln.k for ln in self.lanes)
+        if self.repacked is not None:
+            self.repacked(lane, before, change)
+
+    def _oom(self, attempt: Attempt) -> bool:
+        """Did this failed attempt only run out of memory on a full GPU?"""
+        reading = attempt.lane.reading
+        if reading is None or attempt.code == 0:
+            return False
+        text = "".join(
+            read_job_file(path, OOM_TAIL, tail=True) or ""
+            for path in self.dir.log_paths(attempt.task, attempt.number)
+        )
+        return out_of_memory(text, attempt.least_free, reading.total, self._expected(attempt.lane))
 
     def _watch_lanes(self, now: float) -> None:
         """server.log is read where a task failed or a fault is being handled; a fault stops
@@ -356,19 +476,41 @@ class Farmer:
                 self._record(attempt, FAULT, retried=retry)
                 if retry:
                     self.queue.appendleft((attempt.task, attempt.number + 1))
+            elif self._oom(attempt):
+                self.undecided.remove(attempt)
+                self.ooms[attempt.task.number] += 1
+                tries = self.ooms[attempt.task.number] < OOM_TRIES
+                retry = tries and not final and not self.stopping
+                self._record(attempt, OOM, retried=retry)
+                if retry:
+                    self.queue.appendleft((attempt.task, attempt.number + 1))
+                if attempt.lane.packing is not None:
+                    change = attempt.lane.packing.oom(now, attempt.lane.running + 1)
+                    self._repack(attempt.lane, change)
             elif final or watch_ is None or now - attempt.end >= FAULT_SETTLE:
                 self.undecided.remove(attempt)
+                attempt.lane.peaks.add(attempt.peak)
                 self._record(attempt, FAILED)
+                self._finished(attempt.lane, now)
 
     def _fill(self, now: float) -> None:
+        full: set[int] = set()  # lanes whose memory takes no more now
+        for lane in self.lanes:
+            if lane.packing is not None:
+                lane.packing.running(now, lane.running)
         while self.queue:
-            open_lanes = [lane for lane in self.lanes if lane.takes(now)]
+            open_lanes = [ln for ln in self.lanes if ln.takes(now) and ln.position not in full]
             if not open_lanes:
                 return
-            lane = max(open_lanes, key=lambda lane: (len(lane.seats), -lane.position))
+            lane = max(open_lanes, key=lambda ln: (ln.k - ln.running, -ln.position))
+            if not self._admits(lane, now):
+                full.add(lane.position)
+                continue
             task, number = self.queue.popleft()
             lane.seats.sort()
             self._start(task, number, lane, lane.seats.pop(0))
+            if lane.packing is not None and lane.running:
+                lane.packing.running(now, lane.running)
 
     # --- one attempt ---------------------------------------------------------------------
     def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
@@ -408,6 +550,9 @@ class Farmer:
                 rank, lane.daemon, self.plan.verify_timeout, str(self.plan.verify), self.listings
             )
             self.checks.append(attempt.check)
+        if lane.reading is not None:
+            attempt.least_free = lane.reading.free
+        lane.running += 1
         self._live([*self.live, attempt])
         self.ranks.append(rank)  # before its guard: a failed fork still ends it, by the ladder
         attempt.guard = guard_ranks([rank], self.plan.grace)
@@ -481,6 +626,17 @@ class Farmer:
             self.settled.add(task.number)
         self.counts.count(status, record.seconds, retried)
         self.report(record, self.counts)
+
+
+def _held_by(attempts: Sequence[Attempt], reading: Reading) -> dict[int, int]:
+    """id(attempt) -> the GPU memory its processes hold (a shell's client is its child)."""
+    roots = {a.rank.ident.pid: id(a) for a in attempts}
+    out: dict[int, int] = {}
+    for pid, size in reading.processes.items():
+        owner = next((roots[p] for p in _proc.lineage(pid) if p in roots), None)
+        if owner is not None:
+            out[owner] = out.get(owner, 0) + size
+    return out
 
 
 def _outcome(attempt: Attempt) -> Outcome:

@@ -52,8 +52,11 @@ __all__ = [
 ]
 
 #: Statuses of a finished attempt: exit 0; a failure of its own; ended by a fatal GPU fault
-#: of its server (retried while retries are left).
-DONE, FAILED, FAULT = "done", "failed", "fault"
+#: of its server (retried while retries are left); out of GPU memory while its GPU was full
+#: (retried up to ``OOM_TRIES`` runs in all).
+DONE, FAILED, FAULT, OOM = "done", "failed", "fault", "oom"
+#: Runs of a task that keeps running out of memory, the first one included.
+OOM_TRIES = 3
 #: A state line longer than this was not written by a farm.
 RECORD_LIMIT = 1 << 16
 #: A task line longer than this (bytes) is refused: no command line is that long on purpose,
@@ -196,7 +199,7 @@ class TaskRecord:
     key: str
     command: str
     attempt: int
-    status: str  # DONE, FAILED or FAULT
+    status: str  # DONE, FAILED, FAULT or OOM
     code: int
     node: str
     gpu: str  # UUID
@@ -205,7 +208,7 @@ class TaskRecord:
     end: float
     stdout: str
     stderr: str
-    #: A fault's attempt whose task went back to the queue (not settled by it).
+    #: A fault's or oom's attempt whose task went back to the queue (not settled by it).
     retried: bool = False
 
     @property

@@ -291,9 +291,10 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver
     has it). Each figure on its own (None where NVML cannot give it, e.g. utilisation on MIG);
-    None for a file inventory or where NVML does not answer at all."""
+    None where NVML does not answer at all. A file inventory's GPUs are the simulator's: their
+    memory is its ledger (``sim.memory``), None for a file that is not there."""
     if source != "nvml":
-        return None
+        return _simulated(uuid, source)
     try:
         nvml = init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -312,6 +313,20 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
         "memory_used_bytes": int(memory.used) if memory else None,
         "memory_total_bytes": int(memory.total) if memory else None,
         "utilization_percent": int(util.gpu) if util else None,
+        "processes": processes,
+    }
+
+
+def _simulated(uuid: str, source: str) -> dict[str, Any] | None:
+    if not os.path.isfile(source):
+        return None
+    from ..sim import memory  # the simulator's NVML: its memory model, stdlib only
+
+    used, total, processes = memory.usage(source, uuid)
+    return {
+        "memory_used_bytes": used,
+        "memory_total_bytes": total,
+        "utilization_percent": None,
         "processes": processes,
     }
 

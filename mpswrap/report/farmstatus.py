@@ -2,8 +2,9 @@
 after it ended.
 
 Everything comes from the farm's journal, its state files (``job.tasks``): a ``farm`` event
-when a farm begins (its node, PID and start time, the share's tasks, K, the GPUs), a
-``start`` event for each attempt, a record for each finished one, and an ``end`` event. Each
+when a farm begins (its node, PID and start time, the share's tasks, K, the GPUs), a ``k``
+event for each GPU's K as it starts and each time it changes (``job.packing``), a ``start``
+event for each attempt, a record for each finished one, and an ``end`` event. Each
 share of the directory (one state file) is folded into the progress line's ``Counts``, and
 shown with the progress line's words and ETA (``farmview``): the two cannot disagree. A
 started attempt without its record is running while the farm that started it runs; a farm
@@ -22,8 +23,9 @@ from typing import Any
 from .. import _proc
 from ..errors import shown
 from ..job.farmer import Counts
+from ..job.packing import Change
 from ..job.tasks import record_of
-from .farmview import duration, eta
+from .farmview import duration, eta, k_path
 
 __all__ = ["RunningTask", "ShareStatus", "fold", "process_alive", "status_json", "status_lines"]
 
@@ -64,6 +66,10 @@ class ShareStatus:
     ended: float | None = None
     code: int | None = None
     running: list[RunningTask] = field(default_factory=list)
+    #: Each GPU's K and how it went: GPU UUID -> (its position, its changes).
+    packing: dict[str, tuple[int, list[Change]]] = field(default_factory=dict)
+    #: The GPUs whose K is found as the farm runs (``--per-gpu auto``).
+    auto: set[str] = field(default_factory=set)
 
     @property
     def not_run(self) -> int:
@@ -95,9 +101,13 @@ def fold(name: str, lines: Sequence[dict[str, Any]], alive: Alive) -> ShareStatu
             task = _running(data)
             if task is not None:
                 started[(task.task, task.attempt)] = task
+        elif data.get("event") == "k":
+            _k_event(status, data)
     for record in records:
         started.pop((record.task, record.attempt), None)
         status.counts.count(record.status, record.seconds, record.retried)
+    if status.packing:  # the places of the ETA: each GPU's K now
+        status.counts.slots = sum(h[-1].k for _, h in status.packing.values() if h)
     if status.state in ("running", "elsewhere"):
         status.running = sorted(started.values(), key=lambda t: t.since)
     status.counts.since = [t.since for t in status.running]
@@ -118,6 +128,28 @@ def _begun(
     live = alive(node, pid, _float(head.get("pid_start")))
     status.state = {True: "running", False: "gone", None: "elsewhere"}[live]
     return status
+
+
+#: The reasons a K event may give (others are shown as ``?``).
+WHYS = ("start", "raise", "hold", "back-off", "oom", "memory")
+
+
+def _k_event(status: ShareStatus, data: dict[str, Any]) -> None:
+    k = _int(data.get("k"))
+    if k < 1:
+        return
+    rate = data.get("throughput")
+    why = data.get("why")
+    change = Change(
+        _float(data.get("t")),
+        k,
+        None if rate is None else _float(rate),
+        why if why in WHYS else "?",
+    )
+    gpu = _word(data.get("gpu", ""))
+    if data.get("auto") is True:
+        status.auto.add(gpu)
+    status.packing.setdefault(gpu, (_int(data.get("gpu_index")), []))[1].append(change)
 
 
 def _running(data: dict[str, Any]) -> RunningTask | None:
@@ -179,7 +211,8 @@ def status_lines(directory: str, shares: Sequence[ShareStatus], now: float) -> l
         lines.append(f"farm {directory}{label}: {_how(share, now)}")
         head = (
             f"  {counts.total + share.done_before} task(s): {counts.done} done, {counts.failed}"
-            f" failed, {counts.running} running, {share.not_run} not run,"
+            f" failed,{f' {counts.oom} oom,' if counts.oom else ''} {counts.running} running,"
+            f" {share.not_run} not run,"
             f" {share.done_before} done before"
         )
         if counts.retried:
@@ -188,6 +221,9 @@ def status_lines(directory: str, shares: Sequence[ShareStatus], now: float) -> l
         if left is not None and share.not_run + counts.running:
             head += f"; ETA {duration(left)} ({_eta_basis(counts)})"
         lines.append(head)
+        for gpu, (index, history) in sorted(share.packing.items(), key=lambda p: p[1][0]):
+            if gpu in share.auto:  # a K given is the command line's
+                lines.append(f"  K on gpu {index}: {k_path(history)}")
         for task in share.running:
             lines.append(
                 f"  running: task {task.task} (line {task.line}) on gpu {task.gpu_index}"
@@ -205,10 +241,18 @@ def _eta_basis(counts: Counts) -> str:
 def status_json(directory: str, shares: Sequence[ShareStatus], now: float) -> dict[str, Any]:
     """What ``mpswrap farm status --json`` prints."""
     farms = [_share_json(s, now) for s in shares]
-    totals = {k: sum(f[k] for f in farms) for k in ("tasks", "done", "failed", "running")}
+    totals = {k: sum(f[k] for f in farms) for k in ("tasks", "done", "failed", "oom", "running")}
     totals.update(not_run=sum(f["not_run"] for f in farms))
     totals.update(done_before=sum(f["done_before"] for f in farms))
-    return {"directory": directory, "time": now, **totals, "eta_rule": ETA_RULE, "shares": farms}
+    packing = {gpu: k for f in farms for gpu, k in f["packing"].items()}
+    return {
+        "directory": directory,
+        "time": now,
+        **totals,
+        "packing": packing,
+        "eta_rule": ETA_RULE,
+        "shares": farms,
+    }
 
 
 def _share_json(share: ShareStatus, now: float) -> dict[str, Any]:
@@ -225,12 +269,18 @@ def _share_json(share: ShareStatus, now: float) -> dict[str, Any]:
         "tasks": counts.total + share.done_before,
         "done": counts.done,
         "failed": counts.failed,
+        "oom": counts.oom,
         "running": counts.running,
         "not_run": share.not_run,
         "done_before": share.done_before,
         "retried": counts.retried,
         "mean_attempt_s": counts.busy / counts.attempts if counts.attempts else None,
         "places": counts.slots,
+        "packing": {
+            gpu: {"k": history[-1].k, "history": [c.to_json() for c in history]}
+            for gpu, (_, history) in share.packing.items()
+            if history
+        },
         "eta_s": left,
         "running_tasks": [
             {

@@ -12,13 +12,23 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
 from ..job.farmer import Counts
-from ..job.tasks import DONE, FAILED, FAULT, Task, TaskRecord
+from ..job.packing import Change
+from ..job.tasks import DONE, FAILED, FAULT, OOM, Task, TaskRecord
 
-__all__ = ["Progress", "attempt_line", "duration", "eta", "state_words", "summary_lines"]
+__all__ = [
+    "Progress",
+    "attempt_line",
+    "duration",
+    "eta",
+    "k_line",
+    "k_path",
+    "state_words",
+    "summary_lines",
+]
 
 #: Seconds between two redraws of the progress line.
 REDRAW = 0.5
@@ -56,7 +66,8 @@ def state_words(counts: Counts, now: float | None = None) -> str:
     """``3/10 finished (2 done, 1 failed), 4 running, ETA 12s``: the progress line's, and
     ``farm status``'s."""
     now = time.time() if now is None else now
-    text = f"{counts.finished}/{counts.total} finished ({counts.done} done, {counts.failed} failed)"
+    text = f"{counts.finished}/{counts.total} finished ({counts.done} done, {counts.failed} failed"
+    text += f", {counts.oom} oom)" if counts.oom else ")"
     text += f", {counts.running} running"
     if counts.retried:
         text += f", {counts.retried} retried"
@@ -101,6 +112,11 @@ class Progress:
             self._line(f"{attempt_line(record)} [{state_words(counts)}]")
         if self.mode == "bar" and time.monotonic() - self.drawn >= REDRAW:
             self._bar(f"mpswrap: farm: {state_words(counts)}")
+
+    def note(self, text: str) -> None:
+        """A line of its own (a GPU's K changed), whatever the mode but ``off``."""
+        if self.mode != "off":
+            self._line(text)
 
     def close(self) -> None:
         if self.mode == "bar" and self.width:
@@ -147,11 +163,40 @@ def attempt_line(record: TaskRecord) -> str:
         DONE: "done",
         FAILED: f"failed ({code})",
         FAULT: f"ended by a GPU fault ({code})",
-    }[record.status]
+        OOM: f"ran out of GPU memory ({code})",
+    }.get(record.status, record.status)
     attempt = f" attempt {record.attempt}" if record.attempt > 1 else ""
     where = f"gpu {record.gpu_index}, {record.seconds:.1f} s"
     log = f", log {record.stderr}" if record.status != DONE else ""
     return f"task {record.task}{attempt} {how} ({where}{log})"
+
+
+def _rate(change: Change) -> str:
+    return "?" if change.throughput is None else f"{change.throughput:.2f}"
+
+
+def k_line(gpu_index: int, before: Change, change: Change) -> str:
+    """``GPU 0: K 4 -> 8 (throughput 1.90 -> 2.40 tasks/s)``: a GPU's K changed, and why."""
+    if change.why == "oom":
+        return f"GPU {gpu_index}: K {before.k} -> {change.k} (a task ran out of GPU memory)"
+    if change.why == "memory":
+        return f"GPU {gpu_index}: K {before.k} -> {change.k} (its free GPU memory takes no more)"
+    rates = f"throughput {_rate(before)} -> {_rate(change)} tasks/s"
+    if change.why == "hold" and change.k == before.k:
+        return f"GPU {gpu_index}: K {change.k} held ({rates}: no gain past the margin)"
+    if change.why == "hold":
+        return f"GPU {gpu_index}: K {before.k} -> {change.k} ({rates}: no gain past the margin)"
+    return f"GPU {gpu_index}: K {before.k} -> {change.k} ({rates}{', ' + change.why})"
+
+
+def k_path(history: Sequence[Change]) -> str:
+    """``2 -> 4 -> 8 (hold)``: how a GPU's K went."""
+    ks = [history[0].k] if history else []
+    for change in history[1:]:
+        if change.k != ks[-1]:
+            ks.append(change.k)
+    last = history[-1].why if history else ""
+    return " -> ".join(map(str, ks)) + (f" ({last})" if last and last != "start" else "")
 
 
 def summary_lines(
@@ -160,21 +205,27 @@ def summary_lines(
     skipped: int,
     counts: Counts,
     directory: str,
+    *,
+    packing: Mapping[int, Sequence[Change]] | None = None,
 ) -> list[str]:
-    """The totals, a row per GPU, the failed tasks."""
+    """The totals, a row per GPU (with how its K went: ``packing``, by GPU position), the
+    failed tasks."""
+    packing = packing or {}
     final = {r.task: r for r in records}  # the last attempt of each task
     waiting = {t.number for t in not_run}
     failed = [r for r in final.values() if r.status != DONE and r.task not in waiting]
     faults = sum(1 for r in records if r.status == FAULT)
+    ooms = sum(1 for r in records if r.status == OOM)
     head = (
         f"farm: {counts.total + skipped} task(s): {counts.done} done, {len(failed)} failed,"
         f" {len(not_run)} not run, {skipped} done before; {faults} attempt(s) ended by a"
-        f" GPU fault; {time.time() - counts.started:.1f} s; logs in {directory}/logs"
+        f" GPU fault, {ooms} out of GPU memory; {time.time() - counts.started:.1f} s;"
+        f" logs in {directory}/logs"
     )
     lines = [
         head,
         f"  {'gpu':<4} {'uuid':<40} {'attempts':>8} {'done':>5} {'failed':>6} "
-        f"{'fault':>5} {'median s':>8}",
+        f"{'fault':>5} {'oom':>4} {'median s':>8}  K",
     ]
     for index in sorted({r.gpu_index for r in records}):
         mine = [r for r in records if r.gpu_index == index]
@@ -184,7 +235,9 @@ def summary_lines(
             f"  {index:<4} {mine[0].gpu:<40} {len(mine):>8} "
             f"{sum(r.status == DONE for r in mine):>5} "
             f"{sum(r.status == FAILED for r in mine):>6} "
-            f"{sum(r.status == FAULT for r in mine):>5} {median:>8}"
+            f"{sum(r.status == FAULT for r in mine):>5} "
+            f"{sum(r.status == OOM for r in mine):>4} {median:>8}  "
+            f"{k_path(packing.get(index, []))}"
         )
     for record in failed[:SHOWN_FAILURES]:
         lines.append(

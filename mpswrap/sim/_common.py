@@ -33,6 +33,7 @@ BUSY = "Cannot send command to MPS control daemon process"
 
 #: cudaGetErrorString() texts of the errors an MPS client can see.
 CUDA_ERRORS = {
+    2: "out of memory",
     46: "CUDA-capable device(s) is/are busy or unavailable",
     100: "no CUDA-capable device is detected",
     700: "an illegal memory access was encountered",

@@ -1,5 +1,5 @@
 """The simulated CUDA program: ``mps-sim-client [--seconds S] [--fault-after S] [--linger S]
-[--record FILE] [--tag T]``, the same command line as tests/gpu/cuda_client.cu.
+[--alloc-mib M] [--record FILE] [--tag T]``, the same command line as tests/gpu/cuda_client.cu.
 
 It attaches to the MPS daemon of ``CUDA_MPS_PIPE_DIRECTORY`` as a real client does when CUDA
 initialises, and keeps that connection for its whole life so the daemon sees when it exits.
@@ -7,7 +7,9 @@ No daemon reachable (missing, stale, no permission): it runs without MPS, silent
 "works" for S seconds, then exits 0; a message from the daemon makes its next CUDA call fail:
 terminate 810, fatal fault 700, forced quit 806, each with exit status 1 after ``--linger``
 seconds (default: the fault file's ``client_linger``); a server shut down with
-``shutdown_server -f`` kills it with SIGPIPE, as the real client dies writing to it.
+``shutdown_server -f`` kills it with SIGPIPE, as the real client dies writing to it. With
+``--alloc-mib M`` it holds M MiB of its GPU's memory from its start to its exit; where the
+GPU has no room left (``memory``) it fails at once with CUDA error 2, "out of memory".
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import sys
 import time
 from typing import Any
 
-from . import _faults
-from ._common import CONTROL, FAULTS_VAR, LineBuffer, cuda_error, encode, pipe_dir
+from . import _faults, memory
+from ._common import CONTROL, DEFAULT_GPU, FAULTS_VAR, LineBuffer, cuda_error, encode, pipe_dir
 
 #: Daemon message -> (CUDA error, reason recorded).
 EVENTS = {"terminate": (810, "terminated"), "fault": (700, "fault"), "forced": (806, "forced")}
@@ -147,6 +149,15 @@ class Client:
         if answer is not None and "error" in answer:
             code = int(answer["error"])
             return self.fail(code, f"error{code}")
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or DEFAULT_GPU
+        if not memory.allocate(os.environ, gpu, int(self.args.alloc_mib * (1 << 20))):
+            return self.fail(2, "oom")
+        try:
+            return self.started(answer)
+        finally:
+            memory.release(os.environ, gpu)
+
+    def started(self, answer: dict[str, Any] | None) -> int:
         server = int(answer["server"]) if answer else None
         mode = "mps" if answer else "non-mps"
         print(
@@ -173,7 +184,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--fault-after", type=float, default=None)
     parser.add_argument("--linger", type=float, default=None)
-    # The real test client holds that much device memory; the simulator has none to hold.
+    # Device memory held for its whole life (``memory``: the simulated GPU's ledger).
     parser.add_argument("--alloc-mib", type=float, default=0.0)
     parser.add_argument("--record", default=None)
     parser.add_argument("--tag", default=None)

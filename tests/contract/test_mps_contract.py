@@ -6,6 +6,7 @@ docs/concepts.md.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ import psutil
 import pytest
 
 from mpswrap.errors import ControlError
+from mpswrap.job.gpumemory import FULL_FRACTION, OOM_TEXT
+from mpswrap.mps.gpu import usage
 from mpswrap.mps.mpslog import read_faults, server_pids
+from mpswrap.sim.inventory import MEMORY_TOTAL
 from tests.waits import wait_until
 
 from .conftest import Backend
@@ -334,3 +338,40 @@ def _gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _gpu_memory(backend: Backend) -> tuple[str, dict[str, str]]:
+    """NVML's source for the backend's GPU, and what its clients need to share that memory:
+    the real GPU through NVML; the simulator's through an inventory naming it."""
+    if backend.name == "real":
+        return "nvml", {}
+    inventory = backend.root / "gpus.json"
+    gpu = {"index": 0, "uuid": backend.gpu, "minor": 0, "compute_capability": [9, 0]}
+    inventory.write_text(json.dumps({"gpus": [{**gpu, "memory_total": MEMORY_TOTAL}]}))
+    return str(inventory), {"MPSWRAP_GPU_INVENTORY": str(inventory)}
+
+
+def test_a_client_that_asks_for_more_than_is_free_gets_cuda_out_of_memory(
+    backend: Backend,
+) -> None:
+    """What the farm's out-of-memory verdict relies on (``job.gpumemory``): CUDA's text, and
+    NVML showing the GPU nearly full, with the client that fills it and its memory listed."""
+    source, extra = _gpu_memory(backend)
+    backend.start_daemon()
+    total = usage(backend.gpu, source)
+    assert total is not None and total["memory_total_bytes"], total
+    total_mib = total["memory_total_bytes"] >> 20
+    hog = backend.client("--seconds", "60", "--alloc-mib", str(int(total_mib * 0.92)), **extra)
+    backend.started(hog)
+    seen = usage(backend.gpu, source)
+    assert seen is not None
+    free = seen["memory_total_bytes"] - seen["memory_used_bytes"]
+    print(f"NVML with the hog: {seen}; free {free >> 20} MiB of {total_mib} MiB")
+    assert free < FULL_FRACTION * seen["memory_total_bytes"]
+    assert seen["processes"].get(hog.pid, 0) >= int(total_mib * 0.92) << 20
+    late = backend.client("--seconds", "1", "--alloc-mib", str(int(total_mib * 0.3)), **extra)
+    out, _ = late.communicate(timeout=60)
+    print(f"the client that crossed said: {out!r}")
+    assert late.returncode == 1
+    assert OOM_TEXT.search(out), out
+    assert "CUDA error 2: out of memory" in out

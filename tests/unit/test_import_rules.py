@@ -54,6 +54,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "watchdog",
         "faultwatch",
         "tee",
+        "packing",
+        "gpumemory",
         "farmer",
         "run",
     ),

@@ -1,0 +1,128 @@
+"""What a farm learns of its tasks' GPU memory, and the two things it decides with it: whether
+a GPU may take another task (admission), and whether a failed task only ran out of memory
+(``oom``: not its fault). Pure logic over NVML's readings (``mps.gpu.usage``), taken at the
+engine's wake.
+
+A task's peak is the most GPU memory its processes held at one reading (NVML per process, as
+``mpswrap status`` reads it). The peak the farm expects of the next task is a high quantile
+(``PEAK_QUANTILE``) of the peaks seen, finished tasks and running ones alike. A GPU takes
+another task only if its free memory, less what its running tasks may still grow into (the
+expected peak less what each holds now), covers the expected peak plus a margin
+(``margin``). A GPU that runs none of the farm's tasks always takes one: nothing else would
+ever free its memory. Before any peak is known the first task runs alone, until NVML shows its
+memory, it finishes, or ``LEARN_S`` pass (NVML may not report per-process memory at all).
+
+A failed task ran out of memory when its output carries CUDA's or PyTorch's out-of-memory
+text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran: less free than the
+expected peak plus the margin, or less than ``FULL_FRACTION`` of the GPU. A task alone on an
+empty GPU that asks for more than the GPU has is no victim: it fails as before.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FULL_FRACTION",
+    "LEARN_S",
+    "OOM_TEXT",
+    "PEAK_QUANTILE",
+    "Peaks",
+    "Reading",
+    "admits",
+    "margin",
+    "out_of_memory",
+]
+
+#: The quantile of the peaks seen that the next task is expected to need.
+PEAK_QUANTILE = 0.9
+#: Headroom beyond the expected peak: a fraction of the GPU, at least ``MARGIN_MIN`` bytes
+#: (allocators round up; a CUDA context alone is a few hundred MiB).
+MARGIN_FRACTION = 0.02
+MARGIN_MIN = 256 << 20
+#: Seconds the first task of a GPU runs alone at most while its memory is not known.
+LEARN_S = 30.0
+#: Less free than this fraction of the GPU is "full" for the out-of-memory verdict.
+FULL_FRACTION = 0.10
+#: CUDA runtime ("CUDA error 2: out of memory", cudaGetErrorString), PyTorch
+#: ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."), the driver API and
+#: cuBLAS names of the same error.
+OOM_TEXT = re.compile(
+    r"CUDA out of memory|CUDA error[^\n]{0,40}out of memory|OutOfMemoryError"
+    r"|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
+)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One NVML reading of a GPU: bytes used and total, and each process's bytes."""
+
+    used: int
+    total: int
+    processes: Mapping[int, int]
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+    @classmethod
+    def of(cls, usage: Mapping[str, Any] | None) -> Reading | None:
+        """From ``mps.gpu.usage``; None where NVML gave no memory figures."""
+        if not usage:
+            return None
+        used, total = usage.get("memory_used_bytes"), usage.get("memory_total_bytes")
+        if not isinstance(used, int) or not isinstance(total, int) or total <= 0:
+            return None
+        return cls(used, total, dict(usage.get("processes") or {}))
+
+
+def margin(total: int) -> int:
+    return max(MARGIN_MIN, int(total * MARGIN_FRACTION))
+
+
+@dataclass
+class Peaks:
+    """The peaks of the finished tasks of one GPU (bytes)."""
+
+    seen: list[int]
+    #: Tasks finished here, with or without a peak.
+    finished: int = 0
+
+    def add(self, peak: int) -> None:
+        self.finished += 1
+        if peak > 0:
+            self.seen.append(peak)
+
+    def learning(self, expected: int | None, first_started: float, now: float) -> bool:
+        """Still learning: no peak known, no task finished, the first started lately."""
+        return expected is None and not self.finished and now - first_started < LEARN_S
+
+    def expected(self, running: Iterable[int] = ()) -> int | None:
+        """The ``PEAK_QUANTILE`` of the peaks seen and those of the running tasks (nearest
+        rank); None before any task held memory."""
+        values = sorted(p for p in [*self.seen, *running] if p > 0)
+        if not values:
+            return None
+        return values[max(0, math.ceil(PEAK_QUANTILE * len(values)) - 1)]
+
+
+def admits(reading: Reading | None, expected: int | None, held: Iterable[int]) -> bool:
+    """May the GPU take another task beside running ones that hold ``held`` bytes each?
+    Yes where nothing is known yet (no reading, no peak)."""
+    if reading is None or expected is None:
+        return True
+    growth = sum(max(0, expected - h) for h in held)
+    return reading.free - growth >= expected + margin(reading.total)
+
+
+def out_of_memory(text: str, least_free: int | None, total: int, expected: int | None) -> bool:
+    """Did the task fail for want of memory: its output says so, and NVML showed the GPU
+    (nearly) full while it ran (``least_free``: the least free it read then)?"""
+    if least_free is None or total <= 0 or not OOM_TEXT.search(text):
+        return False
+    full = max(total * FULL_FRACTION, (expected or 0) + margin(total))
+    return least_free < full

@@ -1,0 +1,156 @@
+"""K, the tasks a farm runs at once on one GPU: given (``--per-gpu K``), or found as the farm
+runs (``--per-gpu auto``). Pure logic: the farm's engine tells it what happened and when.
+
+The rule (auto). Start at ``START_K`` (at most the cap: the GPU's free MPS clients, the job's
+CPUs per GPU). Once the GPU runs K tasks, count the tasks that finish from then on; after a
+window of ``max(WINDOW_MIN, 2K)`` finishes, its throughput is finishes per second since the
+GPU reached K. A window of at least 2K finishes spans about two generations of tasks, so a
+few long tasks among short ones move it little. Then:
+
+- the first window, or more than ``MARGIN`` above the best K measured so far: **raise**, K
+  doubled (at most the cap);
+- more than ``MARGIN`` below the best: **back off** to the best K, and stay there;
+- else **hold**: K becomes the fewest tasks measured within ``MARGIN`` of the best throughput
+  (as much work for fewer CPUs and less memory), and the search ends.
+
+An out-of-memory failure lowers K to one less than the tasks that ran there (``oom``), and K
+is never raised above that again; so does a GPU whose free memory cannot take another task
+(``memory``: K becomes the tasks it runs). A given K never changes.
+
+``MARGIN`` is 10 %: a window's throughput is a count of finishes over a time span measured at
+the engine's wake (0.25 s), and with tasks of lengths varying several-fold two windows of the
+same K differ by several per cent; 10 % is above that spread, and a raise that gains less
+than 10 % is not worth its CPUs and memory. It is chosen, not measured on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MARGIN", "START_K", "Change", "Packing", "converge"]
+
+#: A window's throughput must beat the best K's by this fraction to raise K again, and fall
+#: below it by this fraction to back off.
+MARGIN = 0.10
+#: K where auto starts.
+START_K = 2
+#: The fewest finishes a window counts.
+WINDOW_MIN = 4
+
+
+@dataclass(frozen=True)
+class Change:
+    """K set at ``t`` (epoch seconds): its value, the throughput that decided it (tasks per
+    second over the window; None where none was measured), and why."""
+
+    t: float
+    k: int
+    throughput: float | None
+    why: str  # start, raise, hold, back-off, oom, memory
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "k": self.k, "throughput": self.throughput, "why": self.why}
+
+
+@dataclass
+class Packing:
+    """K of one GPU, and how it came to be."""
+
+    cap: int
+    auto: bool
+    k: int
+    history: list[Change] = field(default_factory=list)
+    #: Throughput measured at each K.
+    rates: dict[int, float] = field(default_factory=dict)
+    #: K is never raised above it (the cap; lowered by oom and memory).
+    ceiling: int = 0
+    #: The search is over (hold, back-off): K changes only for oom or memory.
+    settled: bool = False
+    #: When the GPU first ran K tasks, and the finishes since: the current window.
+    since: float | None = None
+    finishes: int = 0
+
+    @classmethod
+    def start(cls, now: float, cap: int, given: int | None = None) -> Packing:
+        """A given K, or auto's start."""
+        cap = max(1, cap)
+        k = given if given is not None else min(cap, START_K)
+        packing = cls(cap, given is None, k, ceiling=cap)
+        packing.history.append(Change(now, k, None, "start"))
+        return packing
+
+    @property
+    def window(self) -> int:
+        return max(WINDOW_MIN, 2 * self.k)
+
+    @property
+    def last(self) -> Change:
+        return self.history[-1]
+
+    def running(self, now: float, count: int) -> None:
+        """The GPU runs ``count`` tasks now: the window opens when they reach K."""
+        if self.since is None and count >= self.k:
+            self.since, self.finishes = now, 0
+
+    def finished(self, now: float) -> Change | None:
+        """A task of this GPU finished (done or failed): a change of K, if any."""
+        if not self.auto or self.settled or self.since is None:
+            return None
+        self.finishes += 1
+        if self.finishes < self.window or now <= self.since:
+            return None
+        return self.judge(now, self.finishes / (now - self.since))
+
+    def judge(self, now: float, rate: float) -> Change:
+        """The rule, once K's window measured ``rate`` tasks per second."""
+        best = max(self.rates.values(), default=None)
+        self.rates[self.k] = max(rate, self.rates.get(self.k, 0.0))
+        if best is None or rate > best * (1 + MARGIN):
+            if self.k < self.ceiling:
+                return self._set(now, min(self.ceiling, 2 * self.k), rate, "raise")
+        elif rate < best * (1 - MARGIN):
+            best_k = max(self.rates, key=lambda k: self.rates[k])
+            self.settled = True
+            return self._set(now, best_k, rate, "back-off")
+        self.settled = True
+        top = max(self.rates.values())
+        fewest = min(k for k, r in self.rates.items() if r >= top * (1 - MARGIN))
+        return self._set(now, fewest, rate, "hold")
+
+    def oom(self, now: float, running: int) -> Change | None:
+        """A task of this GPU ran out of memory while ``running`` tasks ran there (itself
+        too): K one less, and never more again. None for a given K."""
+        if not self.auto:
+            return None
+        k = max(1, min(self.k, running) - 1)
+        self.ceiling = min(self.ceiling, k)
+        return self._set(now, k, None, "oom")
+
+    def memory(self, now: float, running: int) -> Change | None:
+        """The GPU's free memory cannot take another task beside the ``running`` ones: K
+        becomes that many (a change only when it lowers K)."""
+        if not self.auto or running < 1 or running >= self.k:
+            return None
+        self.ceiling = min(self.ceiling, running)
+        return self._set(now, running, None, "memory")
+
+    def _set(self, now: float, k: int, rate: float | None, why: str) -> Change:
+        self.k = k
+        self.since, self.finishes = None, 0
+        change = Change(now, k, rate, why)
+        self.history.append(change)
+        return change
+
+
+def converge(rates: Mapping[int, float], cap: int) -> Packing:
+    """Where auto settles when the throughput at each K is ``rates``' (``calibrate``'s
+    measurements): the same rule, walked over them. It stops at a K not measured."""
+    packing = Packing.start(0.0, cap)
+    while not packing.settled and packing.k in rates:
+        before = packing.k
+        packing.judge(0.0, rates[packing.k])
+        if packing.k == before:
+            break
+    return packing

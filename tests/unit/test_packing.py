@@ -1,0 +1,148 @@
+"""K found as a farm runs (``job.packing``) and what the farm learns of GPU memory
+(``job.gpumemory``): pure logic, no process."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from mpswrap.job.gpumemory import Peaks, Reading, admits, margin, out_of_memory
+from mpswrap.job.packing import MARGIN, Packing, converge
+
+GIB = 1 << 30
+
+
+def _run(packing: Packing, rate_at: Callable[[int], float], finishes: int) -> Packing:
+    """Feed ``finishes`` evenly spaced finishes at the throughput of the current K."""
+    now = 0.0
+    packing.running(now, packing.k)
+    for _ in range(finishes):
+        now += 1.0 / rate_at(packing.k)
+        packing.finished(now)
+        packing.running(now, packing.k)
+    return packing
+
+
+def test_rising_throughput_raises_k_to_the_cap() -> None:
+    packing = _run(Packing.start(0.0, cap=16), float, 200)
+    assert [c.k for c in packing.history] == [2, 4, 8, 16, 16]
+    assert [c.why for c in packing.history] == ["start", "raise", "raise", "raise", "hold"]
+    assert packing.settled
+
+
+def test_flat_throughput_holds() -> None:
+    packing = _run(Packing.start(0.0, cap=16), lambda k: min(k, 4) * 1.0, 200)
+    assert [(c.k, c.why) for c in packing.history] == [
+        (2, "start"),
+        (4, "raise"),
+        (8, "raise"),
+        (4, "hold"),  # 8 gave no more than 4: the fewer kept
+    ]
+
+
+def test_falling_throughput_backs_off_to_the_best_k() -> None:
+    packing = _run(Packing.start(0.0, cap=16), lambda k: {2: 2.0, 4: 4.0, 8: 2.5}[k], 200)
+    assert [(c.k, c.why) for c in packing.history][-1] == (4, "back-off")
+    assert packing.k == 4 and packing.settled
+
+
+def test_an_improvement_within_the_margin_is_no_reason_to_raise() -> None:
+    small = 1 + MARGIN / 2
+    packing = _run(Packing.start(0.0, cap=16), lambda k: 2.0 * small ** (k > 2), 200)
+    assert [c.why for c in packing.history] == ["start", "raise", "hold"]
+
+
+def test_heterogeneous_tasks_still_find_the_knee() -> None:
+    """Tasks of 1 s and 6 s mixed at random; the GPU serves up to 8 at full speed, beyond
+    that each task slows in proportion (16 does no more work than 8): auto settles at 8."""
+    rng = random.Random(7)
+    packing = Packing.start(0.0, cap=32)
+    running: list[float] = []  # end times
+    now = 0.0
+    for _ in range(400):
+        while len(running) < packing.k:
+            slow = max(1.0, len(running) / 8)
+            running.append(now + rng.choice((1.0, 1.0, 1.0, 6.0)) * slow)
+            packing.running(now, len(running))
+        running.sort()
+        now = running.pop(0)
+        packing.finished(now)
+        if packing.settled:
+            break
+    assert packing.settled
+    assert packing.k == 8, packing.history
+
+
+def test_an_oom_lowers_k_below_what_ran_and_it_never_rises_past_that() -> None:
+    packing = _run(Packing.start(0.0, cap=16), float, 4)
+    assert packing.k == 4
+    change = packing.oom(10.0, running=4)
+    assert change is not None and (change.k, change.why) == (3, "oom")
+    _run(packing, float, 100)
+    assert max(c.k for c in packing.history[2:]) == 3
+
+
+def test_memory_caps_k_at_what_runs() -> None:
+    packing = Packing.start(0.0, cap=8)
+    assert packing.memory(1.0, running=1) is not None
+    assert packing.k == 1 and packing.ceiling == 1
+    assert packing.memory(2.0, running=1) is None  # no change, no history line
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3])
+def test_k_stays_within_the_cap(cap: int) -> None:
+    packing = _run(Packing.start(0.0, cap=cap), float, 100)
+    assert max(c.k for c in packing.history) <= cap
+
+
+def test_a_given_k_never_changes() -> None:
+    packing = _run(Packing.start(0.0, cap=16, given=5), float, 100)
+    assert packing.oom(1.0, 5) is None and packing.memory(1.0, 2) is None
+    assert [(c.k, c.why) for c in packing.history] == [(5, "start")]
+
+
+def test_calibrate_and_the_farm_walk_one_rule() -> None:
+    rates = {1: 1.0, 2: 2.0, 4: 3.9, 8: 4.1, 16: 3.0}
+    walk = converge(rates, 16)
+    assert walk.k == 4  # 8's 4.1 is within the margin of 4's 3.9: the fewer kept
+    assert [c.why for c in walk.history] == ["start", "raise", "raise", "hold"]
+    assert converge({2: 2.0}, 16).k == 4  # stops at a K not measured
+
+
+# --- memory ---------------------------------------------------------------------------------
+def test_the_expected_peak_is_a_high_quantile_of_finished_and_running_peaks() -> None:
+    peaks = Peaks([])
+    assert peaks.expected() is None
+    for gib in (1, 2, 3, 4, 5, 6, 7, 8, 9):
+        peaks.add(gib * GIB)
+    assert peaks.expected() == 9 * GIB
+    assert peaks.expected([20 * GIB]) == 9 * GIB  # one outlier of ten is above the quantile
+
+
+def test_admission_counts_what_running_tasks_may_still_grow_into() -> None:
+    reading = Reading(used=20 * GIB, total=80 * GIB, processes={})
+    assert admits(reading, 20 * GIB, [20 * GIB])  # 60 free: room for another 20
+    assert not admits(reading, 20 * GIB, [20 * GIB, 0, 0])  # two just started: 20 left
+    assert admits(None, 20 * GIB, [])
+    assert admits(reading, None, [20 * GIB])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "CUDA error 2: out of memory (cudaMalloc --alloc-mib)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a "
+        "total capacity of 79.19 GiB of which 3.12 GiB is free.",
+        "RuntimeError: CUDA error: out of memory",
+    ],
+)
+def test_oom_is_the_text_and_a_full_gpu_together(text: str) -> None:
+    total = 80 * GIB
+    assert out_of_memory(text, 3 * GIB, total, None)
+    assert out_of_memory(text, 20 * GIB, total, 25 * GIB)  # less free than a task needs
+    assert not out_of_memory(text, 70 * GIB, total, 25 * GIB)  # a near-empty GPU: its own
+    assert not out_of_memory(text, None, total, None)  # NVML never read: not known
+    assert not out_of_memory("Segmentation fault", 0, total, None)
+    assert margin(total) < 2 * GIB
