@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -340,7 +341,7 @@ def _gone(pid: int, timeout: float) -> bool:
     return False
 
 
-def _gpu_memory(backend: Backend) -> tuple[str, dict[str, str]]:
+def _gpu_memory(backend: Backend) -> tuple[str, dict[str, Any]]:
     """NVML's source for the backend's GPU, and what its clients need to share that memory:
     the real GPU through NVML; the simulator's through an inventory naming it."""
     if backend.name == "real":
