@@ -274,7 +274,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: cannot read the task list (/nonexistent/tasks.txt): No such file or "
          "directory", 2),
     Case("farm-per-gpu-zero", "arguments", ("farm", "--per-gpu", "0", "tasks.txt"),
-         "mpswrap: bad --per-gpu (0): need at least 1", 2, option="farm --per-gpu"),
+         "mpswrap: argument --per-gpu: invalid value '0': expected auto or a whole number, 1 or "
+         "more\nhint: mpswrap farm --help", 2, option="farm --per-gpu"),
     Case("farm-bad-share", "arguments", ("farm", "--share", "2/2", "tasks.txt"),
          "mpswrap: bad --share (2/2)\nhint: use I/N with 0 <= I < N, e.g. 0/4", 2,
          option="farm --share"),
