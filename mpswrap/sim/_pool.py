@@ -154,7 +154,9 @@ class Pool:
         conn.server_pid = server.pid
         ctx = f"{{PID: {conn.pid}, Context ID: 1}}"
         self.log.server(server.pid, f"Client {ctx} connected", f"Status of client {ctx} is ACTIVE")
-        conn.send({"ok": True, "server": server.pid, "gpu": self.gpu})
+        # The PID it is listed by (the kernel's, in the daemon's PID namespace): a client in a
+        # container of its own knows itself by another.
+        conn.send({"ok": True, "server": server.pid, "gpu": self.gpu, "pid": conn.pid})
 
     def gone(self, conn: Conn) -> None:
         """A client connection closed: the client process exited (or was killed)."""

@@ -67,7 +67,7 @@ class Client:
         """Its server was shut down by force: the next call writes to a closed socket."""
         self.record("end", reason="killed", time=time.time())
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.kill(self.pid, signal.SIGPIPE)
+        os.kill(os.getpid(), signal.SIGPIPE)
         return 1  # pragma: no cover - the signal ends the process
 
     # --- attach ---------------------------------------------------------------------------
@@ -160,6 +160,9 @@ class Client:
     def started(self, answer: dict[str, Any] | None) -> int:
         server = int(answer["server"]) if answer else None
         mode = "mps" if answer else "non-mps"
+        # Records and output name the PID the server lists it by: in a PID namespace of its
+        # own (a container) that is not os.getpid(), which is kept as ``ns_pid``.
+        ns_pid, self.pid = self.pid, int((answer or {}).get("pid") or self.pid)
         print(
             f"mps-sim-client {self.pid} mode={mode}"
             + (f" server={server}" if server else "")
@@ -174,6 +177,7 @@ class Client:
             pipe=str(pipe_dir()),
             cvd=os.environ.get("CUDA_VISIBLE_DEVICES"),
             tag=self.args.tag,
+            ns_pid=ns_pid,
             time=time.time(),
         )
         return self.work()
