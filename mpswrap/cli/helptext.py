@@ -64,6 +64,16 @@ COMMANDS: dict[str, tuple[str, tuple[str, str]]] = {
         "Prometheus's text format, or keep them for node_exporter's textfile collector.",
         ("mpswrap metrics", "mpswrap metrics --all --textfile /var/lib/node_exporter"),
     ),
+    "container-args": (
+        "Print the flags a container runtime needs so that a rank's client inside reaches its "
+        "MPS daemon: the pipe directory bound at the same path, the MPS variables and "
+        "mpswrap's rank tag passed in (docs/howto-containers.md). In a job with daemons: that "
+        "job's directory; else the directory of every job 'mpswrap run' starts for you here.",
+        (
+            "mpswrap run -n 2 -- podman run $(mpswrap container-args podman) IMAGE ./app",
+            "srun mpswrap -- apptainer exec $(mpswrap container-args apptainer) app.sif ./app",
+        ),
+    ),
     "prolog": (
         "The Slurm prolog: start MPS for a job that asks for it (slurm/README.md). Run by "
         "slurmd through the shim install-hooks writes, not by hand.",

@@ -225,6 +225,24 @@ def _admin_commands(sub: Any) -> None:
         help="one series per client process, with its pid (and command in "
         "mpswrap_client_info): a new series for every process, so off by default",
     )
+    p = sub.add_parser(
+        "container-args", help="flags a container runtime needs to reach the job's MPS daemons"
+    )
+    _common(p)
+    p.add_argument(
+        "runtime",
+        metavar="RUNTIME",
+        choices=("podman", "docker", "apptainer", "singularity", "enroot", "bwrap"),
+        help="podman, docker, apptainer (singularity), enroot or bwrap",
+    )
+    p.add_argument(
+        "--job",
+        metavar="ID",
+        default=None,
+        type=job_id,
+        help="the job whose daemons to bind (default: the launcher's or Slurm's; outside a job, "
+        "every job mpswrap run starts for you here)",
+    )
     for name in HOOK_COMMANDS:
         _common(sub.add_parser(name, help=f"Slurm {name} hook (see slurm/README.md)"))
     _common(sub.add_parser("version", help="print the version"), config=False)
@@ -400,6 +418,24 @@ def _cmd_farm(args: argparse.Namespace) -> int:
     return cmd_farm(args, _options(args))
 
 
+def _cmd_container_args(args: argparse.Namespace) -> int:
+    from ..job import containers
+    from ..jobenv import JobEnv
+
+    runtime = containers.runtime_named(args.runtime)
+    settings = load_settings(config_file=args.config)
+    directory = containers.bind_dir(settings, JobEnv.current(), args.job)
+    out = containers.flags(runtime, directory, os.getuid())
+    if any(re.search(r"\s", word) for word in out):  # $(...) splits words at blanks
+        raise UsageError(
+            "the job's directory has a blank in its path",
+            thing=str(directory),
+            hint="set user_run_dir to a path without blanks",
+        )
+    print(" ".join(out))
+    return 0
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"mpswrap {__version__}")
     return 0
@@ -413,6 +449,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "metrics": _cmd_manage,
     "report": _cmd_manage,
     "demo": _cmd_demo,
+    "container-args": _cmd_container_args,
     "farm": _cmd_farm,
     "version": _cmd_version,
     "install-hooks": _cmd_hooks_install,

@@ -20,13 +20,13 @@ _mpswrap() {
         ' --policy'|'run --policy'|'farm --policy'|'calibrate --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
         ' --priority'|'start --priority'|'run --priority'|'farm --priority'|'calibrate --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
         ' --verify-attach'|'run --verify-attach'|'farm --verify-attach'|'calibrate --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;
-        'start --config'|'stop --config'|'status --config'|'config --config'|'demo --config'|'farm --plot'|'calibrate --plot'|'report --config'|'metrics --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        'start --config'|'stop --config'|'status --config'|'config --config'|'demo --config'|'farm --plot'|'calibrate --plot'|'report --config'|'metrics --config'|'container-args --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
         'start --run-dir'|'stop --run-dir'|'status --run-dir'|'farm --dir'|'calibrate --dir'|'metrics --run-dir'|'metrics --textfile'|'install-hooks --dest'|'install-hooks --modulefile'|'uninstall-hooks --dest'|'uninstall-hooks --modulefile') COMPREPLY=($(compgen -d -- "$cur")); return ;;
         'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun"; fi ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun"; fi ;;
         start) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json" ;;
         stop) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json" ;;
         status) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json --watch --all" ;;
@@ -37,6 +37,7 @@ _mpswrap() {
         calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
         report) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         metrics) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --all --textfile --process-labels" ;;
+        container-args) words="-h --help -v --verbose -q --quiet --debug --config --job"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;
         prolog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
         task-prolog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
         epilog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
@@ -44,7 +45,7 @@ _mpswrap() {
         install-hooks) words="-h --help --python --config --dest --spank --modulefile -v --verbose -q --quiet --debug" ;;
         uninstall-hooks) words="-h --help --dest --modulefile --force -v --verbose -q --quiet --debug" ;;
         completion) words="-h --help"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "start stop status config demo run farm calibrate report metrics prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun" -- "$cur")); return; } ;;
+        help) words="-h --help --man-path"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun" -- "$cur")); return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

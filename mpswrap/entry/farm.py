@@ -213,6 +213,11 @@ def farm_tasks(
         return result
     planned = plan(opts, "farm")
     seats = _per_gpu(planned, farm_opts.per_gpu, len(todo))
+    for task in todo:  # a task that starts a container that would miss its daemon
+        try:
+            planned.check_container(task.argv)
+        except UsageError as exc:
+            raise exc.with_context(f"task {task.number}") from None
     if opts.dry_run:
         _print_plan(todo, directory, farm_opts.per_gpu, seats, planned)
         return result

@@ -39,8 +39,8 @@ from ..mps.gpu import (
 )
 from ..mps.manifest import Manifest
 from ..slurm.gpus import visible_gpus
+from . import containers, state
 from . import outcomes as records
-from . import state
 from .job import Attachment, JobDaemons, Released, attach, leave, log_teardown, prolog_daemons
 from .outcomes import Outcome
 from .placement import Placement, Slot, check_capacity, gpus_used, place
@@ -177,8 +177,15 @@ class Plan:
         )
 
     def check_program(self, command: Sequence[str]) -> None:
-        """Refuse, before any daemon starts, a program that cannot run (127, 126)."""
+        """Refuse, before any daemon starts, a program that cannot run (127, 126), and a
+        container runtime's command line whose client would miss its daemon (2)."""
         check_program(command, os.environ)
+        self.check_container(command)
+
+    def check_container(self, command: Sequence[str]) -> None:
+        """Refuse (2) a container runtime's command line (a farm's task line too) whose
+        client would not reach the run's daemons (``containers.check``)."""
+        containers.check(command, [s.dirs.pipe for s in self.slots], os.environ)
 
     def attach(self, *, counted: bool = False) -> Attachment:
         """The daemons the plan found, or the user-mode ones it chose, started or joined."""

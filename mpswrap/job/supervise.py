@@ -34,6 +34,7 @@ from .._wait import end_procs, pidfd
 from ..errors import ProcError
 from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
+from .containers import runtime_of
 from .outcomes import Outcome
 from .verify import Verifier
 
@@ -88,10 +89,17 @@ class Rank:
     job: str | None = None
     #: What it left that survived even SIGKILL.
     left: list[_proc.ProcId] = field(default_factory=list)
+    #: Its program is a container runtime that starts the container outside its process
+    #: tree (Podman's conmon): the container's processes are found by the tag passed in.
+    detached: bool = False
 
     def tree(self) -> list[_proc.ProcId]:
-        """The child and its descendants (a wrapper script's client counts)."""
-        return [self.ident, *_proc.children_of(self.ident.pid)]
+        """The child and its descendants (a wrapper script's client counts); for a runtime
+        that starts its container elsewhere, also the processes that carry the rank's tag."""
+        found = [self.ident, *_proc.children_of(self.ident.pid)]
+        if self.detached:
+            found += [p for p, _ in _tagged([self]) if p not in found]
+        return found
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -150,13 +158,15 @@ def spawn_rank(
     )
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
-    return Rank(proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR))
+    container = runtime_of(argv)
+    detached = container is not None and container[0].detached
+    return Rank(proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR), detached=detached)
 
 
-def _left_by(done: Sequence[Rank]) -> list[tuple[_proc.ProcId, Rank]]:
-    """The processes that carry an exited rank's tag, of the rank's own Slurm job: a job
+def _tagged(ranks: Sequence[Rank]) -> list[tuple[_proc.ProcId, Rank]]:
+    """The processes that carry a rank's tag, of the rank's own Slurm job: a job
     submitted from the rank inherits the tag with the rest of its environment."""
-    tags = {r.tag: r for r in done}
+    tags = {r.tag: r for r in ranks if r.tag}
     found = []
     for proc, env in _proc.procs_with_env(TREE_VAR, JOB_VAR) if tags else []:
         rank = tags.get(env[TREE_VAR])
@@ -177,7 +187,7 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
     done = [r for r in ranks if r.tag and not r.swept and not r.running()]
     for rank in done:
         rank.swept = True
-    found = _left_by(done)
+    found = _tagged(done)
     if not found:
         return []
     for rank in {id(r): r for _, r in found}.values():
@@ -188,7 +198,7 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
             ", ".join(map(_proc.describe, mine)),
         )
         if rank.daemon is not None:
-            rank.daemon.end_clients({p.pid for p in mine})
+            rank.ended += len(rank.daemon.end_clients({p.pid for p in mine}).terminated)
     left = end_procs([p for p, _ in found if _proc.is_alive(p)])
     for proc, rank in ((p, r) for p, r in found if p in left):
         log.error("%s: still running after SIGKILL: %s", rank.name, _proc.describe(proc))

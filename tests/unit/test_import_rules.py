@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "slurm": ("gpus", "scontrol", "install", "__main__"),
     "job": (
         "state",
+        "containers",
         "launchargs",
         "tasks",
         "placement",
