@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm trust teardown containers startup bench farmbench (default: contract core). Each phase's log is complete when the
+# metrics farm trust teardown containers container-ranks startup bench farmbench (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
@@ -95,6 +95,9 @@ for phase in "${PHASES[@]}"; do
       tail -40 "$OUT/probe/probe.txt" ;;
     containers) bounded bash tests/gpu/probe_containers.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       cat "$OUT/probe/containers.txt" ;;
+    container-ranks) bounded bash tests/gpu/probe_container_ranks.sh "$OUT/probe" >/dev/null 2>&1 ||
+        rc=1
+      grep -E '^(RESULT|===)' "$OUT/probe/container-ranks.txt" ;;
     teardown) bounded bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       cat "$OUT/probe/teardown.txt" ;;
     startup) bounded bash tests/gpu/startup_costs.sh "$PY" >"$OUT/startup.txt" 2>&1 || rc=1
