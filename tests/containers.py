@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -103,7 +104,7 @@ class PodmanUser:
         return [*_NAMESPACE, _UNMOUNT, "sh", *user_argv(TEST_USER, argv, env)]
 
     def run(
-        self, *args: str, timeout: float = 120, **extra: str
+        self, *args: str, timeout: float = 120, **extra: Any
     ) -> subprocess.CompletedProcess[str]:
         """``mpswrap ARGS`` as the test user, to its end."""
         return subprocess.run(
@@ -128,7 +129,7 @@ class PodmanUser:
             start_new_session=True,
         )
 
-    def container_args(self, **extra: str) -> list[str]:
+    def container_args(self, **extra: Any) -> list[str]:
         """What ``mpswrap container-args podman`` prints for the test user, as words."""
         res = self.run("container-args", "podman", **extra)
         assert res.returncode == 0, res.stderr

@@ -62,7 +62,8 @@ def _signal_supervisor(proc: subprocess.Popen[str], sig: int) -> None:
     its container at once: the client is ended by the same terminate_client, from the
     rank's leftovers, but the run's exit code may be podman's.)"""
     for member in psutil.Process(proc.pid).children(recursive=True):
-        if member.username() == TEST_USER and member.parent().name() == "runuser":
+        parent = member.parent()
+        if member.username() == TEST_USER and parent is not None and parent.name() == "runuser":
             member.send_signal(sig)
             return
     raise AssertionError("no mpswrap run under runuser")

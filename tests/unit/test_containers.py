@@ -46,7 +46,7 @@ GIVEN = [
     (["podman", "ps"], {}),
 ]
 
-REFUSED = [
+REFUSED: list[tuple[list[str], dict[str, str], str]] = [
     # (command line, environment, words of the refusal)
     (["podman", "run", *PASS, "img", "-v", f"{JOB}:{JOB}"], {}, "does not bind"),  # the app's -v
     (["podman", "run", "-v", f"/srv:{JOB}", *PASS, "img"], {}, "does not bind"),  # elsewhere
