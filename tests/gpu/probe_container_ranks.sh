@@ -24,6 +24,13 @@ PATTERN=${PROBE_CLIENT_PATTERN:-^$CLIENT --seconds}
 W=/tmp/pcr ROOT=/tmp/pcr/root
 export MPSWRAP_USER_RUN_DIR=$W/run  # under $W: a tmpfs over $W hides it in a container
 rm -rf "$W"; mkdir -p "$ROOT" "$W/run" "$W/logs"; chmod 700 "$W/run"
+# Podman asks for a higher open-files limit than a machine may allow (crun: setrlimit
+# RLIMIT_NOFILE: Operation not permitted): this machine's hard limit instead.
+hard=$(ulimit -Hn)
+if [ "$hard" != unlimited ]; then
+  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s"]\n' "$hard" "$hard" >"$W/containers.conf"
+  export CONTAINERS_CONF=$W/containers.conf
+fi
 mpswrap() { "$PY" -m mpswrap "$@"; }
 failed=0
 date -u +%FT%TZ
