@@ -34,10 +34,13 @@ fi
 mpswrap() { "$PY" -m mpswrap "$@"; }
 failed=0
 date -u +%FT%TZ
-for t in podman crun conmon bwrap; do echo "$t: $(command -v $t) $($t --version 2>&1 | head -1)"; done
 if ! command -v podman >/dev/null && compgen -G "${DEBS:-.debs}/podman_*.deb" >/dev/null; then
   dpkg -i --force-depends "${DEBS:-.debs}"/*.deb >/dev/null 2>&1
 fi
+for t in podman crun conmon bwrap; do echo "$t: $(command -v $t) $($t --version 2>&1 | head -1)"; done
+for t in podman conmon crun; do  # a library the carried .debs still lack names itself here
+  command -v "$t" >/dev/null && ldd "$(command -v "$t")" | grep "not found" | sed "s/^/$t: /"
+done
 # The GPU's device files, for Podman's --device (the container's /dev is its own).
 DEVICES=()
 for d in /dev/nvidia[0-9]* /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do
