@@ -34,7 +34,8 @@ fi
 mpswrap() { "$PY" -m mpswrap "$@"; }
 failed=0
 date -u +%FT%TZ
-if ! command -v podman >/dev/null && compgen -G "${DEBS:-.debs}/podman_*.deb" >/dev/null; then
+if ! { podman --version && conmon --version; } >/dev/null 2>&1 &&
+   compgen -G "${DEBS:-.debs}/podman_*.deb" >/dev/null; then
   dpkg -i --force-depends "${DEBS:-.debs}"/*.deb >/dev/null 2>&1
 fi
 for t in podman crun conmon bwrap; do echo "$t: $(command -v $t) $($t --version 2>&1 | head -1)"; done
