@@ -24,11 +24,16 @@ PATTERN=${PROBE_CLIENT_PATTERN:-^$CLIENT --seconds}
 W=/tmp/pcr ROOT=/tmp/pcr/root
 export MPSWRAP_USER_RUN_DIR=$W/run  # under $W: a tmpfs over $W hides it in a container
 rm -rf "$W"; mkdir -p "$ROOT" "$W/run" "$W/logs"; chmod 700 "$W/run"
-# Podman asks for a higher open-files limit than a machine may allow (crun: setrlimit
-# RLIMIT_NOFILE: Operation not permitted): this machine's hard limit instead.
-hard=$(ulimit -Hn)
-if [ "$hard" != unlimited ]; then
-  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s"]\n' "$hard" "$hard" >"$W/containers.conf"
+# Podman asks for higher open-files and process limits than a machine may allow (crun:
+# setrlimit RLIMIT_NOFILE, RLIMIT_NPROC: Operation not permitted): this machine's hard limits.
+limits=()
+for limit in "nofile -Hn" "nproc -Hu"; do
+  read -r name flag <<<"$limit"
+  hard=$(ulimit "$flag")
+  [ "$hard" = unlimited ] || limits+=("\"$name=$hard:$hard\"")
+done
+if [ ${#limits[@]} -gt 0 ]; then
+  (IFS=,; printf '[containers]\ndefault_ulimits = [%s]\n' "${limits[*]}") >"$W/containers.conf"
   export CONTAINERS_CONF=$W/containers.conf
 fi
 mpswrap() { "$PY" -m mpswrap "$@"; }
