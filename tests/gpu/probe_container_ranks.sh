@@ -25,17 +25,12 @@ W=/tmp/pcr ROOT=/tmp/pcr/root
 export MPSWRAP_USER_RUN_DIR=$W/run  # under $W: a tmpfs over $W hides it in a container
 rm -rf "$W"; mkdir -p "$ROOT" "$W/run" "$W/logs"; chmod 700 "$W/run"
 # Podman asks for higher open-files and process limits than a machine may allow (crun:
-# setrlimit RLIMIT_NOFILE, RLIMIT_NPROC: Operation not permitted): this machine's hard limits.
-limits=()
-for limit in "nofile -Hn" "nproc -Hu"; do
-  read -r name flag <<<"$limit"
-  hard=$(ulimit "$flag")
-  [ "$hard" = unlimited ] || limits+=("\"$name=$hard:$hard\"")
-done
-if [ ${#limits[@]} -gt 0 ]; then
-  (IFS=,; printf '[containers]\ndefault_ulimits = [%s]\n' "${limits[*]}") >"$W/containers.conf"
-  export CONTAINERS_CONF=$W/containers.conf
-fi
+# setrlimit RLIMIT_NOFILE, RLIMIT_NPROC: Operation not permitted; on the GPU machine even a
+# process limit equal to the hard limit): limits well below the machine's instead.
+hard=$(ulimit -Hn); [ "$hard" = unlimited ] && hard=65536
+printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=4096:4096"]\n' "$hard" "$hard" \
+  >"$W/containers.conf"
+export CONTAINERS_CONF=$W/containers.conf
 mpswrap() { "$PY" -m mpswrap "$@"; }
 failed=0
 date -u +%FT%TZ
