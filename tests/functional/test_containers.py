@@ -85,6 +85,19 @@ def test_a_podman_rank_is_verified_by_its_host_pid(pod: PodmanUser) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_a_podman_rank_of_a_launcher_is_verified_by_its_host_pid(pod: PodmanUser) -> None:
+    """Per-rank mode, as ``srun mpswrap podman run …`` starts each task: the same check, the
+    same verification through the rank's tag."""
+    node, rec = pod.node, _shared(pod.node) / "rec.json"
+    argv = pod.podman(pod.container_args(), _client(node, rec, 2), rec.parent)
+    res = pod.run("--verify-attach", "fail", "--", *argv)
+    assert res.returncode == 0, res.stderr
+    start = by_tag(records(rec), "start")["None"]
+    assert start["mode"] == "mps" and start["ns_pid"] == 1, start
+    assert summaries(res.stderr)[0][2] == "1 attached", res.stderr
+
+
+@pytest.mark.timeout(180)
 def test_a_podman_rank_is_ended_by_terminate_client(pod: PodmanUser) -> None:
     node, rec = pod.node, _shared(pod.node) / "rec.json"
     flags = pod.container_args()
