@@ -174,6 +174,8 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("metrics", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
     _bad("metrics", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
     _bad("metrics", "--config", "", "argument --config: invalid value '': expected a path"),
+    _bad("container-args", "--config", "", "argument --config: invalid value '': expected a path",
+         "podman"),
     _bad("config", "--config", "", "argument --config: invalid value '': expected a path"),
     _bad("report", "--config", "", "argument --config: invalid value '': expected a path", "1"),
     _bad("demo", "--clients", "0", "argument --clients: invalid value '0': expected a whole "
