@@ -38,6 +38,7 @@ from ..errors import (
     internal_error,
 )
 from ..job import launchargs
+from ..job.containers import PROGRAMS
 from ..job.placement import provision_threads
 from .logs import debug_env, setup_logging
 from .options import (
@@ -232,8 +233,8 @@ def _admin_commands(sub: Any) -> None:
     p.add_argument(
         "runtime",
         metavar="RUNTIME",
-        choices=("podman", "docker", "apptainer", "singularity", "enroot", "bwrap"),
-        help="podman, docker, apptainer (singularity), enroot or bwrap",
+        choices=PROGRAMS,
+        help=f"{', '.join(PROGRAMS[:-1])} or {PROGRAMS[-1]}",
     )
     p.add_argument(
         "--job",

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..jobenv import TREE_VAR, JobEnv
 from . import state
 
-__all__ = ["RUNTIMES", "Runtime", "View", "bind_dir", "check", "flags", "runtime_of"]
+__all__ = ["PROGRAMS", "RUNTIMES", "Runtime", "View", "bind_dir", "check", "flags", "runtime_of"]
 
 #: The variable a client finds its daemon by.
 PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
@@ -321,6 +321,10 @@ RUNTIMES: tuple[Runtime, ...] = (
         lambda n: ["--setenv", n, f"${n}"],
     ),
 )
+
+
+#: The programs ``container-args`` takes, in the table's order.
+PROGRAMS = tuple(p for r in RUNTIMES for p in sorted(r.programs))
 
 
 def runtime_named(name: str) -> Runtime:
