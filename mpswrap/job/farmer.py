@@ -130,6 +130,10 @@ class Attempt:
     #: GPU read while it ran (None: none read).
     peak: int = 0
     least_free: int | None = None
+    #: What it held at the last reading, and its peak once a reading showed no growth: a
+    #: task seen between its CUDA context and its first allocation is not yet a peak to go by.
+    held: int = 0
+    steady: int = 0
 
 
 @dataclass(frozen=True)
@@ -370,12 +374,16 @@ class Farmer:
                 continue
             held = _held_by(mine, reading)
             for attempt in mine:
-                attempt.peak = max(attempt.peak, held.get(id(attempt), 0))
+                now_held = held.get(id(attempt), 0)
+                attempt.peak = max(attempt.peak, now_held)
+                if now_held and now_held <= attempt.held:
+                    attempt.steady = attempt.peak
+                attempt.held = now_held
                 least = attempt.least_free
                 attempt.least_free = reading.free if least is None else min(least, reading.free)
 
     def _expected(self, lane: Lane) -> int | None:
-        return lane.peaks.expected(a.peak for a in self.live if a.lane is lane)
+        return lane.peaks.expected(a.steady for a in self.live if a.lane is lane)
 
     def _admits(self, lane: Lane, now: float) -> bool:
         """Whether the GPU's free memory takes another task (always, with none running)."""

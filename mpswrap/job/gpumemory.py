@@ -5,12 +5,14 @@ engine's wake.
 
 A task's peak is the most GPU memory its processes held at one reading (NVML per process, as
 ``mpswrap status`` reads it). The peak the farm expects of the next task is a high quantile
-(``PEAK_QUANTILE``) of the peaks seen, finished tasks and running ones alike. A GPU takes
-another task only if its free memory, less what its running tasks may still grow into (the
-expected peak less what each holds now), covers the expected peak plus a margin
-(``margin``). A GPU that runs none of the farm's tasks always takes one: nothing else would
-ever free its memory. Before any peak is known the first task runs alone, until NVML shows its
-memory, it finishes, or ``LEARN_S`` pass (NVML may not report per-process memory at all).
+(``PEAK_QUANTILE``) of the peaks seen, finished tasks and running ones alike (a running task's
+once two readings in a row showed it no larger: not between its CUDA context and its first
+allocation). A GPU takes another task only if its free memory, less what its running tasks may
+still grow into (the expected peak less what each holds now), covers the expected peak plus a
+margin (``margin``). A GPU that runs none of the farm's tasks always takes one: nothing else
+would ever free its memory. Before any peak is known the first task runs alone, until NVML
+shows its memory steady, it finishes, or ``LEARN_S`` pass (NVML may not report per-process
+memory at all).
 
 A failed task ran out of memory when its output carries CUDA's or PyTorch's out-of-memory
 text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran: less free than the

@@ -1,17 +1,25 @@
 """K, the tasks a farm runs at once on one GPU: given (``--per-gpu K``), or found as the farm
 runs (``--per-gpu auto``). Pure logic: the farm's engine tells it what happened and when.
 
-The rule (auto). Start at ``START_K`` (at most the cap: the GPU's free MPS clients, the job's
-CPUs per GPU). Once the GPU runs K tasks, count the tasks that finish from then on; after a
-window of ``max(WINDOW_MIN, 2K)`` finishes, its throughput is finishes per second since the
-GPU reached K. A window of at least 2K finishes spans about two generations of tasks, so a
-few long tasks among short ones move it little. Then:
+The rule (auto). Start at half the cap (at least ``START_K``; the cap: the GPU's free MPS
+clients, the job's CPUs per GPU). Once the GPU runs exactly K tasks, count the tasks that
+finish from then on; after a window of ``max(WINDOW_MIN, K)`` finishes, about one generation
+of tasks (two after a lower), its throughput is finishes per second since the GPU ran K.
+Then:
 
 - the first window, or more than ``MARGIN`` above the best K measured so far: **raise**, K
   doubled (at most the cap);
-- more than ``MARGIN`` below the best: **back off** to the best K, and stay there;
-- else **hold**: K becomes the fewest tasks measured within ``MARGIN`` of the best throughput
-  (as much work for fewer CPUs and less memory), and the search ends.
+- otherwise the raise gained nothing: **lower**, half the fewest K measured, as long as that
+  fewest K's window holds within ``MARGIN`` of the best (as much work for fewer CPUs and less
+  memory);
+- at the cap, or once a lower K falls short of the best, K settles at the fewest tasks
+  measured within ``MARGIN`` of the best throughput (**hold**, or **back-off** where the
+  last window fell short), and the search ends.
+
+Half the cap, not 2: a raise waits for a generation of tasks, and with tasks whose start-up
+takes seconds (a PyTorch import: about 10 s on an H100) a search from 2 spent most of a
+farm of a few dozen tasks below the K it reached (2026-11-25, docs/gpu-results). Lowering
+costs little: above the knee fewer tasks do the same work.
 
 An out-of-memory failure lowers K to one less than the tasks that ran there (``oom``), and K
 is never raised above that again; so does a GPU whose free memory cannot take another task
@@ -34,7 +42,7 @@ __all__ = ["MARGIN", "START_K", "Change", "Packing", "converge"]
 #: A window's throughput must beat the best K's by this fraction to raise K again, and fall
 #: below it by this fraction to back off.
 MARGIN = 0.10
-#: K where auto starts.
+#: The least K where auto starts (else half the cap).
 START_K = 2
 #: The fewest finishes a window counts.
 WINDOW_MIN = 4
@@ -48,7 +56,7 @@ class Change:
     t: float
     k: int
     throughput: float | None
-    why: str  # start, raise, hold, back-off, oom, memory
+    why: str  # start, raise, lower, hold, back-off, oom, memory
 
     def to_json(self) -> dict[str, Any]:
         return {"t": self.t, "k": self.k, "throughput": self.throughput, "why": self.why}
@@ -68,6 +76,8 @@ class Packing:
     ceiling: int = 0
     #: The search is over (hold, back-off): K changes only for oom or memory.
     settled: bool = False
+    #: A raise gained nothing: K goes down from the fewest measured while throughput holds.
+    lowering: bool = False
     #: When the GPU first ran K tasks, and the finishes since: the current window.
     since: float | None = None
     finishes: int = 0
@@ -76,22 +86,25 @@ class Packing:
     def start(cls, now: float, cap: int, given: int | None = None) -> Packing:
         """A given K, or auto's start."""
         cap = max(1, cap)
-        k = given if given is not None else min(cap, START_K)
+        k = given if given is not None else min(cap, max(START_K, cap // 2))
         packing = cls(cap, given is None, k, ceiling=cap)
         packing.history.append(Change(now, k, None, "start"))
         return packing
 
     @property
     def window(self) -> int:
-        return max(WINDOW_MIN, 2 * self.k)
+        """A generation of tasks; two after a lower, whose window opens on the longest of the
+        tasks that ran before it (the short ones finished first)."""
+        return max(WINDOW_MIN, (2 if self.lowering else 1) * self.k)
 
     @property
     def last(self) -> Change:
         return self.history[-1]
 
     def running(self, now: float, count: int) -> None:
-        """The GPU runs ``count`` tasks now: the window opens when they reach K."""
-        if self.since is None and count >= self.k:
+        """The GPU runs ``count`` tasks now: the window opens when they are K (after a raise,
+        when they reach it; after a lower, when those above it have finished)."""
+        if self.since is None and count == self.k:
             self.since, self.finishes = now, 0
 
     def finished(self, now: float) -> Change | None:
@@ -107,17 +120,18 @@ class Packing:
         """The rule, once K's window measured ``rate`` tasks per second."""
         best = max(self.rates.values(), default=None)
         self.rates[self.k] = max(rate, self.rates.get(self.k, 0.0))
-        if best is None or rate > best * (1 + MARGIN):
-            if self.k < self.ceiling:
-                return self._set(now, min(self.ceiling, 2 * self.k), rate, "raise")
-        elif rate < best * (1 - MARGIN):
-            best_k = max(self.rates, key=lambda k: self.rates[k])
-            self.settled = True
-            return self._set(now, best_k, rate, "back-off")
-        self.settled = True
         top = max(self.rates.values())
-        fewest = min(k for k, r in self.rates.items() if r >= top * (1 - MARGIN))
-        return self._set(now, fewest, rate, "hold")
+        rising = not self.lowering and (best is None or rate > best * (1 + MARGIN))
+        if rising and self.k < self.ceiling:
+            return self._set(now, min(self.ceiling, 2 * self.k), rate, "raise")
+        floor = top * (1 - MARGIN)
+        fewest = min(self.rates)
+        if not rising and fewest > 1 and self.rates[fewest] >= floor:
+            self.lowering = True
+            return self._set(now, fewest // 2, rate, "lower")
+        self.settled = True
+        keep = min(k for k, r in self.rates.items() if r >= floor)
+        return self._set(now, keep, rate, "hold" if rate >= floor else "back-off")
 
     def oom(self, now: float, running: int) -> Change | None:
         """A task of this GPU ran out of memory while ``running`` tasks ran there (itself

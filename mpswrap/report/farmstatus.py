@@ -131,7 +131,7 @@ def _begun(
 
 
 #: The reasons a K event may give (others are shown as ``?``).
-WHYS = ("start", "raise", "hold", "back-off", "oom", "memory")
+WHYS = ("start", "raise", "lower", "hold", "back-off", "oom", "memory")
 
 
 def _k_event(status: ShareStatus, data: dict[str, Any]) -> None:

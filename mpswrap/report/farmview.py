@@ -186,6 +186,8 @@ def k_line(gpu_index: int, before: Change, change: Change) -> str:
         return f"GPU {gpu_index}: K {change.k} held ({rates}: no gain past the margin)"
     if change.why == "hold":
         return f"GPU {gpu_index}: K {before.k} -> {change.k} ({rates}: no gain past the margin)"
+    if change.why == "lower":
+        return f"GPU {gpu_index}: K {before.k} -> {change.k} ({rates}: no gain; fewer tried)"
     return f"GPU {gpu_index}: K {before.k} -> {change.k} ({rates}{', ' + change.why})"
 
 
