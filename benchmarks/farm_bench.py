@@ -18,8 +18,9 @@ hetero at the best K, that of this file's ``calibrate`` record if the part ran, 
 ``default_per_gpu``: a CPU per task, at most 16; run once where it equals a fixed K); ``waves``
 (light and hetero: waves of the best K under a daemon started by hand, ``&`` and ``wait``).
 Each farm's ``farm status --json`` is kept (counts, ``oom``, ``packing``); the first auto farm
-of ``hetero`` is also plotted (``farm status --plot``) into ``--plot-dir`` (default: beside
-``--out``). ``farm_report.py`` prints the table and the issue's ratios; it runs at the end.
+of ``hetero`` (``--plot-sets``) is also plotted (``farm status --plot``) into ``--plot-dir``
+(default: beside ``--out``). ``farm_report.py`` prints the table and the issue's ratios; it
+runs at the end.
 
 Budget (H100, 2026-11-24 record: a light task alone 9.75 s, of which about 2 s is training
 and the rest PyTorch's import and CUDA's start-up; 16 at once under MPS 12.2 s, 1.31 tasks/s;
@@ -370,7 +371,7 @@ def _part(res: Results, part: str, args: argparse.Namespace, sizes: Sizes, clock
         mem_ks = [int(x) for x in args.mem_k.split(",")]
         res.data["meta"].update(best_k=best, best_k_from=source, default_k=default, mem_k=mem_ks)
         res.data["meta"]["sizes"] = asdict(sizes)
-        plot = args.plot_dir / f"farm-auto-{part}.png" if part == "hetero" else None
+        plot = args.plot_dir / f"farm-auto-{part}.png" if part in args.plot_sets else None
         modes = args.modes.split(",")
         plan = SetPlan(
             part,
@@ -400,6 +401,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--default-k", type=int, default=None, help="today's default (computed)")
     ap.add_argument("--mem-k", default="3", help="fixed K for the memory set (e.g. 2,3)")
     ap.add_argument("--plot-dir", type=Path, default=None, help="default: --out's directory")
+    ap.add_argument("--plot-sets", default="hetero", help="sets whose first auto farm is plotted")
     ap.add_argument("--tasks", type=int, default=48, help="compare/serial: tasks")
     ap.add_argument("--per-gpu", type=int, default=12, help="compare: K")
     ap.add_argument("--counts", default="1,2,4,8,12,16", help="calibrate's counts")
