@@ -71,29 +71,19 @@ def _signal_supervisor(proc: subprocess.Popen[str], sig: int) -> None:
 
 # Podman runs each container in a PID namespace of its own here: crun refuses --pid=host
 # where it may not create cgroups (this machine). The client is PID 1 inside.
+# The run's own ranks (``mpswrap run``), and per-rank mode as ``srun mpswrap podman run …``
+# starts each task: the same check, the same verification through the rank's tag.
 @pytest.mark.timeout(180)
-def test_a_podman_rank_is_verified_by_its_host_pid(pod: PodmanUser) -> None:
+@pytest.mark.parametrize("mode", [("run", "-n", "1"), ()], ids=["run", "per-rank"])
+def test_a_podman_rank_is_verified_by_its_host_pid(pod: PodmanUser, mode: tuple[str, ...]) -> None:
     node, rec = pod.node, _shared(pod.node) / "rec.json"
     argv = pod.podman(pod.container_args(), _client(node, rec, 2), rec.parent)
-    res = pod.run("run", "-n", "1", "--verify-attach", "fail", "--", *argv)
+    res = pod.run(*mode, "--verify-attach", "fail", "--", *argv)
     assert res.returncode == 0, res.stderr
     start = by_tag(records(rec), "start")["None"]
     assert start["mode"] == "mps", start
     assert start["ns_pid"] == 1 and start["pid"] != 1, start
     # Seen listed while it ran: only the rank's tag, passed into the container, finds it.
-    assert summaries(res.stderr)[0][2] == "1 attached", res.stderr
-
-
-@pytest.mark.timeout(180)
-def test_a_podman_rank_of_a_launcher_is_verified_by_its_host_pid(pod: PodmanUser) -> None:
-    """Per-rank mode, as ``srun mpswrap podman run …`` starts each task: the same check, the
-    same verification through the rank's tag."""
-    node, rec = pod.node, _shared(pod.node) / "rec.json"
-    argv = pod.podman(pod.container_args(), _client(node, rec, 2), rec.parent)
-    res = pod.run("--verify-attach", "fail", "--", *argv)
-    assert res.returncode == 0, res.stderr
-    start = by_tag(records(rec), "start")["None"]
-    assert start["mode"] == "mps" and start["ns_pid"] == 1, start
     assert summaries(res.stderr)[0][2] == "1 attached", res.stderr
 
 
