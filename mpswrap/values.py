@@ -97,6 +97,15 @@ def clients(text: str) -> int | Literal["auto"]:
     return int(text)
 
 
+def per_gpu(text: str) -> int | None:
+    """A farm's K: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("expected auto or a whole number, 1 or more")
+    return int(text)
+
+
 def mem_size(text: str) -> str:
     digits, unit = text[:-1], text[-1:].upper()
     if unit not in ("M", "G") or not re.fullmatch(r"[0-9]{1,9}", digits) or int(digits) == 0:

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .. import values
 from ..errors import MpswrapError
 from ..paths import validate_name
 
@@ -72,11 +73,10 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 def k_or_auto(text: str) -> int | None:
     """``--per-gpu``: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
-    if text == "auto":
-        return None
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise _refused(f"invalid value {text!r}: expected auto or a whole number, 1 or more")
+    try:
+        return values.per_gpu(text)
+    except ValueError as exc:
+        raise _refused(f"invalid value {text!r}: {exc}") from None
 
 
 def _name(kind: str) -> Callable[[str], str]:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import _proc
+from .. import _proc, values
 from .._lock import file_lock
 from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
@@ -91,28 +91,27 @@ class FarmResult:
     directory: str = ""
 
 
-def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
-    """The K of ``calibrate --max``: at most the client limit, a CPU per task, and
-    ``PER_GPU_BOUND``."""
-    return max(1, min(limit, cpus // max(1, n_gpus), PER_GPU_BOUND))
-
-
 def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
     """The most K auto goes to: the clients free on a GPU, and a CPU per task."""
     return max(1, min(limit, cpus // max(1, n_gpus)))
 
 
+def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
+    """The K of ``calibrate --max``: ``auto_cap``, at most ``PER_GPU_BOUND``."""
+    return min(auto_cap(limit, n_gpus, cpus), PER_GPU_BOUND)
+
+
 def per_gpu_value(value: int | str | None) -> int | None:
-    """``--per-gpu``: a K of 1 or more, or ``auto`` (None, as when not given)."""
-    if value is None or value == "auto":
+    """``--per-gpu`` as ``farm()`` takes it: a K of 1 or more, or ``auto`` (None, as when not
+    given); the text forms are ``values.per_gpu``'s."""
+    if value is None:
         return None
     try:
-        k = int(value)
-    except (TypeError, ValueError):
-        k = 0
-    if k < 1:
-        raise UsageError("bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more")
-    return k
+        return values.per_gpu(str(value))
+    except ValueError:
+        raise UsageError(
+            "bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more"
+        ) from None
 
 
 def _share(given: str | None, env: JobEnv) -> Share:
