@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -69,6 +69,21 @@ def _signal_supervisor(proc: subprocess.Popen[str], sig: int) -> None:
     raise AssertionError("no mpswrap run under runuser")
 
 
+def _sigterm_once_started(
+    proc: subprocess.Popen[str], rec: Path, send: Callable[[subprocess.Popen[str], int], object]
+) -> str:
+    """SIGTERM by ``send`` once the client has started; the run's stderr, the run reaped."""
+    try:
+        wait_until(lambda: by_tag(records(rec), "start"), 60, "the client to start")
+        send(proc, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return err
+
+
 # Podman runs each container in a PID namespace of its own here: crun refuses --pid=host
 # where it may not create cgroups (this machine). The client is PID 1 inside.
 # The run's own ranks (``mpswrap run``), and per-rank mode as ``srun mpswrap podman run …``
@@ -94,14 +109,7 @@ def test_a_podman_rank_is_ended_by_terminate_client(pod: PodmanUser) -> None:
     proc = pod.start(
         "run", "-n", "1", "--", *pod.podman(flags, _client(node, rec, 120), rec.parent)
     )
-    try:
-        wait_until(lambda: by_tag(records(rec), "start"), 60, "the client to start")
-        _signal_supervisor(proc, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = _sigterm_once_started(proc, rec, _signal_supervisor)
     assert proc.returncode == 128 + signal.SIGTERM, err
     end = by_tag(records(rec), "end")["None"]
     assert end["reason"] == "terminated", (end, err)  # terminate_client, not the signal
@@ -192,14 +200,7 @@ def test_a_bwrap_rank_attaches_is_verified_and_ended_by_terminate_client(
     binds = [*_bwrap_flags(node), str(node.bin), str(rec.parent)]
     argv = bwrap(binds, _client(node, rec, 120), hide=["/tmp"])
     proc = node.start("run", "-n", "1", "--", *argv)
-    try:
-        wait_until(lambda: by_tag(records(rec), "start"), 60, "the client to start")
-        signal_tree(proc, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = _sigterm_once_started(proc, rec, signal_tree)
     start = by_tag(records(rec), "start")["None"]
     assert start["mode"] == "mps" and start["ns_pid"] != start["pid"], start
     assert proc.returncode == 128 + signal.SIGTERM, err

@@ -33,21 +33,32 @@ def _heavy_tasks(node: SimNode, count: int, seconds: float) -> Path:
     return tasks
 
 
+def _holding(node: SimNode, mib: int, seconds: float) -> subprocess.Popen[str]:
+    """A simulated client on GPU 0 that holds ``mib`` MiB, returned once it has started."""
+    proc = subprocess.Popen(
+        [node.client, "--seconds", str(seconds), "--alloc-mib", str(mib)],
+        env=node.env(CUDA_VISIBLE_DEVICES=gpu_uuid(0)),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "started" in proc.stdout.readline()
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=30)
+        raise
+    return proc
+
+
 def test_sim_clients_hold_memory_nvml_sees_it_and_the_one_that_crosses_gets_cuda_oom(
     one_gpu: SimNode,
 ) -> None:
     uuid = gpu_uuid(0)
     env = one_gpu.env(CUDA_VISIBLE_DEVICES=uuid)
-    first = subprocess.Popen(
-        [one_gpu.client, "--seconds", "30", "--alloc-mib", str(HEAVY_MIB)],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    first = _holding(one_gpu, HEAVY_MIB, 30)
     try:
-        assert first.stdout is not None
-        assert "started" in first.stdout.readline()
         seen = usage(uuid, str(one_gpu.inventory))
         assert seen is not None
         assert seen["memory_total_bytes"] == MEMORY_TOTAL
@@ -104,16 +115,8 @@ def test_an_oom_on_a_full_gpu_is_retried_and_lowers_k(one_gpu: SimNode) -> None:
     """Memory the farm cannot see coming (a process outside it fills the GPU): the task that
     runs out is recorded ``oom``, put back, and runs once memory frees; K comes down."""
     uuid = gpu_uuid(0)
-    hog = subprocess.Popen(
-        [one_gpu.client, "--seconds", "3", "--alloc-mib", "76000"],
-        env=one_gpu.env(CUDA_VISIBLE_DEVICES=uuid),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    hog = _holding(one_gpu, 76000, 3)
     try:
-        assert hog.stdout is not None
-        assert "started" in hog.stdout.readline()
         tasks = one_gpu.root / "t.txt"
         tasks.write_text(f"{one_gpu.client} --seconds 0.2 --alloc-mib 20000\n")
         res = one_gpu.run("farm", "--progress", "lines", "--dir", "oom", str(tasks), timeout=120)
