@@ -32,7 +32,7 @@ from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
 from ..job.job import Released
-from ..job.packing import START_K, Change, Packing
+from ..job.packing import Change, Packing, start_k
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..job.tasks import (
     FarmDir,
@@ -62,9 +62,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: The default K never exceeds this: beyond it small tasks gain little and each needs a CPU.
-PER_GPU_BOUND = 16
 
 
 @dataclass(frozen=True)
@@ -97,8 +94,9 @@ def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
 
 
 def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
-    """The K of ``calibrate --max``: ``auto_cap``, at most ``PER_GPU_BOUND``."""
-    return min(auto_cap(limit, n_gpus, cpus), PER_GPU_BOUND)
+    """Today's default K, where auto starts and the K of ``calibrate --max``: ``auto_cap``,
+    at most ``packing.START_MAX``."""
+    return start_k(auto_cap(limit, n_gpus, cpus))
 
 
 def per_gpu_value(value: int | str | None) -> int | None:
@@ -344,7 +342,7 @@ def _farmer(
 def _k_words(given: int | None, seats: int) -> str:
     if given is not None:
         return f"{given} at a time"
-    return f"K found as it runs (auto: from {min(seats, START_K)}, at most {seats})"
+    return f"K found as it runs (auto: from {start_k(seats)}, at most {seats})"
 
 
 def _result(

@@ -402,7 +402,8 @@ class Farmer:
 
     def _finished(self, lane: Lane, now: float) -> None:
         if lane.packing is not None:
-            self._repack(lane, lane.packing.finished(now))
+            waiting = len(self.queue) / len(self.lanes)  # the queue is every lane's
+            self._repack(lane, lane.packing.finished(now, waiting))
 
     def _repack(self, lane: Lane, change: Change | None) -> None:
         if change is None or lane.packing is None:

@@ -1,25 +1,28 @@
 """K, the tasks a farm runs at once on one GPU: given (``--per-gpu K``), or found as the farm
 runs (``--per-gpu auto``). Pure logic: the farm's engine tells it what happened and when.
 
-The rule (auto). Start at half the cap (at least ``START_K``; the cap: the GPU's free MPS
-clients, the job's CPUs per GPU). Once the GPU runs exactly K tasks, count the tasks that
-finish from then on; after a window of ``max(WINDOW_MIN, K)`` finishes, about one generation
-of tasks (two after a lower), its throughput is finishes per second since the GPU ran K.
-Then:
+The rule (auto). Start at today's default K (``start_k``: the cap, at most ``START_MAX``; the
+cap: the GPU's free MPS clients, the job's CPUs per GPU). Once the GPU runs exactly K tasks,
+count the tasks that finish from then on; after a window of ``max(WINDOW_MIN, K)`` finishes,
+about one generation of tasks (two after a lower), its throughput is finishes per second since
+the GPU ran K. Then:
 
 - the first window, or more than ``MARGIN`` above the best K measured so far: **raise**, K
   doubled (at most the cap);
-- otherwise the raise gained nothing: **lower**, half the fewest K measured, as long as that
-  fewest K's window holds within ``MARGIN`` of the best (as much work for fewer CPUs and less
-  memory);
-- at the cap, or once a lower K falls short of the best, K settles at the fewest tasks
-  measured within ``MARGIN`` of the best throughput (**hold**, or **back-off** where the
-  last window fell short), and the search ends.
+- otherwise (or at the cap): **lower**, half the fewest K measured, as long as that fewest
+  K's window holds within ``MARGIN`` of the best (as much work for fewer CPUs and less
+  memory), and at least ``EXPLORE`` generations of tasks still wait to pay for the try;
+- else K settles at the fewest tasks measured within ``MARGIN`` of the best throughput
+  (**hold**, or **back-off** where the last window fell short), and the search ends.
 
-Half the cap, not 2: a raise waits for a generation of tasks, and with tasks whose start-up
-takes seconds (a PyTorch import: about 10 s on an H100) a search from 2 spent most of a
-farm of a few dozen tasks below the K it reached (2026-11-25, docs/gpu-results). Lowering
-costs little: above the knee fewer tasks do the same work.
+Why it starts high and searches down. A raise waits for a generation of tasks, and tasks
+whose start-up takes seconds (a PyTorch import: about 10 s on an H100) spend it below the K
+they reach. On the H100 (2026-11-25, docs/gpu-results), 18 light and 4 long tasks from K=2
+reached 0.47 of fixed K=16's throughput, and 24 light tasks from half the cap 0.86. Too many
+tasks cost little where MPS shares the GPU (16 small trainings at once did 1.05 tasks/s, 8
+did 0.59); too few cost in proportion. So auto begins where today's default does, the first
+task's memory and the GPU's free memory bound it from the start (``gpumemory``), and only a
+farm with work left to pay for it tries fewer.
 
 An out-of-memory failure lowers K to one less than the tasks that ran there (``oom``), and K
 is never raised above that again; so does a GPU whose free memory cannot take another task
@@ -33,17 +36,21 @@ than 10 % is not worth its CPUs and memory. It is chosen, not measured on a GPU.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MARGIN", "START_K", "Change", "Packing", "converge"]
+__all__ = ["EXPLORE", "MARGIN", "START_MAX", "Change", "Packing", "converge", "start_k"]
 
 #: A window's throughput must beat the best K's by this fraction to raise K again, and fall
 #: below it by this fraction to back off.
 MARGIN = 0.10
-#: The least K where auto starts (else half the cap).
-START_K = 2
+#: Auto starts at the cap, at most this: today's default K (``farm.default_per_gpu``).
+START_MAX = 16
+#: Fewer tasks are tried only while this many generations (K tasks each) still wait: the
+#: lower K's window costs up to a generation of throughput where it turns out short.
+EXPLORE = 4
 #: The fewest finishes a window counts.
 WINDOW_MIN = 4
 
@@ -86,7 +93,7 @@ class Packing:
     def start(cls, now: float, cap: int, given: int | None = None) -> Packing:
         """A given K, or auto's start."""
         cap = max(1, cap)
-        k = given if given is not None else min(cap, max(START_K, cap // 2))
+        k = given if given is not None else start_k(cap)
         packing = cls(cap, given is None, k, ceiling=cap)
         packing.history.append(Change(now, k, None, "start"))
         return packing
@@ -107,17 +114,19 @@ class Packing:
         if self.since is None and count == self.k:
             self.since, self.finishes = now, 0
 
-    def finished(self, now: float) -> Change | None:
-        """A task of this GPU finished (done or failed): a change of K, if any."""
+    def finished(self, now: float, waiting: float = math.inf) -> Change | None:
+        """A task of this GPU finished (done or failed), ``waiting`` tasks wait for it: a
+        change of K, if any."""
         if not self.auto or self.settled or self.since is None:
             return None
         self.finishes += 1
         if self.finishes < self.window or now <= self.since:
             return None
-        return self.judge(now, self.finishes / (now - self.since))
+        return self.judge(now, self.finishes / (now - self.since), waiting)
 
-    def judge(self, now: float, rate: float) -> Change:
-        """The rule, once K's window measured ``rate`` tasks per second."""
+    def judge(self, now: float, rate: float, waiting: float = math.inf) -> Change:
+        """The rule, once K's window measured ``rate`` tasks per second, with ``waiting``
+        tasks left to run here."""
         best = max(self.rates.values(), default=None)
         self.rates[self.k] = max(rate, self.rates.get(self.k, 0.0))
         top = max(self.rates.values())
@@ -126,7 +135,9 @@ class Packing:
             return self._set(now, min(self.ceiling, 2 * self.k), rate, "raise")
         floor = top * (1 - MARGIN)
         fewest = min(self.rates)
-        if not rising and fewest > 1 and self.rates[fewest] >= floor:
+        first = len(self.rates) == 1  # at the cap from the start: nothing above to try
+        lower = (first or not rising) and fewest > 1 and self.rates[fewest] >= floor
+        if lower and waiting >= EXPLORE * self.k:
             self.lowering = True
             return self._set(now, fewest // 2, rate, "lower")
         self.settled = True
@@ -158,9 +169,15 @@ class Packing:
         return change
 
 
+def start_k(cap: int) -> int:
+    """Where auto starts: the cap, at most ``START_MAX``."""
+    return max(1, min(cap, START_MAX))
+
+
 def converge(rates: Mapping[int, float], cap: int) -> Packing:
-    """Where auto settles when the throughput at each K is ``rates``' (``calibrate``'s
-    measurements): the same rule, walked over them. It stops at a K not measured."""
+    """Where auto settles in a long farm when the throughput at each K is ``rates``'
+    (``calibrate``'s measurements): the same rule, walked over them. It stops at a K not
+    measured."""
     packing = Packing.start(0.0, cap)
     while not packing.settled and packing.k in rates:
         before = packing.k

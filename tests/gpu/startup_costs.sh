@@ -18,6 +18,16 @@ PYEOF
 }
 date -u +%FT%TZ; "$PY" -VV; nproc
 echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-} PYTHONPATH=${PYTHONPATH:-}"
+# Python's own modules without bytecode are compiled at every start (nothing is written under
+# PYTHONDONTWRITEBYTECODE): a distribution's python3 package installs them compiled.
+"$PY" - <<'PYEOF'
+import importlib.util, os, sysconfig
+lib = sysconfig.get_path("stdlib")
+names = ["typing", "dataclasses", "inspect", "logging", "pathlib", "argparse", "json", "shutil"]
+have = [n for n in names if os.path.exists(importlib.util.cache_from_source(
+    importlib.util.find_spec(n).origin))]
+print(f"stdlib {lib}: bytecode for {len(have)} of {len(names)} of {', '.join(names)}")
+PYEOF
 median_ms -S -c pass
 median_ms -I -c pass
 median_ms -c pass

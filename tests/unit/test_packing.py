@@ -9,45 +9,64 @@ from collections.abc import Callable
 import pytest
 
 from mpswrap.job.gpumemory import Peaks, Reading, admits, margin, out_of_memory
-from mpswrap.job.packing import MARGIN, Packing, converge
+from mpswrap.job.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
 
 
-def _run(packing: Packing, rate_at: Callable[[int], float], finishes: int) -> Packing:
-    """Feed ``finishes`` evenly spaced finishes at the throughput of the current K."""
+def _run(
+    packing: Packing, rate_at: Callable[[int], float], finishes: int, queued: int | None = None
+) -> Packing:
+    """Feed ``finishes`` evenly spaced finishes at the throughput of the current K; the
+    farm's tasks not yet started: ``queued`` less those started (a long farm by default)."""
     now = 0.0
     packing.running(now, packing.k)
+    started = packing.k
     for _ in range(finishes):
         now += 1.0 / rate_at(packing.k)
-        packing.finished(now)
+        started += 1
+        waiting = float("inf") if queued is None else max(0, queued - started)
+        packing.finished(now, waiting)
         packing.running(now, packing.k)
     return packing
 
 
-def test_auto_starts_at_half_the_cap() -> None:
-    assert [Packing.start(0.0, cap=c).k for c in (1, 2, 3, 4, 16, 48)] == [1, 2, 2, 2, 8, 24]
+def test_auto_starts_at_todays_default_k() -> None:
+    """The cap (free clients, a CPU per task), at most 16."""
+    caps = (1, 2, 3, 4, 16, 48)
+    assert [Packing.start(0.0, cap=c).k for c in caps] == [1, 2, 3, 4, 16, 16]
 
 
 def test_rising_throughput_raises_k_to_the_cap() -> None:
-    packing = _run(Packing.start(0.0, cap=16), float, 200)
-    assert [c.k for c in packing.history] == [8, 16, 16]
-    assert [c.why for c in packing.history] == ["start", "raise", "hold"]
-    assert packing.settled
     packing = _run(Packing.start(0.0, cap=64), float, 400)
-    assert [c.k for c in packing.history] == [32, 64, 64]
+    assert [(c.k, c.why) for c in packing.history] == [
+        (16, "start"),
+        (32, "raise"),
+        (64, "raise"),
+        (64, "hold"),  # 32 did half the work of 64: nothing fewer is tried
+    ]
+    assert packing.settled
 
 
 def test_flat_throughput_lowers_k_to_the_knee() -> None:
     packing = _run(Packing.start(0.0, cap=16), lambda k: min(k, 4) * 1.0, 200)
     assert [(c.k, c.why) for c in packing.history] == [
-        (8, "start"),
-        (16, "raise"),  # 16 gave no more than 8: fewer are tried
+        (16, "start"),
+        (8, "lower"),  # at the cap, nothing above: fewer are tried
         (4, "lower"),
         (2, "lower"),  # 2 does half the work of 4: back to the fewest that held
         (4, "back-off"),
     ]
     assert packing.settled
+
+
+def test_fewer_are_tried_only_while_enough_tasks_wait_to_pay_for_it() -> None:
+    """A farm of 40 tasks at K=16: after the first window 8 wait, fewer than 4 generations."""
+    packing = _run(Packing.start(0.0, cap=16), lambda k: min(k, 4) * 1.0, 40, queued=40)
+    assert [(c.k, c.why) for c in packing.history] == [(16, "start"), (16, "hold")]
+    queued = 16 + (EXPLORE + 1) * 16
+    packing = _run(Packing.start(0.0, cap=16), lambda k: min(k, 4) * 1.0, 40, queued=queued)
+    assert [(c.k, c.why) for c in packing.history][:2] == [(16, "start"), (8, "lower")]
 
 
 def test_falling_throughput_backs_off_to_the_best_k() -> None:
@@ -59,9 +78,14 @@ def test_falling_throughput_backs_off_to_the_best_k() -> None:
 
 def test_an_improvement_within_the_margin_is_no_reason_to_raise() -> None:
     small = 1 + MARGIN / 2
-    packing = _run(Packing.start(0.0, cap=4), lambda k: 2.0 * small ** (k > 2), 200)
-    assert [c.why for c in packing.history] == ["start", "raise", "lower", "hold"]
-    assert packing.k == 1  # 1, 2 and 4 all did the work within the margin
+    packing = _run(Packing.start(0.0, cap=64), lambda k: 2.0 * small ** (k > 16), 200)
+    assert [(c.k, c.why) for c in packing.history][:3] == [
+        (16, "start"),
+        (32, "raise"),
+        (8, "lower"),  # 32 gained less than the margin over 16: fewer are tried
+    ]
+    assert max(c.k for c in packing.history) == 32
+    assert packing.k == 1 and packing.settled  # 1 to 32 all did the work within the margin
 
 
 def test_heterogeneous_tasks_settle_where_the_work_is_done() -> None:
@@ -92,7 +116,7 @@ def test_heterogeneous_tasks_settle_where_the_work_is_done() -> None:
 
 def test_an_oom_lowers_k_below_what_ran_and_it_never_rises_past_that() -> None:
     packing = _run(Packing.start(0.0, cap=16), float, 4)
-    assert packing.k == 8
+    assert packing.k == 16
     change = packing.oom(10.0, running=4)
     assert change is not None and (change.k, change.why) == (3, "oom")
     _run(packing, float, 100)
@@ -122,8 +146,8 @@ def test_calibrate_and_the_farm_walk_one_rule() -> None:
     rates = {1: 1.0, 2: 2.0, 4: 3.9, 8: 4.1, 16: 3.0}
     walk = converge(rates, 16)
     assert walk.k == 4  # 8's 4.1 is within the margin of 4's 3.9: the fewer kept
-    assert [c.why for c in walk.history] == ["start", "raise", "lower", "lower", "back-off"]
-    assert converge({2: 2.0}, 16).k == 8  # stops at a K not measured: where it starts
+    assert [c.why for c in walk.history] == ["start", "lower", "lower", "lower", "back-off"]
+    assert converge({2: 2.0}, 16).k == 16  # stops at a K not measured: where it starts
 
 
 # --- memory ---------------------------------------------------------------------------------
