@@ -28,11 +28,12 @@ so a run costs about tasks / 1.31 s at K=16, plus 2 s for the daemon):
 
 | set (default sizes) | auto | fixed | default | waves | a repeat |
 |---|---|---|---|---|---|
-| light, 24 tasks | ~25 s | ~20 s (K=16) | = fixed | ~22 s | ~70 s |
+| light, 40 tasks | ~44 s | ~42 s (K=16) | = fixed | ~41 s | ~130 s |
 | hetero, 18 + 4 of 12,000 steps (~20 s alone) | ~30 s | ~25 s | = fixed | ~40 s | ~95 s |
 | memory, 11 x 22 GiB held 3 s | ~40 s | ~36 s (K=3: 4 rounds) | ~12 s (fails) | - | ~90 s |
 
-Three repeats of all three: about 765 s, more than one 10-minute call. ``--budget`` (s)
+Three repeats of all three: about 1000 s (2026-11-25), more than one 10-minute call.
+``--budget`` (s)
 stops before a run that would end past it (judged by the longest run of that set so far);
 the same command again with the results file in place goes on where it stopped.
 ``--quick`` (light 16, hetero 10 + 2 of 8,000 steps, memory held 1 s): about 530 s in one
@@ -89,7 +90,7 @@ def mem_argv(gib: float, seconds: float) -> list[str]:
 class Sizes:
     """The three task sets' sizes (the module's budget table)."""
 
-    light: int = 24
+    light: int = 40
     hetero_light: int = 18
     hetero_heavy: int = 4
     steps: int = 2000

@@ -41,7 +41,9 @@ for dir in "$REPO" "$BASE" "$AB" "$VENV"; do
 done >"$OUT/fs.txt"
 for run in "$VENV/bin/python startup-ab.json" "$PY startup-ab-torchpy.json"; do
   read -r py out <<<"$run"
-  for tree in "$AB"/*; do "$py" -m compileall -q "$tree/mpswrap" >/dev/null; done
+  for tree in "$BASE" "$REPO"; do
+    "$py" -m compileall -q "$AB/$(basename "$tree")/mpswrap" >/dev/null
+  done
   echo "=== startup with $py: $BASE against $REPO (copies in $AB)"
   "$PY" "$REPO/benchmarks/startup_ab.py" "$AB/$(basename "$BASE")" "$AB/$(basename "$REPO")" \
     --gpu --rounds "${AB_ROUNDS:-4}" --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
@@ -63,7 +65,8 @@ sys.exit(not os.path.exists(u.cache_from_source(typing.__file__)))'; then
     --out "$OUT/startup-ab-stdlib-compiled.json" 2>&1 | tail -4 || rc=1
 fi
 # What each tree's supervisor does before its program's spawn, profiled.
-"$VENV/bin/python" "$REPO/benchmarks/start_trace.py" "$AB"/* --gpu --python "$VENV/bin/python" \
+"$VENV/bin/python" "$REPO/benchmarks/start_trace.py" "$AB/$(basename "$BASE")" \
+  "$AB/$(basename "$REPO")" --gpu --python "$VENV/bin/python" \
   >"$OUT/start-trace.txt" 2>&1 || rc=1
 # Where the venv's start goes, with this tree from the machine's disk.
 PYTHONPATH=$AB/$(basename "$REPO") bash "$REPO/tests/gpu/startup_costs.sh" "$VENV/bin/python" \
