@@ -33,9 +33,8 @@ so a run costs about tasks / 1.31 s at K=16, plus 2 s for the daemon):
 | memory, 11 x 22 GiB held 3 s | ~40 s | ~36 s (K=3: 4 rounds) | ~12 s (fails) | - | ~90 s |
 
 Three repeats of all three: about 1000 s (2026-11-25), more than one 10-minute call.
-``--budget`` (s)
-stops before a run that would end past it (judged by the longest run of that set so far);
-the same command again with the results file in place goes on where it stopped.
+``--budget`` (s) stops before a run that would end past it (judged by the longest run of that
+set so far); the same command again with the results file in place goes on where it stopped.
 ``--quick`` (light 16, hetero 10 + 2 of 8,000 steps, memory held 1 s): about 530 s in one
 call, but light and hetero then fit in one wave of 16, so they tell little about auto's ramp.
 The older parts (``alone``, ``serial``, ``compare``: farm vs waves vs serial; ``calibrate``)
