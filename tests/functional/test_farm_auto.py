@@ -132,3 +132,21 @@ def test_an_oom_on_a_full_gpu_is_retried_and_lowers_k(one_gpu: SimNode) -> None:
     assert len(attempts) <= 3
     assert {a["status"] for a in attempts} <= {"oom", "done"}
     assert res.returncode == (0 if attempts[-1]["status"] == "done" else 1)
+
+
+def test_only_a_farm_with_enough_tasks_left_tries_fewer(one_gpu: SimNode) -> None:
+    """K starts at the cap (2 here). After the first window (4 finishes) a farm of 6 tasks has
+    none waiting and holds; one of 16 has 10 waiting, at least 4 generations of 2, and tries
+    1."""
+    line = f"{one_gpu.client} --seconds 0.3"
+    for count, name in ((6, "short"), (16, "long")):
+        tasks = one_gpu.root / f"{name}.txt"
+        tasks.write_text("\n".join([line] * count) + "\n")
+        res = one_gpu.run("farm", "--progress", "off", "--dir", name, str(tasks), timeout=120)
+        assert res.returncode == 0, res.stderr
+    short, long = (
+        json.loads(one_gpu.run("farm", "status", "--json", name).stdout)["packing"][gpu_uuid(0)]
+        for name in ("short", "long")
+    )
+    assert [(c["k"], c["why"]) for c in short["history"]] == [(2, "start"), (2, "hold")]
+    assert [(c["k"], c["why"]) for c in long["history"]][:2] == [(2, "start"), (1, "lower")]
