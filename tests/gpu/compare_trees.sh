@@ -48,22 +48,6 @@ for run in "$VENV/bin/python startup-ab.json" "$PY startup-ab-torchpy.json"; do
   "$PY" "$REPO/benchmarks/startup_ab.py" "$AB/$(basename "$BASE")" "$AB/$(basename "$REPO")" \
     --gpu --rounds "${AB_ROUNDS:-4}" --python "$py" --out "$OUT/$out" 2>&1 | tail -4 || rc=1
 done
-# Python's own modules as a distribution's python3 package installs them: compiled (Debian's
-# and Ubuntu's run py3compile when the package is installed). A machine whose stdlib has no
-# bytecode compiles typing, dataclasses, logging... at every start, under
-# PYTHONDONTWRITEBYTECODE without ever keeping the result (startup-venv.txt says which this
-# one is). Where it had none, the venv's start is measured again with it compiled.
-stdlib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
-if ! "$VENV/bin/python" -c 'import importlib.util as u, os, sys, typing
-sys.exit(not os.path.exists(u.cache_from_source(typing.__file__)))'; then
-  PYTHONPATH=$AB/$(basename "$REPO") bash "$REPO/tests/gpu/startup_costs.sh" "$VENV/bin/python" \
-    >"$OUT/startup-venv-stdlib-as-found.txt" 2>&1 || rc=1
-  "$VENV/bin/python" -m compileall -q -j 0 "$stdlib" >/dev/null 2>&1
-  echo "=== startup with $VENV/bin/python, $stdlib compiled: $BASE against $REPO"
-  "$PY" "$REPO/benchmarks/startup_ab.py" "$AB/$(basename "$BASE")" "$AB/$(basename "$REPO")" \
-    --gpu --rounds "${AB_ROUNDS:-4}" --python "$VENV/bin/python" \
-    --out "$OUT/startup-ab-stdlib-compiled.json" 2>&1 | tail -4 || rc=1
-fi
 # What each tree's supervisor does before its program's spawn, profiled.
 "$VENV/bin/python" "$REPO/benchmarks/start_trace.py" "$AB/$(basename "$BASE")" \
   "$AB/$(basename "$REPO")" --gpu --python "$VENV/bin/python" \
