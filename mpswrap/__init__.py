@@ -7,8 +7,6 @@ which import this package first, do not pay for the launcher's modules.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from .errors import (
     CapacityError,
     ConfigError,
@@ -21,7 +19,10 @@ from .errors import (
     UsageError,
 )
 
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .entry.farm import farm
     from .entry.session import session
 

@@ -17,10 +17,13 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from ._wait import backoff
 from .errors import LayoutError, LockTimeout
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["FileLock", "RootLock", "file_lock", "maybe_locked"]
 

@@ -23,11 +23,20 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ProcError, UsageError
 
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class Child(Protocol):
+        """A started child process, as ``spawn`` returns it."""
+
+        pid: int
+
+        def poll(self) -> int | None: ...
+
     import psutil
 
 __all__ = [
@@ -57,14 +66,6 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
 #: process of a step at once, and the supervisor must end the client through MPS first.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class Child(Protocol):
-    """A started child process, as ``spawn`` returns it."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,12 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
 from ._wait import end_procs
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["FORWARDED", "TERMINATING", "Guard", "SignalTrap", "fork_guard"]
 

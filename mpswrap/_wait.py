@@ -18,7 +18,11 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from ._proc import Child, ProcId, children_of, identify, is_alive, kill_procs
+from ._proc import ProcId, children_of, identify, is_alive, kill_procs
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ._proc import Child
 
 __all__ = [
     "KILL_WAIT",

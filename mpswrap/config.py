@@ -15,7 +15,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast
 
 from . import trust
 from .errors import ConfigError
@@ -35,6 +34,10 @@ from .values import (
     seconds,
     triggers,
 )
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any, Literal
 
 __all__ = ["DEFAULT_CONFIG_FILE", "FIELDS", "Settings", "admin_file", "load_settings"]
 
@@ -318,7 +321,7 @@ def _settings(values: Mapping[str, object], sources: Mapping[str, str]) -> Setti
     # Parsers are typed ``str -> object`` so that one table can hold them all; each returns
     # its attribute's declared type (tests/unit/test_config.py checks this), so the values
     # go in unchecked rather than re-validated here.
-    typed = cast("dict[str, Any]", dict(values))
+    typed: dict[str, Any] = dict(values)
     return Settings(**typed, sources=dict(sources))
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = [
     "EXIT_CODES",

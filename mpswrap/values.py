@@ -8,7 +8,10 @@ import math
 import os
 import re
 from collections.abc import Callable
-from typing import Literal
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Literal
 
 __all__ = [
     "Parser",

@@ -25,7 +25,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__, trust
 from ..config import Settings, admin_file, load_settings
@@ -57,7 +56,10 @@ from .options import (
     seconds,
 )
 
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
 if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
+    from typing import Any, NoReturn
+
     from ..job.run import LaunchOptions
 
 __all__ = ["build_parser", "main"]

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from .. import values
 from ..errors import MpswrapError
 from ..paths import validate_name
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = [
     "CALIBRATE_OPTIONS",
@@ -103,7 +106,7 @@ def path(text: str) -> str:
 #: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
 HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
 
-Options = tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
+Options = tuple[tuple[tuple[str, ...], dict[str, "Any"]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
 # fmt: off
 WRAPPER_OPTIONS: Options = (

@@ -21,14 +21,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .. import _lock, _proc, trust
 from .._wait import end_procs
 from ..config import Settings
 from ..errors import DaemonError, LayoutError, MpswrapError
 from ..jobenv import JobEnv
-from ..mps.daemon import Daemon, Defaults, StopReport, finish
+from ..mps.daemon import Daemon, Defaults, finish
 from ..mps.gpu import GpuInfo, Inventory
 from ..mps.manifest import Manifest
 from ..paths import JobLayout
@@ -38,6 +37,12 @@ from . import state
 from .outcomes import Outcome
 from .owners import OWNER_LOCK, add_ref, counted_ref, dir_identity, ensure_watchdog, live_refs
 from .placement import Slot
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
+
+    from ..mps.ladder import StopReport
 
 __all__ = [
     "Attachment",

@@ -18,12 +18,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import LayoutError
 from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, write_job_file
 from ..removal import remove_tree
 from . import state
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["Outcome", "collect", "peek", "save"]
 

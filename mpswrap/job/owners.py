@@ -16,12 +16,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from .. import _proc
 from ..jobenv import TREE_VAR
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["OWNER_LOCK", "add_ref", "counted_ref", "dir_identity", "ensure_watchdog", "live_refs"]
 

@@ -18,11 +18,26 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 from .. import _proc
 from ..errors import ControlError, MpswrapError
 from ..mps.daemon import Daemon
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Protocol
+
+    class Watched(Protocol):
+        """What the check needs of a rank (``supervise.Rank``)."""
+
+        name: str
+        ident: _proc.ProcId
+        daemon: Daemon | None
+
+        def running(self) -> bool: ...
+
+        def tree(self) -> list[_proc.ProcId]: ...
+
 
 __all__ = ["Verifier"]
 
@@ -32,18 +47,6 @@ log = logging.getLogger(__name__)
 FIRST_DELAY, MAX_DELAY = 0.02, 1.0
 #: A listing this fresh answers every check of this process (one wake of the wait loop).
 LISTING_FRESH = 0.05
-
-
-class Watched(Protocol):
-    """What the check needs of a rank (``supervise.Rank``)."""
-
-    name: str
-    ident: _proc.ProcId
-    daemon: Daemon | None
-
-    def running(self) -> bool: ...
-
-    def tree(self) -> list[_proc.ProcId]: ...
 
 
 class Listings:

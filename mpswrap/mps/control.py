@@ -14,14 +14,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import _proc, _wait, trust
 from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
-from ..paths import GpuDirs
+from ..paths import GpuDirs, read_job_file
 
-__all__ = ["Control", "client_env", "client_status", "daemon_env", "find_binary"]
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
+
+__all__ = ["Control", "client_env", "client_status", "daemon_env", "find_binary", "read_pid"]
+
+#: The control daemon's pid file holds one number.
+PID_LIMIT = 64
 
 log = logging.getLogger(__name__)
 _NUMBER = re.compile(r"[0-9]{1,3}(\.[0-9]+)?")
@@ -298,3 +304,9 @@ def client_status(pid: int, uid: int | None) -> dict[str, Any]:
         "pinned_mem_limit": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         "gpu_memory_bytes": None,
     }
+
+
+def read_pid(path: Path) -> int | None:
+    """The control daemon's PID from its pid file; None where it holds no number."""
+    text = (read_job_file(path, PID_LIMIT) or "").strip()
+    return int(text) if text.isdigit() else None

@@ -20,23 +20,24 @@ import signal
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from .. import _proc, _wait, trust
 from .._lock import RootLock, file_lock
 from ..config import Settings
 from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
 from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
-from .control import Control, client_status, daemon_env, find_binary
+from .control import Control, client_status, daemon_env, find_binary, read_pid
 from .gpu import GpuInfo
-from .ladder import Ladder, StopReport, read_pid
 from .manifest import Manifest, read_manifest, write_manifest
-from .mpslog import LOG_LIMIT, read_faults
 
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .._lock import FileLock
+    from typing import Any
 
-__all__ = ["Daemon", "Defaults", "StopReport", "finish"]
+    from .._lock import FileLock
+    from .ladder import Ladder, StopReport
+
+__all__ = ["Daemon", "Defaults", "finish"]
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +130,23 @@ class Daemon:
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)
 
+    # The teardown's modules (the ladder, the MPS log's reader, the job's record) load when
+    # a teardown or a status needs them: a rank's start and the prolog's do without them.
     def _ladder(self) -> Ladder:
+        from .ladder import Ladder
+
         return Ladder(self.dirs, self.control, self.settings, self.ranks_lock)
+
+    def _report(self) -> StopReport:
+        from .ladder import StopReport
+
+        return StopReport(self.dirs.key)
 
     def _stop_ladder(self) -> Ladder:
         """The ladder of a stop: without a control program root may run (or none at all),
         everything of the daemon is still ended, by signal."""
+        from .ladder import Ladder
+
         try:
             control = self.control
         except MpswrapError as exc:
@@ -200,7 +212,7 @@ class Daemon:
         except BaseException:
             if launched is not None and launched.returncode is None:
                 self._detached(launched)  # closed before the second step: reap '-d'
-            self._ladder().stop(StopReport(self.dirs.key))
+            self._ladder().stop(self._report())
             raise
 
     def _prepare(self, user: _proc.UserIds) -> None:
@@ -363,7 +375,7 @@ class Daemon:
     def _clear_stale(self) -> None:
         """Leftovers of a crashed daemon: stop what the manifest names, remove the dirs."""
         if os.path.lexists(self.dirs.root):  # a symlink planted there is removed too
-            report = self._ladder().stop(StopReport(self.dirs.key))
+            report = self._ladder().stop(self._report())
             # A directory that could not be removed holds nothing alive: it is reused.
             if report.leftovers:
                 raise DaemonError(
@@ -394,6 +406,8 @@ class Daemon:
                 "cpus": manifest.cpus,
             }
             info["settings"] = manifest.settings
+        from .mpslog import read_faults
+
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
         if info["daemon"] and info["daemon"]["alive"]:
             info.update(self._live_status(manifest.uid if manifest else None))
@@ -430,7 +444,7 @@ class Daemon:
     # --- stop -------------------------------------------------------------------------
     def stop(self) -> StopReport:
         """The teardown ladder; harmless when nothing is running or nothing exists."""
-        report = StopReport(self.dirs.key)
+        report = self._report()
         if not _there(self.dirs.root):  # a symlink in its place has a ladder too
             return report
         lock = self._lock
@@ -447,7 +461,7 @@ class Daemon:
         and ``shutdown_server -f`` past ``terminate_window`` for a server whose clients are
         all among them; SIGKILL survivors. The safe way to end a busy client: a signal can
         wedge the server."""
-        report = StopReport(self.dirs.key)
+        report = self._report()
         self._ladder().end_clients(report, pids)
         return report
 
@@ -475,6 +489,8 @@ def _there(path: Path) -> bool:
 
 
 def _tail(path: Path, lines: int = 3) -> str:
+    from .mpslog import LOG_LIMIT
+
     text = read_job_file(path, LOG_LIMIT, tail=True)
     if text is None:
         return "(no log)"

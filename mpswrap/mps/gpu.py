@@ -15,11 +15,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import GpuChoiceError, GpuError
 from ..jobenv import UUID_RE, parse_int_list
 from . import inventory_cache
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = [
     "GpuInfo",

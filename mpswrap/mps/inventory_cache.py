@@ -24,10 +24,13 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from ..errors import LayoutError
 from ..paths import ROOT_ONLY, open_dir, write_job_file
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["fingerprint", "read", "write"]
 

@@ -24,14 +24,11 @@ from ..errors import ControlError, LayoutError, MpswrapError
 from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
 from ..removal import remove_tree
 from . import record
-from .control import Control
+from .control import Control, read_pid
 from .manifest import Manifest, read_manifest
 from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
 
-__all__ = ["Ladder", "StopReport", "read_pid"]
-
-#: The pid file holds one number.
-PID_LIMIT = 64
+__all__ = ["Ladder", "StopReport"]
 
 log = logging.getLogger(__name__)
 
@@ -338,11 +335,6 @@ def _copy_regular(src: Path, dest: Path) -> None:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as out:
             out.write(text)
-
-
-def read_pid(path: Path) -> int | None:
-    text = (read_job_file(path, PID_LIMIT) or "").strip()
-    return int(text) if text.isdigit() else None
 
 
 def _identify_pidfile(path: Path) -> _proc.ProcId | None:

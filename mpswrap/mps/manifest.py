@@ -12,11 +12,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .._proc import ProcId
 from ..errors import DaemonError
 from ..paths import read_job_file, write_job_file
+
+TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["MANIFEST_LIMIT", "MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
 

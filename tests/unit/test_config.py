@@ -113,7 +113,8 @@ def _conforms(value: object, hint: object) -> bool:
 @pytest.mark.parametrize("spec", FIELDS, ids=lambda f: f.name)
 def test_each_parser_returns_its_attributes_declared_type(spec: Field) -> None:
     # mypy cannot link a parser in FIELDS to its Settings attribute, so check it here.
-    hint = typing.get_type_hints(Settings)[spec.name]
+    # config imports typing's names for mypy only: they are given here.
+    hint = typing.get_type_hints(Settings, localns=vars(typing))[spec.name]
     texts = [spec.default] + ([_OTHER_BRANCH[spec.name]] if spec.name in _OTHER_BRANCH else [])
     for text in texts:
         value = spec.parse(text)

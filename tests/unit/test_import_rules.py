@@ -203,11 +203,14 @@ def test_import_mpswrap_is_light() -> None:
 
 def test_the_rank_start_path_is_lean() -> None:
     """What every rank's ``mpswrap ./app`` imports before its program starts leaves out what
-    only the commands use: their help texts, the man page, completion, close-match search."""
+    only the commands use (their help texts, the man page, completion, close-match search),
+    what only a teardown uses (the ladder, the MPS log's reader, the job's record), and
+    ``typing`` (docs/concepts.md, What a start imports)."""
     code = (
         "import sys, mpswrap.cli.main, mpswrap.entry.launch; "
         "bad = [m for m in ('difflib', 'mpswrap.cli.helptext', "
-        "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd') "
+        "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd', "
+        "'mpswrap.mps.ladder', 'mpswrap.mps.mpslog', 'mpswrap.mps.record', 'typing') "
         "if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -86,7 +86,7 @@ def test_remove_tree_never_leaves_the_tree_through_a_symlink_at_any_level(tmp_pa
 # --- reads of files a job's user controls --------------------------------------------------------
 READERS = {
     "manifest": ("from mpswrap.mps.manifest import read_manifest as read", "manifest.json", "None"),
-    "pid file": ("from mpswrap.mps.ladder import read_pid as read", "control.pid", "None"),
+    "pid file": ("from mpswrap.mps.control import read_pid as read", "control.pid", "None"),
     "control.log": ("from mpswrap.mps.mpslog import server_pids as read", "control.log", "set()"),
     "server.log": ("from mpswrap.mps.mpslog import read_faults as read", "server.log", "[]"),
 }
