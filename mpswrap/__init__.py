@@ -19,7 +19,7 @@ from .errors import (
     UsageError,
 )
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ._wait import backoff
 from .errors import LayoutError, LockTimeout
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

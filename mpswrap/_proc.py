@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 from .errors import ProcError, UsageError
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
     from typing import Any, Protocol
+
+    import psutil
 
     class Child(Protocol):
         """A started child process, as ``spawn`` returns it."""
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
         def poll(self) -> int | None: ...
 
-    import psutil
 
 __all__ = [
     "Popen",

@@ -16,7 +16,7 @@ from types import FrameType
 
 from ._wait import end_procs
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

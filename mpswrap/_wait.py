@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ._proc import ProcId, children_of, identify, is_alive, kill_procs
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ._proc import Child
 

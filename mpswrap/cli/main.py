@@ -56,7 +56,7 @@ from .options import (
     seconds,
 )
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # the launcher's modules are imported by the modes that launch, not by hooks
     from typing import Any, NoReturn
 

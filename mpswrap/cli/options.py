@@ -11,7 +11,7 @@ from .. import values
 from ..errors import MpswrapError
 from ..paths import validate_name
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

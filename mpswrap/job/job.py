@@ -38,7 +38,7 @@ from .outcomes import Outcome
 from .owners import OWNER_LOCK, add_ref, counted_ref, dir_identity, ensure_watchdog, live_refs
 from .placement import Slot
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

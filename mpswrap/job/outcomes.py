@@ -24,7 +24,7 @@ from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, writ
 from ..removal import remove_tree
 from . import state
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

@@ -22,7 +22,7 @@ from ..jobenv import TREE_VAR
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

@@ -23,7 +23,7 @@ from .. import _proc
 from ..errors import ControlError, MpswrapError
 from ..mps.daemon import Daemon
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Protocol
 

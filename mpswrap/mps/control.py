@@ -20,7 +20,7 @@ from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
 from ..paths import GpuDirs, read_job_file
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

@@ -30,7 +30,7 @@ from .control import Control, client_status, daemon_env, find_binary, read_pid
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest, write_manifest
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

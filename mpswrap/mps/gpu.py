@@ -20,7 +20,7 @@ from ..errors import GpuChoiceError, GpuError
 from ..jobenv import UUID_RE, parse_int_list
 from . import inventory_cache
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import LayoutError
 from ..paths import ROOT_ONLY, open_dir, write_job_file
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 

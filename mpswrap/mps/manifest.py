@@ -17,7 +17,7 @@ from .._proc import ProcId
 from ..errors import DaemonError
 from ..paths import read_job_file, write_job_file
 
-TYPE_CHECKING = False  # typing's own, without importing typing (see concepts.md)
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
