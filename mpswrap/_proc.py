@@ -22,8 +22,8 @@ import pwd
 import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
+from ._struct import Struct
 from .errors import ProcError, UsageError
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -69,8 +69,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-@dataclass(frozen=True)
-class UserIds:
+class UserIds(Struct, frozen=True):
     """Who a process runs as: names, ids and supplementary groups."""
 
     name: str
@@ -98,8 +97,7 @@ def lookup_user(who: str | int | None = None, gid: int | None = None) -> UserIds
     return UserIds(entry.pw_name, entry.pw_uid, primary, groups, entry.pw_dir)
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(Struct, frozen=True):
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -228,8 +226,7 @@ def spawn(
 
 
 # --- identity and teardown ---------------------------------------------------------------
-@dataclass(frozen=True)
-class ProcId:
+class ProcId(Struct, frozen=True):
     """A process identified by PID and start time (seconds since the epoch)."""
 
     pid: int

@@ -11,9 +11,9 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import FrameType
 
+from ._struct import Struct
 from ._wait import end_procs
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -85,8 +85,7 @@ class SignalTrap:
         return taken
 
 
-@dataclass
-class Guard:
+class Guard(Struct):
     """A forked process that acts if its parent dies before ``release`` (see ``fork_guard``)."""
 
     pid: int

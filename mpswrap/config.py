@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from . import trust
+from ._struct import Struct
 from .errors import ConfigError
 from .values import (
     Parser,
@@ -58,8 +58,7 @@ _NOT_SETTINGS = {
 }
 
 
-@dataclass(frozen=True)
-class Field:
+class Field(Struct, frozen=True):
     name: str
     parse: Parser
     default: str
@@ -249,8 +248,7 @@ def read_config_file(path: Path, problems: list[ConfigError] | None = None) -> d
     return values
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Struct, frozen=True):
     """Resolved settings: one typed attribute per entry of ``FIELDS``, in the same order.
 
     Names, parsers, defaults and docs are written only in ``FIELDS``; this class adds just

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from ._struct import Struct
 from .errors import ConfigError, MpswrapError, UsageError
 from .paths import validate_name
 
@@ -181,8 +181,7 @@ def _id_number(name: str, text: str | None) -> int | None:
     return int(text)
 
 
-@dataclass(frozen=True)
-class JobEnv:
+class JobEnv(Struct, frozen=True):
     """What the environment says about the job, step, task and launcher."""
 
     env: Mapping[str, str]

@@ -18,9 +18,9 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from ._struct import Struct
 from .errors import LayoutError
 
 __all__ = [
@@ -73,8 +73,7 @@ def validate_name(kind: str, value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class GpuDirs:
+class GpuDirs(Struct, frozen=True):
     """The directories of one GPU's daemon inside a job."""
 
     key: str
@@ -115,8 +114,7 @@ class GpuDirs:
             )
 
 
-@dataclass(frozen=True)
-class JobLayout:
+class JobLayout(Struct, frozen=True):
     """Paths of one job on one node. ``owner``: who besides root may own run_dir and the
     levels above it (a user-mode tree's user); None: whoever runs this."""
 

@@ -24,9 +24,9 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
 
 from .. import __version__, trust
+from .._struct import fields
 from ..config import Settings, admin_file, load_settings
 from ..errors import (
     ConfigError,
@@ -333,7 +333,7 @@ def _options(args: argparse.Namespace) -> LaunchOptions:
     from ..job.run import LaunchOptions
 
     _check_args(args)
-    return LaunchOptions(**{f.name: getattr(args, f.name) for f in fields(LaunchOptions)})
+    return LaunchOptions(**{name: getattr(args, name) for name in fields(LaunchOptions)})
 
 
 def _check_args(args: argparse.Namespace) -> None:

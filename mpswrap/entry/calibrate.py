@@ -26,10 +26,10 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._signals import SignalTrap
+from .._struct import Struct, asdict, field
 from ..errors import UsageError
 from ..job.farmer import Farmer, FarmPlan, Lane
 from ..job.packing import MARGIN, Packing, converge
@@ -48,8 +48,7 @@ log = logging.getLogger(__name__)
 MODES = (("time-sliced", False, None), ("mps", True, None), ("mps-200/n", True, "oversubscribe"))
 
 
-@dataclass(frozen=True)
-class Calibration:
+class Calibration(Struct, frozen=True):
     """One configuration's runs."""
 
     copies: int
@@ -170,8 +169,7 @@ def _counts(
     return list(counts or counts_up_to(min(limit, top or default_per_gpu(limit, n_gpus, cpus))))
 
 
-@dataclass(frozen=True)
-class _Bench:
+class _Bench(Struct, frozen=True):
     """What every run of one calibration shares."""
 
     started: Started

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from .. import _proc, values
 from .._lock import file_lock
+from .._struct import Struct
 from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.farmer import Counts, Farmer, FarmPlan, Lane
 from ..job.faultwatch import FaultWatch
@@ -64,8 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FarmOptions:
+class FarmOptions(Struct, frozen=True):
     """What ``mpswrap farm`` adds to the launch options."""
 
     per_gpu: int | None = None  # None: auto
@@ -162,8 +162,7 @@ def farm(
     return farm_tasks(opts, farm_opts, parse_tasks(tasks, "tasks"), directory, _LOG)
 
 
-@dataclass(frozen=True)
-class _Show:
+class _Show(Struct, frozen=True):
     """Where a farm's words go: the command's stdout and stderr, or the API's log."""
 
     line: Callable[[str], None]

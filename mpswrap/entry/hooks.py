@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import logging.handlers
 import os
 import re
 import sys
@@ -96,8 +95,10 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
     root.addHandler(stderr)
     wants_syslog = settings is not None and settings.syslog and hook != "task-prolog"
     if wants_syslog and os.path.exists("/dev/log"):
+        from logging.handlers import SysLogHandler  # only here: it loads socket and pickle
+
         try:
-            sys_handler = logging.handlers.SysLogHandler(address="/dev/log")
+            sys_handler = SysLogHandler(address="/dev/log")
             sys_handler.setFormatter(_JobFormatter(hook, env))
             root.addHandler(sys_handler)
         except OSError:

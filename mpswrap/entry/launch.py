@@ -16,10 +16,10 @@ import shlex
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 from .. import _proc
 from .._signals import SignalTrap
+from .._struct import replace
 from .._wait import end_procs
 from ..errors import CapacityError, MpswrapError
 from ..job import launchargs

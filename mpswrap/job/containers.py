@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._struct import Struct, field
 from ..config import Settings
 from ..errors import UsageError
 from ..jobenv import TREE_VAR, JobEnv
@@ -41,8 +41,7 @@ PASSED = (PIPE_VAR, "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES", TREE_VAR, 
 _SHELLS = frozenset({"sh", "bash", "dash"})
 
 
-@dataclass
-class View:
+class View(Struct):
     """What a container of one command line sees of this host: the binds (source, target)
     and tmpfs mounts in order, and which variables it gets (``every``: all of ours)."""
 
@@ -75,8 +74,7 @@ def _same(source: str, target: str) -> bool:
     return os.path.normpath(source) == os.path.normpath(target)
 
 
-@dataclass(frozen=True)
-class Runtime:
+class Runtime(Struct, frozen=True):
     """A container runtime: how to read its command line and what to give it."""
 
     name: str

@@ -21,7 +21,6 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .._lock import file_lock
 from ..config import Settings
@@ -32,6 +31,10 @@ from ..paths import ROOT_ONLY, check_dirs, list_dir, read_job_file, validate_nam
 from ..slurm.scontrol import NodeShare
 from . import state
 from .job import JobDaemons
+
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import Any
 
 __all__ = ["EXCLUSIVE", "MODES", "get_mode", "make_exclusive", "restore_modes", "set_mode"]
 

@@ -26,10 +26,10 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from .. import _proc
 from .._signals import Guard, SignalTrap
+from .._struct import Struct, field
 from ..errors import LayoutError, MpswrapError
 from ..jobenv import PLACE_IN_LAUNCH_VARS
 from ..mps.daemon import Daemon
@@ -73,8 +73,7 @@ TEE_DRAIN = 5.0
 OOM_TAIL = 64 << 10
 
 
-@dataclass
-class Lane:
+class Lane(Struct):
     """One GPU of the farm: its free seats and whether its server may take clients."""
 
     position: int
@@ -109,8 +108,7 @@ class Lane:
         )
 
 
-@dataclass
-class Attempt:
+class Attempt(Struct):
     """One run of a task."""
 
     task: Task
@@ -136,8 +134,7 @@ class Attempt:
     steady: int = 0
 
 
-@dataclass(frozen=True)
-class FarmPlan:
+class FarmPlan(Struct, frozen=True):
     """How the farm runs its tasks."""
 
     retries: int
@@ -148,8 +145,7 @@ class FarmPlan:
     verify_timeout: float = 30.0
 
 
-@dataclass
-class Counts:
+class Counts(Struct):
     """Where the farm stands, for the progress line, ``farm status`` and the summary."""
 
     total: int

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
+from .._struct import Struct, field
 from ..jobenv import ATTEMPT_VAR, TASK_VAR
 from ..mps import mpslog
 from ..mps.daemon import Daemon
@@ -36,8 +36,7 @@ STAMP_SLACK = 0.1
 RECOVER_SLACK = 1.0
 
 
-@dataclass
-class FaultSeen:
+class FaultSeen(Struct):
     """One fault of a server, as the farm tracks it."""
 
     key: tuple[str, int, int]  # stamp, server pid, first client named

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from .._struct import Struct
 
 __all__ = [
     "FULL_FRACTION",
@@ -59,8 +60,7 @@ OOM_TEXT = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(Struct, frozen=True):
     """One NVML reading of a GPU: bytes used and total, and each process's bytes."""
 
     used: int
@@ -86,8 +86,7 @@ def margin(total: int) -> int:
     return max(MARGIN_MIN, int(total * MARGIN_FRACTION))
 
 
-@dataclass
-class Peaks:
+class Peaks(Struct):
     """The peaks of the finished tasks of one GPU (bytes)."""
 
     seen: list[int]

@@ -19,10 +19,10 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import _lock, _proc, trust
+from .._struct import Struct, field
 from .._wait import end_procs
 from ..config import Settings
 from ..errors import DaemonError, LayoutError, MpswrapError
@@ -59,8 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Teardown:
+class Teardown(Struct):
     """What stopping a job's daemons did, and what it could not remove."""
 
     job_dir: Path
@@ -98,8 +97,7 @@ class Teardown:
         return out + [f"LEFT BEHIND: {item}" for item in self.left + self.kept]
 
 
-@dataclass
-class JobDaemons:
+class JobDaemons(Struct):
     """All per-GPU daemons of ``layout`` (one job on one node)."""
 
     layout: JobLayout
@@ -277,8 +275,7 @@ def _manifest_or_none(daemon: Daemon) -> Manifest | None:
 
 
 # --- attach and release ----------------------------------------------------------------------
-@dataclass
-class Attachment:
+class Attachment(Struct):
     """The daemons a process may use, and how it holds them."""
 
     daemons: JobDaemons
@@ -356,8 +353,7 @@ def attach(
     return Attachment(daemons, manifests, "user", ref)
 
 
-@dataclass
-class Released:
+class Released(Struct):
     """What leaving the job's daemons did."""
 
     att: Attachment

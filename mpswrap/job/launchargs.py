@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from .._struct import Struct
 from ..errors import UsageError
 from ..jobenv import JobEnv
 
@@ -135,8 +135,7 @@ def family_of(word: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(Struct, frozen=True):
     """One MPMD segment: launcher tokens as written, their parsed options, the program."""
 
     tokens: tuple[str, ...]
@@ -157,8 +156,7 @@ class Segment:
         return [*head, *(wrapper if self.program else ()), *self.program]
 
 
-@dataclass(frozen=True)
-class CommandLine:
+class CommandLine(Struct, frozen=True):
     """A parsed launcher command line."""
 
     launcher: str

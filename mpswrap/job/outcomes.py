@@ -16,9 +16,9 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._struct import Struct, asdict
 from ..errors import LayoutError
 from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, write_job_file
 from ..removal import remove_tree
@@ -37,8 +37,7 @@ RECORD_LIMIT = 64 * 1024
 _RECORD = re.compile(r"^[0-9]+-[0-9a-f]{8}\.json$")
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(Struct, frozen=True):
     """How one rank ended."""
 
     code: int  # shell style: 128+N after signal N

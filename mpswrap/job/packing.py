@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from .._struct import Struct, field
 
 __all__ = ["EXPLORE", "MARGIN", "START_MAX", "Change", "Packing", "converge", "start_k"]
 
@@ -55,8 +56,7 @@ EXPLORE = 4
 WINDOW_MIN = 4
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(Struct, frozen=True):
     """K set at ``t`` (epoch seconds): its value, the throughput that decided it (tasks per
     second over the window; None where none was measured), and why."""
 
@@ -69,8 +69,7 @@ class Change:
         return {"t": self.t, "k": self.k, "throughput": self.throughput, "why": self.why}
 
 
-@dataclass
-class Packing:
+class Packing(Struct):
     """K of one GPU, and how it came to be."""
 
     cap: int

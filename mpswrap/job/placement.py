@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from .._struct import Struct
 from ..errors import CapacityError, UsageError
 from ..mps.control import client_env
 from ..mps.gpu import Inventory
@@ -121,8 +121,7 @@ def _weights(spec: str) -> list[float]:
     return weights
 
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(Struct, frozen=True):
     """A GPU ranks may be placed on: its daemon's directories and what placement needs."""
 
     dirs: GpuDirs
@@ -142,8 +141,7 @@ class Slot:
         return self.dirs.key
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(Struct, frozen=True):
     """One local rank's GPU and client environment."""
 
     position: int

@@ -22,9 +22,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
 
 from .._signals import TERMINATING, SignalTrap
+from .._struct import Struct, field, fields
 from ..config import Settings, load_settings
 from ..errors import GpuError, MpswrapError
 from ..jobenv import JobEnv
@@ -51,8 +51,7 @@ __all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "pla
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
+class LaunchOptions(Struct, frozen=True):
     """The wrapper options (``mpswrap --help``) shared by every way to run."""
 
     gpus: str | None = None
@@ -83,7 +82,7 @@ class LaunchOptions:
         token per option, so that a value such as ``--job stop`` never reads as a command."""
         skip = {"dry_run", "debug", "no_shield", "verify_timeout", "job"}
         values: dict[str, object] = {"job": job}
-        values.update((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in skip)
+        values.update((name, getattr(self, name)) for name in fields(self) if name not in skip)
         # Unless given here, the ranks' own verify_attach setting applies (MPSWRAP_* reach them).
         timed = self.verify_attach or self.verify_timeout != LaunchOptions.verify_timeout
         values["verify_timeout"] = self.verify_timeout if timed else None
@@ -94,8 +93,7 @@ class LaunchOptions:
         return [*out, "--"]
 
 
-@dataclass
-class Plan:
+class Plan(Struct):
     """What a run will use, decided before anything starts (``plan``)."""
 
     opts: LaunchOptions
@@ -287,8 +285,7 @@ def local_position(env: JobEnv, policy: str) -> tuple[int, int, str]:
 
 
 # --- attach, run, finish ------------------------------------------------------------------------
-@dataclass
-class Started:
+class Started(Struct):
     """A run between attach and finish: what its body gets."""
 
     plan: Plan

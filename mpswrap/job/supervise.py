@@ -26,10 +26,10 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 
 from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
+from .._struct import Struct, field, replace
 from .._wait import end_procs, pidfd
 from ..errors import ProcError
 from ..jobenv import TREE_VAR
@@ -69,8 +69,7 @@ IDLE_WAKE = 1.0
 _TAGS = itertools.count()
 
 
-@dataclass
-class Rank:
+class Rank(Struct):
     """A supervised child, its identity, and the daemon it should be a client of."""
 
     proc: _proc.Child

@@ -31,10 +31,10 @@ import shlex
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._struct import Struct, asdict
 from ..errors import LayoutError, UsageError
 from ..paths import list_dir, read_job_file
 
@@ -67,8 +67,7 @@ STATE_LIMIT = 64 << 20
 _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
-@dataclass(frozen=True)
-class Task:
+class Task(Struct, frozen=True):
     """One line of the task list."""
 
     number: int
@@ -164,8 +163,7 @@ def read_tasks(source: str) -> list[Task]:
     return parse_tasks(task_lines(data, source), source)
 
 
-@dataclass(frozen=True)
-class Share:
+class Share(Struct, frozen=True):
     """Which tasks this farm runs: task numbers ``index`` modulo ``count`` (one share per node
     of ``srun --ntasks-per-node=1 mpswrap farm``)."""
 
@@ -183,6 +181,10 @@ class Share:
         return f"{self.index}/{self.count}"
 
 
+#: The whole task list, one farm's share when it is not split over nodes.
+WHOLE = Share()
+
+
 def parse_share(text: str) -> Share:
     """``I/N`` (0 <= I < N)."""
     match = _SHARE.match(text)
@@ -191,8 +193,7 @@ def parse_share(text: str) -> Share:
     return Share(int(match[1]), int(match[2]))
 
 
-@dataclass(frozen=True)
-class TaskRecord:
+class TaskRecord(Struct, frozen=True):
     """One finished attempt: a line of the state file."""
 
     task: int
@@ -219,7 +220,7 @@ class TaskRecord:
 class FarmDir:
     """A farm's directory: its logs and its state files (see the module's text)."""
 
-    def __init__(self, path: str | os.PathLike[str], share: Share = Share()) -> None:
+    def __init__(self, path: str | os.PathLike[str], share: Share = WHOLE) -> None:
         self.path = Path(path)
         self.share = share
         self.logs = self.path / "logs"

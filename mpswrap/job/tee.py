@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import select
 import time
-from dataclasses import dataclass, field
 from typing import TextIO
+
+from .._struct import Struct
 
 __all__ = ["Tee"]
 
@@ -32,15 +33,14 @@ LINE_LIMIT = 1 << 16
 CHUNK = 1 << 16
 
 
-@dataclass
-class _Pipe:
+class _Pipe(Struct):
     """The read end of one task's stdout or stderr, its log file, and the line so far."""
 
     fd: int
     log: int
     tag: bytes
     stream: TextIO | None
-    partial: bytes = field(default=b"")
+    partial: bytes = b""
 
 
 class Tee:

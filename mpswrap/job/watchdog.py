@@ -20,10 +20,10 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _lock, _proc
+from .._struct import Struct
 from .._wait import end_procs
 from ..config import Settings, load_settings
 from ..errors import MpswrapError
@@ -40,8 +40,7 @@ WATCH_INTERVAL = 0.5
 WATCH_GRACE = 2.0
 
 
-@dataclass(frozen=True)
-class Seen:
+class Seen(Struct, frozen=True):
     """What the owner that started the watchdog saw of the job."""
 
     #: The directory by identity (device, inode): a lock taken by a rank's teardown may make

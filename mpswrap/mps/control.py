@@ -12,10 +12,10 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _proc, _wait, trust
+from .._struct import Struct
 from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
 from ..paths import GpuDirs, read_job_file
@@ -121,8 +121,7 @@ def client_env(
     return env
 
 
-@dataclass(frozen=True)
-class Control:
+class Control(Struct, frozen=True):
     """Commands to one control daemon, identified by its pipe directory."""
 
     binary: str

@@ -12,17 +12,16 @@ daemon would block and refuse every other command.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
 import signal
 from collections.abc import Generator
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _proc, _wait, trust
 from .._lock import RootLock, file_lock
+from .._struct import Struct, replace
 from ..config import Settings
 from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
 from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
@@ -45,8 +44,7 @@ log = logging.getLogger(__name__)
 START_ERR = "mpswrap-start.err"
 
 
-@dataclass(frozen=True)
-class Defaults:
+class Defaults(Struct, frozen=True):
     """Settings applied to a daemon before its first client, and the ``--threads`` policy
     the task prolog gives each client of a step (``task_threads``: the job's ``--mps=POLICY``;
     recorded in the manifest, sent to no daemon)."""
@@ -66,13 +64,13 @@ class Defaults:
             prestart_server=settings.prestart_server,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
-        return dataclasses.replace(defaults, **given)
+        return replace(defaults, **given)
 
     def with_percentage(self, percentage: float | None) -> Defaults:
         """These defaults with another active thread percentage (None: keep this one)."""
         if percentage is None:
             return self
-        return dataclasses.replace(self, active_thread_percentage=percentage)
+        return replace(self, active_thread_percentage=percentage)
 
 
 class Daemon:

@@ -8,14 +8,13 @@ in ``slurm.gpus``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._struct import Struct, asdict
 from ..errors import GpuChoiceError, GpuError
 from ..jobenv import UUID_RE, parse_int_list
 from . import inventory_cache
@@ -37,8 +36,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GpuInfo:
+class GpuInfo(Struct, frozen=True):
     index: int
     uuid: str
     minor: int
@@ -52,18 +50,17 @@ class GpuInfo:
 
     def to_json(self) -> dict[str, Any]:
         cc, cpus = list(self.compute_capability), sorted(self.cpus)
-        return {**dataclasses.asdict(self), "compute_capability": cc, "cpus": cpus}
+        return {**asdict(self), "compute_capability": cc, "cpus": cpus}
 
 
-@dataclass
-class Inventory:
+class Inventory(Struct):
     """The node's GPUs in NVML index order, plus driver facts."""
 
     gpus: list[GpuInfo]
     driver_version: str = ""
     cuda_driver_version: int = 0
     source: str = "nvml"
-    _nvml: Any = field(default=None, repr=False)
+    _nvml: Any = None
 
     def by_uuid(self, uuid: str) -> GpuInfo:
         for gpu in self.gpus:

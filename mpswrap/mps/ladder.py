@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import _proc, _wait, trust
 from .._lock import maybe_locked
+from .._struct import Struct, field
 from ..config import Settings
 from ..errors import ControlError, LayoutError, MpswrapError
 from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
@@ -33,8 +33,7 @@ __all__ = ["Ladder", "StopReport"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class StopReport:
+class StopReport(Struct):
     key: str
     terminated: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
@@ -85,8 +84,7 @@ class StopReport:
         return [head, *(f"{self.key}: LEFT BEHIND: {item}" for item in self.leftovers + self.paths)]
 
 
-@dataclass
-class Ladder:
+class Ladder(Struct):
     """The ladder for the daemon of ``dirs``, spoken to through ``control``."""
 
     dirs: GpuDirs
@@ -96,7 +94,7 @@ class Ladder:
     #: Taken around the control commands: ranks' ladders run many at once.
     ranks_lock: Path | None = None
     #: Other users' processes already named in a warning (each is named once).
-    _named: set[_proc.ProcId] = field(default_factory=set, init=False, repr=False)
+    _named: set[_proc.ProcId] = field(default_factory=set)
 
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .._proc import ProcId
+from .._struct import Struct, asdict, field
 from ..errors import DaemonError
 from ..paths import read_job_file, write_job_file
 
@@ -28,8 +28,7 @@ MANIFEST_VERSION = 1
 MANIFEST_LIMIT = 64 << 10
 
 
-@dataclass
-class Manifest:
+class Manifest(Struct):
     gpu_uuid: str
     gpu_index: int
     gpu_minor: int

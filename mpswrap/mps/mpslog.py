@@ -10,9 +10,9 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._struct import Struct, field
 from ..paths import read_job_file
 
 __all__ = ["LOG_LIMIT", "Fault", "read_faults", "server_pids", "terminations"]
@@ -27,8 +27,7 @@ _NEW_SERVER = re.compile(r"Starting new server (\d+)")
 _NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user")
 
 
-@dataclass
-class Fault:
+class Fault(Struct):
     """One fatal GPU error handled by a server.
 
     ``reported_by`` are the clients the server names in "Client {PID: …} encountered a fatal

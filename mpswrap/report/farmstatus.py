@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _proc
+from .._struct import Struct, field
 from ..errors import shown
 from ..job.farmer import Counts
 from ..job.packing import Change
@@ -39,8 +39,7 @@ ETA_RULE = (
 )
 
 
-@dataclass(frozen=True)
-class RunningTask:
+class RunningTask(Struct, frozen=True):
     task: int
     line: int
     attempt: int
@@ -50,8 +49,7 @@ class RunningTask:
     since: float
 
 
-@dataclass
-class ShareStatus:
+class ShareStatus(Struct):
     """One state file: the last farm that ran with it, and its tasks."""
 
     name: str

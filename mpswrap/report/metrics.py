@@ -25,10 +25,10 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._struct import Struct
 from ..errors import UsageError
 
 __all__ = ["FAMILIES", "Family", "render", "write_textfile"]
@@ -45,8 +45,7 @@ PROCESS = ("pid", "command")
 COMMAND_LIMIT = 200
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(Struct, frozen=True):
     """One metric family: its name, type, labels and help text."""
 
     name: str

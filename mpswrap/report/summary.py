@@ -17,8 +17,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from .._struct import Struct
 from ..job.job import Released
 from ..job.outcomes import Outcome
 
@@ -41,8 +41,7 @@ def teardown_words(left: int) -> str:
     return "clean" if not left else f"left {left} behind"
 
 
-@dataclass(frozen=True)
-class NodeSummary:
+class NodeSummary(Struct, frozen=True):
     """The summary of one node's ranks."""
 
     node: str

@@ -7,10 +7,10 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _proc, trust
+from .._struct import Struct
 from ..errors import ConfigError, GpuError, MpswrapError
 from ..jobenv import JobEnv, parse_int_list, tasks_per_node
 from ..values import share_percent
@@ -163,8 +163,7 @@ def job_opted_in(env: JobEnv, triggers: tuple[str, ...]) -> bool:
 
 
 # --- the job's share of this node ------------------------------------------------------------
-@dataclass(frozen=True)
-class NodeShare:
+class NodeShare(Struct, frozen=True):
     """A job's allocation on one node, as ``scontrol show job -d`` details it."""
 
     #: Slurm's abstract CPU ids (``CPU_IDs=``): by socket, core and thread, not the OS's ids.

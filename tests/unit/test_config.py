@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import dataclasses
 import typing
 from pathlib import Path
 
 import pytest
 
+from mpswrap._struct import fields
 from mpswrap.config import FIELDS, Field, Settings, load_settings
 from mpswrap.errors import ConfigError
 
@@ -79,9 +79,9 @@ def test_describe_lists_every_setting() -> None:
 def test_settings_attributes_and_fields_table_name_the_same_settings_in_order() -> None:
     # FIELDS is the one place a setting is written; Settings only types it. If either list
     # gains, loses or reorders a name without the other, this is where it shows.
-    attributes = [f.name for f in dataclasses.fields(Settings) if f.name != "sources"]
+    attributes = [name for name in fields(Settings) if name != "sources"]
     assert attributes == [f.name for f in FIELDS]
-    assert dataclasses.fields(Settings)[-1].name == "sources"
+    assert fields(Settings)[-1] == "sources"
 
 
 #: A text for each setting whose default parses to None or "auto", to check the other branch.

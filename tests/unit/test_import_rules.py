@@ -14,6 +14,7 @@ from tests.tree import PACKAGE
 #: it (the order is the layer's own).
 LAYERS: dict[str, tuple[str, ...]] = {
     "": (
+        "_struct",
         "errors",
         "paths",
         "trust",
@@ -204,13 +205,14 @@ def test_import_mpswrap_is_light() -> None:
 def test_the_rank_start_path_is_lean() -> None:
     """What every rank's ``mpswrap ./app`` imports before its program starts leaves out what
     only the commands use (their help texts, the man page, completion, close-match search),
-    what only a teardown uses (the ladder, the MPS log's reader, the job's record), and
-    ``typing`` (docs/concepts.md, What a start imports)."""
+    what only a teardown uses (the ladder, the MPS log's reader, the job's record),
+    ``typing`` and ``dataclasses`` (docs/concepts.md, What a start imports)."""
     code = (
         "import sys, mpswrap.cli.main, mpswrap.entry.launch; "
         "bad = [m for m in ('difflib', 'mpswrap.cli.helptext', "
         "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd', "
-        "'mpswrap.mps.ladder', 'mpswrap.mps.mpslog', 'mpswrap.mps.record', 'typing') "
+        "'mpswrap.mps.ladder', 'mpswrap.mps.mpslog', 'mpswrap.mps.record', 'typing', "
+        "'dataclasses', 'inspect') "
         "if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -220,7 +222,8 @@ def test_the_rank_start_path_is_lean() -> None:
 def test_the_hooks_start_path_is_lean() -> None:
     """What the shims' ``python -I -m mpswrap <hook>`` imports before the hook runs: not the
     CLI (its parser and the commands' modules), not the launcher or session(), not psutil
-    (process identity comes from /proc) and not importlib.resources."""
+    (process identity comes from /proc), not importlib.resources, not ``typing`` or
+    ``dataclasses``, and not syslog's handler before a hook asks for it."""
     code = (
         "import sys, runpy; sys.argv = ['mpswrap', 'prolog']; "
         "import mpswrap.entry.hooks as h; h.run_hook = lambda hook: 0; "
@@ -229,7 +232,8 @@ def test_the_hooks_start_path_is_lean() -> None:
     probe = (
         "import atexit, sys; atexit.register(lambda: print(sorted(m for m in ("
         "'argparse', 'psutil', 'pynvml', 'filelock', 'importlib.resources', 'mpswrap.cli.main', "
-        "'mpswrap.entry.launch', 'mpswrap.entry.session') if m in sys.modules)))"
+        "'mpswrap.entry.launch', 'mpswrap.entry.session', 'typing', 'dataclasses', 'inspect', "
+        "'logging.handlers') if m in sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", f"{probe}; {code}"],
