@@ -2,14 +2,14 @@
 
 ``dataclasses`` writes each class's ``__init__``, ``__repr__``, ``__eq__`` (a frozen one's
 ``__setattr__``, ``__delattr__`` and ``__hash__`` too) as source and compiles it while the
-module loads: 0.3-0.5 ms a class on a 2-core CI machine, about three times that on the GPU
-machine, for some thirty records before a rank's program starts (docs/concepts.md, What a
-start imports). A ``Struct`` is written as a dataclass is, and behaves as one: fields are its
-annotations, in order, after its bases' fields; a default is a value or
-``field(default_factory=...)``; ``__post_init__`` runs after the fields are set; ``frozen=True``
-sets each field once and makes the record hashable. Its methods are shared and read the
-class's field table, so defining one costs what a plain class costs. mypy checks a Struct's
-constructor calls as a dataclass's (``dataclass_transform``, PEP 681).
+module loads: some tenths of a millisecond a class, for some thirty records before a rank's
+program starts (docs/concepts.md, What a start imports). A ``Struct`` is written as a
+dataclass is, and behaves as one: fields are its annotations, in order, after its bases'
+fields; a default is a value or ``field(default_factory=...)``; ``__post_init__`` runs after
+the fields are set; ``frozen=True`` sets each field once and makes the record hashable. Its
+methods are shared and read the class's field table, so defining one costs what a plain
+class costs. mypy checks a Struct's constructor calls as a dataclass's
+(``dataclass_transform``, PEP 681).
 
     class Slot(Struct, frozen=True):
         gpu: GpuInfo

@@ -234,6 +234,34 @@ def h100_start_ab() -> list[str]:
     ]
 
 
+def h100_start_struct() -> list[str]:
+    """One visit's side by side, 4f2c6a2 against d5f4823, in mpswrap's venv and PyTorch's."""
+    a, b = load("2026-11-25-h100-startup-ab-d5f4823.json")["trees"]
+    ta, tb = load("2026-11-25-h100-startup-ab-torchpy-d5f4823.json")["trees"]
+    c, d = load("2026-11-25-cpu-startup-ab-d5f4823.json")["trees"]
+    record = REPO / "docs/gpu-results/2026-11-25-startup-d5f4823/compare/compare.txt"
+    teardowns = re.findall(r"48 live clients after SIGTERM: ([\d.]+) s", record.read_text())
+    assert len(teardowns) == 2, "one teardown a tree"
+
+    def both(key: str, bold: bool = False) -> str:
+        new = f"**{b[key]}**" if bold else b[key]
+        return f"{a[key]} ({ta[key]}) | {new} ({tb[key]})"
+
+    def spread(tree: dict[str, Any]) -> str:
+        return f"{min(tree['start_round_medians_ms'])}-{max(tree['start_round_medians_ms'])}"
+
+    return [
+        f"| per-rank supervisor start, ms | {both('start_median_ms', True)} | ≤ 100 |",
+        f"| its round medians, ms | {spread(a)} | {spread(b)} | |",
+        f"| prolog, 1 GPU, ms | {both('prolog_median_ms', True)} | ≤ 150 |",
+        f"| epilog, 1 GPU, no clients, ms | {both('epilog_median_ms')} | |",
+        f"| supervisor RSS, MiB | {a['rss_mib']} | {b['rss_mib']} | |",
+        f"| teardown of 48 live clients after SIGTERM, s | {teardowns[0]} | {teardowns[1]} | |",
+        f"start {c['start_median_ms']} → {d['start_median_ms']} ms, prolog "
+        f"{c['prolog_median_ms']} → {d['prolog_median_ms']} ms",
+    ]
+
+
 def h100_farm() -> list[str]:
     runs = load("2026-11-24-h100-farm-59fb4ea.json")["runs"]
 
@@ -351,6 +379,7 @@ STATEMENTS = {
     "h100-overheads": h100_overheads,
     "h100": h100_short,
     "h100-start-ab": h100_start_ab,
+    "h100-start-struct": h100_start_struct,
     "h100-farm": h100_farm,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
