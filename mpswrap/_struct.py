@@ -11,9 +11,9 @@ methods are shared and read the class's field table, so defining one costs what 
 class costs. mypy checks a Struct's constructor calls as a dataclass's
 (``dataclass_transform``, PEP 681).
 
-    class Slot(Struct, frozen=True):
-        gpu: GpuInfo
-        share: float | None = None
+    class Share(Struct, frozen=True):
+        index: int = 0
+        count: int = 1
 
 Fields whose names start with ``_`` stay out of the repr. ``asdict`` is shallow: a record's
 values are taken as they are.
