@@ -72,10 +72,13 @@ class Struct:
         cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
         cls._defaults = dict(cls._defaults)
         for name in own:
-            if name in cls.__dict__:
-                cls._defaults[name] = cls.__dict__[name]
-                if isinstance(cls.__dict__[name], _Factory):
-                    delattr(cls, name)
+            if name not in cls.__dict__:
+                continue
+            default = cls._defaults[name] = cls.__dict__[name]
+            if isinstance(default, (list, dict, set)):  # one object every record would share
+                raise ValueError(f"{cls.__name__}.{name}: use field(default_factory=...)")
+            if isinstance(default, _Factory):
+                delattr(cls, name)
         if frozen:
             cls.__setattr__ = _refuse_set  # type: ignore[assignment,method-assign]
             cls.__delattr__ = _refuse_delete  # type: ignore[assignment,method-assign]

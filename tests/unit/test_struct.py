@@ -90,3 +90,10 @@ def test_wrong_arguments_are_refused_as_a_dataclass_refuses_them(
 ) -> None:
     with pytest.raises(TypeError, match=error):
         Point(*args, **kwargs)
+
+
+def test_a_mutable_default_is_refused_as_a_dataclass_refuses_it() -> None:
+    with pytest.raises(ValueError, match=r"Shared.items: use field\(default_factory"):
+
+        class Shared(Struct):
+            items: list[int] = []  # noqa: RUF012 - the mistake under test
