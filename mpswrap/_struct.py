@@ -6,7 +6,9 @@ module loads: some tenths of a millisecond a class, for some thirty records befo
 program starts (docs/concepts.md, What a start imports). A ``Struct`` is written as a
 dataclass is, and behaves as one: fields are its annotations, in order, after its bases'
 fields; a default is a value or ``field(default_factory=...)``; ``__post_init__`` runs after
-the fields are set; ``frozen=True`` sets each field once and makes the record hashable. Its
+the fields are set; ``frozen=True`` sets each field once and makes the record hashable (a
+subclass is frozen as its base is). What a dataclass refuses, a Struct refuses too: a default
+every record would share (a list, a dict), a field without a default after one with one. Its
 methods are shared and read the class's field table, so defining one costs what a plain
 class costs. mypy checks a Struct's constructor calls as a dataclass's
 (``dataclass_transform``, PEP 681).
@@ -58,31 +60,40 @@ def field(*, default_factory: Callable[[], T]) -> T:
 class Struct:
     """A record: fields from the annotations, set by one shared ``__init__``."""
 
-    #: The fields' names, in order (bases' first), and the defaults of those that have one.
-    _fields: ClassVar[tuple[str, ...]] = ()
-    _defaults: ClassVar[dict[str, object]] = {}
+    #: The fields' names, in order (bases' first), the defaults of those that have one, and
+    #: whether they are set once. Plain at run time, so that ``typing.get_type_hints`` of a
+    #: record never evaluates ``ClassVar``, which only mypy imports.
+    if TYPE_CHECKING:
+        _fields: ClassVar[tuple[str, ...]]
+        _defaults: ClassVar[dict[str, object]]
+        _frozen: ClassVar[bool | None]
+    _fields = ()
+    _defaults = {}  # noqa: RUF012 - each class gets its own copy
+    _frozen = None  # Struct itself: either
 
     def __init_subclass__(cls, frozen: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls._frozen is not None and frozen != cls._frozen:
+            raise TypeError(f"{cls.__name__}: frozen={frozen}, its base's is {cls._frozen}")
+        cls._frozen = frozen
         own = [
             name
             for name, kind in cls.__annotations__.items()  # its own only (3.10 on)
             if not str(kind).startswith(("ClassVar", "typing.ClassVar"))
         ]
         cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
-        cls._defaults = dict(cls._defaults)
+        cls._defaults = {name: d for name, d in cls._defaults.items() if name not in own}
         for name in own:
-            if name not in cls.__dict__:
-                continue
-            default = cls._defaults[name] = cls.__dict__[name]
-            if isinstance(default, (list, dict, set)):  # one object every record would share
-                raise ValueError(f"{cls.__name__}.{name}: use field(default_factory=...)")
-            if isinstance(default, _Factory):
-                delattr(cls, name)
+            if name in cls.__dict__:
+                cls._defaults[name] = _default(cls, name, cls.__dict__[name])
+        required = [name for name in cls._fields if name not in cls._defaults]
+        if required and cls._fields.index(required[-1]) >= len(required):
+            raise TypeError(f"{cls.__name__}.{required[-1]}: no default, after a field with one")
         if frozen:
             cls.__setattr__ = _refuse_set  # type: ignore[assignment,method-assign]
             cls.__delattr__ = _refuse_delete  # type: ignore[assignment,method-assign]
-            cls.__hash__ = _hash  # type: ignore[assignment,method-assign]
+            if "__hash__" not in cls.__dict__:  # its own stays, as a dataclass's does
+                cls.__hash__ = _hash  # type: ignore[assignment,method-assign]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls, names = type(self), self._fields
@@ -116,6 +127,15 @@ class Struct:
         return _values(self) == _values(other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable: as a dataclass, unless frozen
+
+
+def _default(cls: type, name: str, default: object) -> object:
+    """A field's default; one that every record would share and could change is refused."""
+    if isinstance(default, _Factory):
+        delattr(cls, name)  # made anew for each record: no class attribute
+    elif type(default).__hash__ is None:  # a list, dict, set or mutable record
+        raise ValueError(f"{cls.__name__}.{name}: use field(default_factory=...)")
+    return default
 
 
 def _values(record: Struct) -> tuple[object, ...]:

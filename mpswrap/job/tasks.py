@@ -31,10 +31,11 @@ import shlex
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._struct import Struct, asdict
+from .._struct import Struct
 from ..errors import LayoutError, UsageError
 from ..paths import list_dir, read_job_file
 
@@ -67,7 +68,10 @@ STATE_LIMIT = 64 << 20
 _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
-class Task(Struct, frozen=True):
+# Task and TaskRecord are dataclasses, not Structs: a farm's result (entry/farm.FarmResult)
+# holds them, and callers' dataclasses.asdict of it must give plain data.
+@dataclass(frozen=True)
+class Task:
     """One line of the task list."""
 
     number: int
@@ -193,7 +197,8 @@ def parse_share(text: str) -> Share:
     return Share(int(match[1]), int(match[2]))
 
 
-class TaskRecord(Struct, frozen=True):
+@dataclass(frozen=True)
+class TaskRecord:
     """One finished attempt: a line of the state file."""
 
     task: int

@@ -4,11 +4,15 @@ frozen fields, ``__post_init__``, ``replace`` and ``asdict``."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import typing
 from typing import Any
 
 import pytest
 
 from mpswrap._struct import Struct, asdict, field, fields, replace
+from mpswrap.entry.farm import FarmResult
+from mpswrap.job.tasks import Task, TaskRecord
 
 
 class Point(Struct, frozen=True):
@@ -97,3 +101,45 @@ def test_a_mutable_default_is_refused_as_a_dataclass_refuses_it() -> None:
 
         class Shared(Struct):
             items: list[int] = []  # noqa: RUF012 - the mistake under test
+
+    with pytest.raises(ValueError, match=r"SharedBag.bag: use field\(default_factory"):
+
+        class SharedBag(Struct):
+            bag: Bag = Bag()  # a mutable record: unhashable, shared all the same
+
+
+def test_field_order_and_frozen_mixes_are_refused_as_a_dataclass_refuses_them() -> None:
+    with pytest.raises(TypeError, match=r"Late\.y: no default, after a field with one"):
+
+        class Late(Struct):
+            x: int = 0
+            y: int  # type: ignore[misc]
+
+    with pytest.raises(TypeError, match="Thawed: frozen=False, its base's is True"):
+
+        class Thawed(Point):  # type: ignore[misc]
+            pass
+
+
+def test_a_redeclared_field_without_a_default_needs_one_given() -> None:
+    class Required(Point, frozen=True):
+        y: int
+
+    with pytest.raises(TypeError, match="missing field 'y'"):
+        Required(1)  # type: ignore[call-arg]
+
+
+def test_type_hints_of_a_record_resolve_at_run_time() -> None:
+    assert typing.get_type_hints(Point) == {"x": int, "y": int, "_note": str}
+
+
+def test_a_farms_result_is_plain_data_through_dataclasses_asdict() -> None:
+    """``FarmResult`` and the ``Task``s and ``TaskRecord``s in it stay dataclasses: what the
+    public API returns turns into JSON through ``dataclasses.asdict``."""
+    task = Task(1, "true", "k1", 1)
+    record = TaskRecord(
+        1, "k1", "true", 1, "DONE", 0, "n1", "GPU-1", 0, 10.0, 11.5, "a.out", "a.err"
+    )
+    result = FarmResult(0, [record], [task])
+    data = json.loads(json.dumps(dataclasses.asdict(result)))
+    assert data["records"][0]["status"] == "DONE" and data["not_run"][0]["command"] == "true"
