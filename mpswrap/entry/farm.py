@@ -36,6 +36,7 @@ from ..job.job import Released
 from ..job.packing import Change, Packing, start_k
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..job.tasks import (
+    WHOLE,
     FarmDir,
     Share,
     Task,
@@ -116,7 +117,7 @@ def _share(given: str | None, env: JobEnv) -> Share:
     if given is not None:
         return parse_share(given)
     task = env.step_task
-    return Share() if task is None else Share(*task)
+    return WHOLE if task is None else Share(*task)
 
 
 def _directory(given: str | None, source: str) -> str:
