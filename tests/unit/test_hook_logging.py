@@ -1,0 +1,54 @@
+"""A hook's log lines: stderr always, syslog (``/dev/log``) as well where the ``syslog`` setting
+asks for it, never from the task prolog (a line per task)."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+from collections.abc import Iterator
+
+import pytest
+
+from mpswrap.config import load_settings
+from mpswrap.entry import hooks
+from mpswrap.jobenv import JobEnv
+
+
+class _SysLog(logging.Handler):
+    """Stands in for SysLogHandler: this machine may have no syslog socket."""
+
+    addresses: list[object] = []  # noqa: RUF012 - what each instance was made with
+
+    def __init__(self, address: object) -> None:
+        super().__init__()
+        self.addresses.append(address)
+
+
+@pytest.fixture
+def logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Logger]:
+    monkeypatch.setattr(logging.handlers, "SysLogHandler", _SysLog)
+    monkeypatch.setattr(hooks.os.path, "exists", lambda path: path == "/dev/log")
+    _SysLog.addresses.clear()
+    root = logging.getLogger("mpswrap")
+    saved = (root.handlers[:], root.level, root.propagate)
+    yield root
+    root.handlers[:], root.level, root.propagate = saved
+
+
+@pytest.mark.parametrize(
+    ("hook", "syslog", "to_syslog"),
+    [
+        ("prolog", "yes", True),
+        ("epilog", "yes", True),
+        ("prolog", "no", False),
+        ("task-prolog", "yes", False),
+    ],
+)
+def test_a_hook_logs_to_syslog_where_the_setting_asks(
+    logger: logging.Logger, hook: str, syslog: str, to_syslog: bool
+) -> None:
+    settings = load_settings(env={"MPSWRAP_SYSLOG": syslog}, problems=[])
+    hooks._setup_logging(hook, JobEnv({"SLURM_JOB_ID": "7"}), settings)
+    kinds = [type(h) for h in logger.handlers]
+    assert kinds == ([logging.StreamHandler, _SysLog] if to_syslog else [logging.StreamHandler])
+    assert _SysLog.addresses == (["/dev/log"] if to_syslog else [])
