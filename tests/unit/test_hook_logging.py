@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -27,7 +28,7 @@ class _SysLog(logging.Handler):
 @pytest.fixture
 def logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Logger]:
     monkeypatch.setattr(logging.handlers, "SysLogHandler", _SysLog)
-    monkeypatch.setattr(hooks.os.path, "exists", lambda path: path == "/dev/log")
+    monkeypatch.setattr(os.path, "exists", lambda path: path == "/dev/log")
     _SysLog.addresses.clear()
     root = logging.getLogger("mpswrap")
     saved = (root.handlers[:], root.level, root.propagate)
