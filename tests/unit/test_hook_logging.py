@@ -28,7 +28,8 @@ class _SysLog(logging.Handler):
 @pytest.fixture
 def logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Logger]:
     monkeypatch.setattr(logging.handlers, "SysLogHandler", _SysLog)
-    monkeypatch.setattr(os.path, "exists", lambda path: path == "/dev/log")
+    exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda path: path == "/dev/log" or exists(path))
     _SysLog.addresses.clear()
     root = logging.getLogger("mpswrap")
     saved = (root.handlers[:], root.level, root.propagate)
