@@ -18,6 +18,29 @@ from typing import Any
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
+#: The job user when the benchmarks run as root: a job of uid 0 gets no MPS, as on a cluster.
+BENCH_USER = "mpswbench"
+
+
+def job_user() -> tuple[int, int]:
+    """(uid, gid) of the benchmark's jobs: the caller's own, or as root an unprivileged user
+    made for them (``BENCH_USER``)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    try:
+        entry = pwd.getpwnam(BENCH_USER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", BENCH_USER], check=True, timeout=60)
+        entry = pwd.getpwnam(BENCH_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def as_job_user() -> dict[str, Any]:
+    """``subprocess`` arguments that run a process as the job user (nothing when that is us)."""
+    uid, gid = job_user()
+    return {} if uid == os.geteuid() else {"user": uid, "group": gid, "extra_groups": []}
 
 
 def compiled() -> None:
@@ -44,6 +67,8 @@ class Bench:
 
     def __init__(self, simulate: bool, gpus: int) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="mpso-", dir="/tmp"))
+        self.tmp.chmod(0o755)  # the job user's daemon reaches its directories through it
+        self.uid, self.gid = job_user()
         # Gone with the process that made it (its jobs' epilogs have run by then).
         atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.simulate = simulate
@@ -69,8 +94,8 @@ class Bench:
         env.update(
             MPSWRAP_CONFIG=str(self.tmp / "mpswrap.conf"),
             SLURM_JOB_ID=job,
-            SLURM_JOB_UID=str(os.getuid()),
-            SLURM_JOB_GID=str(os.getgid()),
+            SLURM_JOB_UID=str(self.uid),
+            SLURM_JOB_GID=str(self.gid),
             SLURMD_NODENAME="bench",
             SLURM_JOB_GPUS=f"0-{self.gpus - 1}",
             SLURM_SCRIPT_CONTEXT="prolog_slurmd",
@@ -91,7 +116,12 @@ class Bench:
         )
         return [
             subprocess.Popen(
-                self.client, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                self.client,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                **as_job_user(),
             )
             for _ in range(k)
         ]
@@ -223,10 +253,13 @@ def _supervisor_costs(bench: Bench, job: str, repeats: int) -> dict[str, Any]:
                 timeout=60,
                 check=True,
                 cwd="/",
+                **as_job_user(),
             )
             start.append(float(out.stdout) - t0)
         for _ in range(3):
-            proc = subprocess.Popen([PY, "-m", "mpswrap", "--", "sleep", "2"], env=env, cwd="/")
+            proc = subprocess.Popen(
+                [PY, "-m", "mpswrap", "--", "sleep", "2"], env=env, cwd="/", **as_job_user()
+            )
             time.sleep(1.2)
             _rss_of(psutil.Process(proc.pid), rss, guard_rss, guard_uss)
             proc.wait(timeout=60)

@@ -105,19 +105,31 @@ class Result(Struct, frozen=True):
 
 
 def _user_kwargs(user: UserIds | None) -> dict[str, object]:
-    if user is None or (user.uid == os.geteuid() and os.geteuid() != 0):
-        return {}
-    if user.uid == os.geteuid():
+    if user is None or user.uid == os.geteuid():
         return {}
     return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
 
 
-def _preexec(cpus: Iterable[int] | None, ignore: Sequence[int]) -> Callable[[], None] | None:
+def _preexec(
+    cpus: Iterable[int] | None,
+    ignore: Sequence[int],
+    cgroup_procs: int | None = None,
+    user: UserIds | None = None,
+) -> Callable[[], None] | None:
+    """What the child does between fork and exec. With ``cgroup_procs`` (a descriptor of a
+    cgroup's ``cgroup.procs``) it moves itself there while still root, then becomes ``user``:
+    subprocess drops privileges before it runs this, too late for the move."""
     cpu_set = set(cpus) if cpus else None
-    if not cpu_set and not ignore:
+    if not cpu_set and not ignore and cgroup_procs is None:
         return None
 
     def child() -> None:  # runs between fork and exec: keep it minimal
+        if cgroup_procs is not None:
+            os.write(cgroup_procs, b"0")
+            if user is not None and user.uid != os.geteuid():
+                os.setgroups(list(user.groups))
+                os.setresgid(user.gid, user.gid, user.gid)
+                os.setresuid(user.uid, user.uid, user.uid)
         if cpu_set:
             os.sched_setaffinity(0, cpu_set)
         for sig in ignore:
@@ -145,7 +157,8 @@ def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
             "cannot start program",
             thing=argv[0],
             argv=list(argv),
-            cause="setting its CPU affinity or signal dispositions failed",
+            cause="joining its cgroup, taking its user's ids, setting its CPU affinity or "
+            "signal dispositions failed",
         ) from exc
 
 
@@ -164,8 +177,11 @@ def run(
     input: str | None = None,
     user: UserIds | None = None,
     cwd: str = "/",
+    limit: int | None = None,
 ) -> Result:
-    """Run ``argv`` to completion within ``timeout`` seconds; never raises on a non-zero exit."""
+    """Run ``argv`` to completion within ``timeout`` seconds; never raises on a non-zero exit.
+    ``limit``: bytes of stdout and stderr kept at most; a program that writes more is killed
+    then (what it relays may come from a socket its user controls), the same as a timeout."""
     proc = _popen(
         argv,
         env=dict(env),
@@ -177,20 +193,74 @@ def run(
         **_user_kwargs(user),
     )
     try:
-        out, err = proc.communicate(input, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        if limit is None:
+            out, err = proc.communicate(input, timeout=timeout)
+        else:
+            out, err = _communicate_capped(proc, input, timeout, limit)
+    except subprocess.TimeoutExpired as exc:
         _kill_group(proc)
-        out, err = proc.communicate()
+        if limit is None:
+            out, err = proc.communicate()
+        else:  # its pipes were read here: close them, reap it
+            out, err = "", ""
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+        what = "wrote too much" if exc.output == "limit" else "timed out"
+        cause = (
+            f"more than {limit} bytes" if exc.output == "limit" else f"no answer in {timeout:g} s"
+        )
         raise ProcError(
-            "timed out",
+            what,
             thing=" ".join(argv),
-            cause=f"no answer in {timeout:g} s",
+            cause=cause,
             argv=list(argv),
-            stdout=out,
-            stderr=err,
+            stdout=(out or "")[:4096],
+            stderr=(err or "")[:4096],
             timeout=timeout,
         ) from None
     return Result(tuple(argv), proc.returncode, out, err)
+
+
+def _communicate_capped(
+    proc: subprocess.Popen[str], input: str | None, timeout: float, limit: int
+) -> tuple[str, str]:
+    """``communicate``, keeping at most ``limit`` bytes: more raises TimeoutExpired with
+    ``output="limit"`` (the caller kills the process group either way)."""
+    import selectors
+    import time
+
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    if input:
+        proc.stdin.write(input)  # a command line or a few: the pipe's buffer takes it
+    proc.stdin.close()
+    chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    end, total = time.monotonic() + timeout, 0
+    with selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = end - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                total += len(data)
+                if total > limit:
+                    raise subprocess.TimeoutExpired(proc.args, timeout, output="limit")
+                chunks[key.fd].append(data)
+    proc.wait(max(0.0, end - time.monotonic()))
+    texts = [
+        b"".join(chunks[f.fileno()]).decode(errors="replace") for f in (proc.stdout, proc.stderr)
+    ]
+    proc.stdout.close()
+    proc.stderr.close()
+    return texts[0], texts[1]
 
 
 def spawn(
@@ -205,24 +275,48 @@ def spawn(
     stderr: int | None = None,
     stdin: int | None = subprocess.DEVNULL,
     cwd: str | None = "/",
+    cgroup: str | None = None,
 ) -> subprocess.Popen[str]:
-    """Start ``argv`` without waiting: own session, optional user, CPU set and ignored signals.
+    """Start ``argv`` without waiting: own session, optional user, CPU set, ignored signals
+    and (as root) cgroup, the folder of a cgroup v2 the child starts in, before it execs.
 
     Ignored signal dispositions survive exec: that is how a supervised client is shielded
     from the SIGTERM that Slurm sends to every process of a step at once.
     """
-    return _popen(
-        argv,
-        env=dict(env),
-        cwd=cwd,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        start_new_session=new_session,
-        close_fds=True,
-        preexec_fn=_preexec(cpus, ignore_signals),
-        **_user_kwargs(user),
-    )
+    if cgroup is None:
+        preexec, as_user = _preexec(cpus, ignore_signals), _user_kwargs(user)
+    else:
+        procs = _open_procs(cgroup, argv)
+        preexec, as_user = _preexec(cpus, ignore_signals, procs, user), {}
+    try:
+        return _popen(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=new_session,
+            close_fds=True,
+            preexec_fn=preexec,
+            **as_user,
+        )
+    finally:
+        if cgroup is not None:
+            os.close(procs)
+
+
+def _open_procs(cgroup: str, argv: Sequence[str]) -> int:
+    """A descriptor of ``<cgroup>/cgroup.procs``, for the child to move itself with."""
+    try:
+        return os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProcError(
+            "cannot start program in its cgroup",
+            thing=argv[0],
+            argv=list(argv),
+            cause=f"{cgroup}: {exc.strerror or exc}",
+        ) from exc
 
 
 # --- identity and teardown ---------------------------------------------------------------
@@ -261,6 +355,29 @@ def _stat(pid: int) -> tuple[bytes, float] | None:
 def identify(pid: int) -> ProcId | None:
     found = _stat(pid)
     return ProcId(pid, found[1]) if found else None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID of ``pid`` (``/proc/<pid>/stat``), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): a daemon that forks
+    away from what we started becomes our child, so the kernel's process tree names it.
+    Whether it took."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
 
 
 def is_alive(pid_id: ProcId) -> bool:

@@ -28,6 +28,7 @@ __all__ = [
     "KILL_WAIT",
     "POLL_CAP",
     "TERM_GRACE",
+    "Deadline",
     "backoff",
     "end_procs",
     "pidfd",
@@ -47,6 +48,34 @@ TERM_GRACE = 1.0
 #: 5 s; a client's or a leftover's was 2 s), so none waits less than it did; the wait ends at
 #: the exit itself, so it costs only where a process is slow to go.
 KILL_WAIT = 5.0
+
+
+class Deadline:
+    """One bound for a whole piece of work (the epilog's teardown): every command, wait and
+    scan in it takes ``bound(its own timeout)``, so no number of them, however slow each is
+    made, outlasts it. ``Deadline(None)`` never ends."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self._end = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left (never below 0; a large number for a deadline that never ends)."""
+        if self._end is None:
+            return float("inf")
+        return max(0.0, self._end - time.monotonic())
+
+    @property
+    def passed(self) -> bool:
+        return self.left() <= 0.0
+
+    def bound(self, timeout: float) -> float:
+        """``timeout``, or what is left of the deadline where that is less."""
+        return min(timeout, self.left())
+
+
+#: The deadline of work that has none of its own.
+NO_DEADLINE = Deadline(None)
 
 
 def pidfd(pid: int) -> int | None:

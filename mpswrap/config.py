@@ -22,6 +22,7 @@ from .values import (
     Parser,
     abs_path,
     boolean,
+    cgroup_root,
     choice,
     clients,
     days,
@@ -164,6 +165,20 @@ FIELDS: tuple[Field, ...] = (
         "all end is shut down with the rest (shutdown_server -f)",
     ),
     Field("quit_timeout", seconds, "5", "seconds for quit before killing by PID"),
+    Field(
+        "teardown_deadline",
+        seconds,
+        "30",
+        "seconds the epilog's whole teardown may take: every command, wait and scan of it "
+        "draws from them (keep well under Slurm's EpilogTimeout / PrologEpilogTimeout)",
+    ),
+    Field(
+        "cgroup_root",
+        cgroup_root,
+        "auto",
+        "where root starts each job's daemons in a cgroup v2 of its own: auto (the folder "
+        "mpswrap below the cgroup2 mount), a folder there, or none (root's record alone)",
+    ),
     Field("kill_grace", seconds, "10", "seconds between a forwarded signal and SIGKILL"),
     Field(
         "log_archive",
@@ -277,6 +292,8 @@ class Settings(Struct, frozen=True):
     terminate_timeout: float
     terminate_window: float
     quit_timeout: float
+    teardown_deadline: float
+    cgroup_root: str
     kill_grace: float
     log_archive: str | None
     log_archive_days: float | None

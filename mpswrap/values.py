@@ -17,6 +17,7 @@ __all__ = [
     "Parser",
     "abs_path",
     "boolean",
+    "cgroup_root",
     "choice",
     "clients",
     "inventory",
@@ -104,7 +105,7 @@ def per_gpu(text: str) -> int | None:
     """A farm's K: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
     if text == "auto":
         return None
-    if not text.isdigit() or int(text) < 1:
+    if not re.fullmatch(r"[0-9]{1,6}", text, re.ASCII) or int(text) < 1:
         raise ValueError("expected auto or a whole number, 1 or more")
     return int(text)
 
@@ -124,6 +125,11 @@ def abs_path(text: str) -> str:
 
 def inventory(text: str) -> str:
     return text if text == "nvml" else abs_path(text)
+
+
+def cgroup_root(text: str) -> str:
+    """``auto``, ``none``, or the absolute path of a folder in the cgroup2 file system."""
+    return text if text in ("auto", "none") else abs_path(text)
 
 
 def program(text: str) -> str:

@@ -25,8 +25,8 @@ from ..job import state
 from ..job.job import JobDaemons
 from ..job.placement import plan_positions
 from ..mps.control import client_env, find_binary
-from ..mps.daemon import Defaults
 from ..mps.gpu import Inventory, client_limit, load_inventory
+from ..mps.start import Defaults
 from ..report.status import print_status
 
 __all__ = ["cli"]

@@ -17,9 +17,9 @@ from ..errors import ConfigError, UsageError
 from ..job import state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
-from ..mps.daemon import Defaults
 from ..mps.gpu import load_inventory, resolve_gpus
 from ..mps.record import read_records
+from ..mps.start import Defaults
 from ..paths import JobLayout, validate_name
 from ..report import metrics
 from ..report.status import cpus_words, node_status, print_status, record_line, unhealthy

@@ -19,11 +19,10 @@ import re
 import sys
 from collections.abc import Sequence
 
-from .. import _proc
+from .. import _proc, _wait
 from ..config import DEFAULT_CONFIG_FILE, Settings, admin_file, load_settings
 from ..errors import (
     ConfigError,
-    LayoutError,
     MpswrapError,
     TrustError,
     UsageError,
@@ -36,8 +35,8 @@ from ..job.exclusive import make_exclusive, restore_modes
 from ..job.job import JobDaemons
 from ..job.placement import Slot, place, provision_threads
 from ..jobenv import GpuRef, JobEnv
-from ..mps.daemon import Defaults
 from ..mps.gpu import health_problem
+from ..mps.start import Defaults
 from ..slurm.gpus import default_gres_conf, resolve_slurm_gpus
 from ..slurm.scontrol import (
     NodeShare,
@@ -155,6 +154,11 @@ def _prolog_failed(env: JobEnv, settings: Settings | None, line: str) -> int:
 
 def _start_job(env: JobEnv, settings: Settings, refs: Sequence[GpuRef]) -> None:
     job, user = env.slurm_job(), _job_user(env)
+    if user.uid == 0:
+        log.warning(
+            "a job of uid 0 gets no MPS: its daemon would run as root (the job runs without MPS)"
+        )
+        return
     inventory = state.node_inventory(settings, env.node)
     found = resolve_slurm_gpus(refs, inventory, default_gres_conf(env.env), env.node)
     # The job's line of `scontrol show job -d`: its CPUs here, its per-GPU gres/mps counts.
@@ -322,20 +326,18 @@ def epilog(env: JobEnv, settings: Settings, problems: Problems = ()) -> int:
 
 
 def _teardown(env: JobEnv, settings: Settings, job: str) -> tuple[int, list[str]]:
-    """Stop every layout of the job; (how many of its processes survive, the GPUs it had).
-    Files left (a tree refused, a directory the job's user keeps) are named, never counted:
-    only what of this job still runs may drain the node."""
+    """Stop every layout of the job within one deadline (``teardown_deadline``); (how many
+    of its processes survive, the GPUs root started daemons on). Files left (a tree refused,
+    a directory the job's user keeps) and what a user-mode tree's own teardown reports are
+    named, never counted: only what root started for this job and still runs may drain the
+    node."""
     left, uuids, uid = 0, [], _epilog_uid(env)
+    deadline = _wait.Deadline(settings.teardown_deadline)
     for layout in state.job_layouts(settings, env.node, job, uid):
         daemons = JobDaemons(layout, settings)
+        uuids += daemons.uuids()
         try:
-            uuids += [m.gpu_uuid for m in daemons.manifests()]
-        except LayoutError:
-            pass  # an unsafe tree: stop() below refuses it and names it, once
-        except MpswrapError as exc:  # a torn or forged manifest must not stop the teardown
-            log.warning("%s", exc.line())
-        try:
-            done = daemons.stop(uid=None if uid < 0 else uid)
+            done = daemons.stop(deadline=deadline)
         except MpswrapError as exc:  # e.g. a lock held elsewhere: the job's state stays
             log.error("left behind after teardown: %s (%s)", layout.job_dir, exc.line())
             left += 1
@@ -347,17 +349,23 @@ def _teardown(env: JobEnv, settings: Settings, job: str) -> tuple[int, list[str]
         for item in done.survivors():
             log.error("left behind after teardown: %s", item)
         left += len(done.survivors())
+    if deadline.passed:
+        log.warning(
+            "the teardown took its whole deadline (teardown_deadline = %g s)",
+            settings.teardown_deadline,
+        )
     return left, uuids
 
 
 def _epilog_uid(env: JobEnv) -> int:
-    """The job's uid, for its user-mode daemons; -1 (the admin layout alone) if unknown."""
+    """The job's uid, for its user-mode daemons; -1 (the admin layout alone) if unknown or
+    root's (root's own user-mode trees are no job's)."""
     try:
         uid = env.job_uid
     except ConfigError as exc:
         log.warning("%s: only the prolog's daemons are looked for", exc.line())
         return -1
-    return -1 if uid is None else uid
+    return -1 if uid is None or uid == 0 else uid
 
 
 def _health_check(uuids: list[str], settings: Settings) -> int:

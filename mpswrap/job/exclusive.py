@@ -174,13 +174,11 @@ def _release(env: JobEnv, settings: Settings, job: str, uuid: str) -> None:
 
 
 def _used_elsewhere(settings: Settings, node: str, job: str, uuid: str) -> bool:
+    """Whether root started a daemon on ``uuid`` for another job of the node (root's records,
+    never a manifest a job user could write)."""
     for layout in state.jobs_on_node(settings, node, None):
         if layout.job_id == job:
             continue
-        try:
-            manifests = JobDaemons(layout, settings).manifests()
-        except MpswrapError:
-            return True  # unreadable: count it as in use, never take the GPU from it
-        if any(m.gpu_uuid.lower() == uuid.lower() for m in manifests):
+        if any(u.lower() == uuid.lower() for u in JobDaemons(layout, settings).uuids()):
             return True
     return False

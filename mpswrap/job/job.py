@@ -17,19 +17,20 @@ import contextlib
 import errno
 import logging
 import os
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import _lock, _proc, trust
+from .. import _lock, _proc, _wait, trust
 from .._struct import Struct, field
-from .._wait import end_procs
 from ..config import Settings
-from ..errors import DaemonError, LayoutError, MpswrapError
+from ..errors import DaemonError, LayoutError, MpswrapError, internal_error, one_line, shown
 from ..jobenv import JobEnv
-from ..mps.daemon import Daemon, Defaults, finish
+from ..mps.daemon import Daemon, finish
 from ..mps.gpu import GpuInfo, Inventory
 from ..mps.manifest import Manifest
+from ..mps.start import Defaults
 from ..paths import JobLayout
 from ..removal import remove_tree
 from . import outcomes as records
@@ -106,18 +107,40 @@ class JobDaemons(Struct):
     def daemon(self, key: str) -> Daemon:
         """The daemon of GPU ``key``. Root's lock lives where only root writes (``state.
         root_lock``), and root takes no lock of the ranks': both would be files in a directory
-        the job user owns, which that user could replace, hold or remove."""
+        the job user owns, which that user could replace, hold or remove. For the daemons root
+        starts (the prolog's, ``mpswrap start`` as root), root also keeps its own record and
+        cgroup of each (``state.root_side``)."""
         lay = self.layout
-        if trust.is_root() and lay.owner != 0:  # not a tree of root's own (its user mode)
+        if self.roots:
+            return Daemon(lay.gpu(key), state.root_side(self.settings, lay, key), self.settings)
+        if trust.is_root() and lay.owner != 0:  # a user's own tree, which root looks at
             return Daemon(lay.gpu(key), state.root_lock(self.settings, lay, key), self.settings)
         return Daemon(lay.gpu(key), lay.lock_path(key), self.settings, lay.ranks_lock_path(key))
 
+    @property
+    def roots(self) -> bool:
+        """Whether root starts and ends these daemons itself (a tree of root's, not a user's
+        that root looks at): then root's record and cgroup say which processes are theirs."""
+        return trust.is_root() and self.layout.owner is None
+
     def keys(self) -> list[str]:
+        """The job's GPU keys: root's record's for a tree of root's (however many GPU
+        directories the job user made), else the GPU directories there."""
+        if self.roots:
+            return state.recorded_keys(self.settings, self.layout)
         return [d.key for d in state.gpu_dirs(self.layout)]
 
     def manifests(self) -> list[Manifest]:
         found = (self.daemon(key).manifest() for key in self.keys())
         return [m for m in found if m]
+
+    def uuids(self) -> list[str]:
+        """The GPUs of the daemons root started for the job (root's records; none for a
+        user's tree)."""
+        if not self.roots:
+            return []
+        held = (self.daemon(key).held() for key in self.keys())
+        return [h.gpu_uuid for h in held if h]
 
     def live_manifests(self) -> list[Manifest]:
         """The manifests, if the job has daemons and every one of them runs; else none."""
@@ -192,11 +215,18 @@ class JobDaemons(Struct):
             "runs": _run_record(self.layout),
         }
 
-    def stop(self, only_started_by: str | None = None, uid: int | None = None) -> Teardown:
-        """The ladder for every GPU, then the job directory goes if nothing survived. A tree
-        that is not safe to enter (``state.check_safe``) is refused, named in ``kept``, and
-        the processes of the job's user (``uid``, else the layout's owner) that run there are
-        ended without entering it."""
+    def stop(
+        self,
+        only_started_by: str | None = None,
+        deadline: _wait.Deadline = _wait.NO_DEADLINE,
+    ) -> Teardown:
+        """The ladder for every GPU, then the job directory goes if nothing survived, all
+        within ``deadline``. As root, for a tree of root's, what there is to end comes from
+        root's record and cgroups (``keys``); a GPU whose ladder fails for any reason is
+        ended by its cgroup or record all the same (``_end_anyway``). A tree that is not safe
+        to enter (``state.check_safe``) is refused and named in ``kept``."""
+        if trust.is_root() and self.layout.owner not in (None, 0):
+            return self._stop_as_owner(deadline)
         done = Teardown(self.layout.job_dir)
         try:
             state.check_safe(self.layout)
@@ -205,50 +235,87 @@ class JobDaemons(Struct):
             if exc.fields.get("errno") == errno.EACCES and not trust.is_root():
                 raise  # not ours to see: another user's job
             done.kept.append(exc.line())
-            done.left += self._end_unreachable(self.layout.owner if uid is None else uid)
-            return done
+            if not self.roots:
+                return done
+            keys = state.recorded_keys(self.settings, self.layout)
         for key in keys:
             daemon = self.daemon(key)
-            manifest = _manifest_or_none(daemon) if only_started_by else None
-            if manifest and manifest.started_by != only_started_by:
+            if only_started_by and _started_by(daemon) not in (None, only_started_by):
                 continue
             try:
-                done.gpus.append(daemon.stop())
-            except MpswrapError as exc:  # e.g. its lock held past the bound: the rest still go
-                done.left.append(f"{key}: {exc.line()}")
+                done.gpus.append(daemon.stop(deadline))
+            except Exception as exc:
+                done.left += self._end_anyway(daemon, key, exc)
         if done.clean and not self.keys():
-            problem = remove_tree(self.layout.job_dir)
-            done.kept += [problem] if problem else []
-            # The node directory goes once empty: a prolog that loses it to us between making
-            # it and its job directory makes it again (state.create).
-            with contextlib.suppress(OSError):
-                os.rmdir(self.layout.node_dir)
+            self._remove(done, deadline)
         return done
 
-    def _end_unreachable(self, uid: int | None) -> list[str]:
-        """The daemons, servers and clients of a tree we must not enter, found by the job
-        directory their environment names (the pipe directory of each) and ended by signal:
-        only processes of the job's user ``uid`` (unknown: the job directory's owner; never
-        root's or another user's), as anyone may name any path. What survives, for the
-        report."""
-        named = _proc.procs_mentioning(f"{self.layout.job_dir}/")
-        uid = _dir_owner(self.layout.job_dir) if uid is None else uid
-        found = [p for p in named if uid not in (None, 0) and _proc.uid_of(p) == uid]
-        for other in (p for p in named if p not in found):
-            log.warning(
-                "not this job's: %s, of uid %s, names %s",
-                _proc.describe(other),
-                _proc.uid_of(other),
-                self.layout.job_dir,
+    def _stop_as_owner(self, deadline: _wait.Deadline) -> Teardown:
+        """A user-mode tree root looks at (the epilog's sweep): its daemons are its user's own
+        processes, named only by that user's files, so root runs that user's own teardown as
+        them (``mpswrap stop`` of this tree), within ``deadline``, and never acts on those
+        files itself. What it reports is the user's word: named in ``kept``, never a reason
+        for root to fail (a user must not be able to drain a node)."""
+        done = Teardown(self.layout.job_dir)
+        lay = self.layout
+        argv = [sys.executable, "-m", "mpswrap", "stop", "--job", lay.job_id, "--node", lay.node]
+        argv += ["--run-dir", str(lay.run_dir)]
+        try:
+            user = _proc.lookup_user(lay.owner)
+            env = {
+                "PATH": _proc.SAFE_PATH,
+                "LANG": "C",
+                "HOME": user.home,
+                "USER": user.name,
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                **{k: v for k, v in os.environ.items() if k.startswith("MPSWRAP_")},
+            }
+            res = _proc.run(
+                argv, env=env, timeout=max(1.0, deadline.left()), user=user, limit=1 << 20
             )
-        if found:
-            log.warning(
-                "%s not entered: ending %s, found by their environment",
-                self.layout.job_dir,
-                " ".join(map(_proc.describe, found)),
-            )
-        left = end_procs(found)
-        return [f"process {_proc.describe(p)} still running" for p in left]
+        except MpswrapError as exc:
+            done.kept.append(f"{lay.job_dir}: its user's teardown: {exc.line()}")
+            return done
+        if res.returncode != 0:
+            said = shown(one_line(res.stdout + res.stderr)[-400:], 400)
+            done.kept.append(f"{lay.job_dir}: its user's teardown exited {res.returncode}: {said}")
+        return done
+
+    def _end_anyway(self, daemon: Daemon, key: str, exc: Exception) -> list[str]:
+        """A GPU whose ladder failed (its lock held elsewhere past the bound, an error): what
+        root knows of its daemon (cgroup, record) is ended by signal, and once nothing of it
+        runs its directory and root's record go; what still runs is returned, named."""
+        line = exc.line() if isinstance(exc, MpswrapError) else internal_error(exc, "at debug")
+        log.debug("%s: ladder failed", key, exc_info=exc)
+        identity = daemon.identity()
+        if identity is None:
+            return [f"{key}: {line}"]
+        left = identity.end(_wait.Deadline(self.settings.teardown_deadline))
+        log.warning("%s: teardown failed (%s): its daemon was ended by signal", key, line)
+        if not left:
+            daemon.forget(self.layout.gpu(key).root)
+        return [f"{key}: {_proc.describe(p)} still running" for p in left]
+
+    def _remove(self, done: Teardown, deadline: _wait.Deadline) -> None:
+        """The job's directory, its cgroup, and the node directory once empty."""
+        problem = remove_tree(self.layout.job_dir, deadline)
+        done.kept += [problem] if problem else []
+        cgroup = state.job_cgroup(self.settings, self.layout) if self.roots else None
+        if cgroup is not None and not cgroup.remove():
+            done.kept.append(f"cgroup {cgroup.path} (not removed)")
+        # The node directory goes once empty: a prolog that loses it to us between making
+        # it and its job directory makes it again (state.create).
+        with contextlib.suppress(OSError):
+            os.rmdir(self.layout.node_dir)
+
+
+def _started_by(daemon: Daemon) -> str | None:
+    """Who started ``daemon``: root's record's word, else the manifest's (None: unknown)."""
+    held = daemon.held()
+    if held is not None:
+        return held.started_by
+    manifest = _manifest_or_none(daemon)
+    return manifest.started_by if manifest else None
 
 
 def _run_record(layout: JobLayout) -> dict[str, Any]:
@@ -257,13 +324,6 @@ def _run_record(layout: JobLayout) -> dict[str, Any]:
     ended = records.peek(layout)
     codes = Counter(o.code for o in ended)
     return {"ended": len(ended), "exit_codes": {str(c): n for c, n in sorted(codes.items())}}
-
-
-def _dir_owner(path: Path) -> int | None:
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
 
 
 def _manifest_or_none(daemon: Daemon) -> Manifest | None:

@@ -18,14 +18,18 @@ import glob
 import os
 import re
 import stat
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .. import trust
+from .._cgroup import Cgroup, parent_dir
 from .._lock import RootLock
 from ..config import Settings
 from ..errors import LayoutError
 from ..mps.gpu import Inventory, load_inventory
+from ..mps.rootrecord import SUFFIX as RECORD_SUFFIX
+from ..mps.rootrecord import RootSide, record_path
 from ..paths import (
     ROOT_ONLY,
     GpuDirs,
@@ -45,12 +49,15 @@ __all__ = [
     "check_writable",
     "create",
     "gpu_dirs",
+    "job_cgroup",
     "job_layouts",
     "jobs_on_node",
     "layout_for",
     "node_inventory",
     "outcomes_dir",
+    "recorded_keys",
     "root_lock",
+    "root_side",
     "user_layout",
     "user_roots",
 ]
@@ -103,16 +110,68 @@ ROOT_LOCKS = ".locks"
 def root_lock(settings: Settings, layout: JobLayout, key: str) -> RootLock:
     """The start/stop lock root takes on one GPU's daemon of ``layout`` (admin or user mode):
     ``<run_dir>/.locks/<node>.<job>.<key>[.u<uid>].lock``, mode 0700 directory of root's."""
-    owner = "" if layout.owner is None else f".u{layout.owner}"
-    name = f"{layout.node}.{layout.job_id}.{layout.gpu(key).key}{owner}.lock"
+    locks = _root_dir(settings)
     admin = admin_layout(settings, layout.node, layout.job_id)
-    locks = admin.run_dir / ROOT_LOCKS
 
     def prepare() -> None:
         create_run_dir(admin)
         ensure_shared_dir(locks, ROOT_ONLY, mode=0o700)
 
+    name = f"{_root_stem(layout)}.{layout.gpu(key).key}{_owner_part(layout)}.lock"
     return RootLock(locks / name, settings.start_timeout * 4, prepare)
+
+
+def root_side(settings: Settings, layout: JobLayout, key: str) -> RootSide:
+    """Root's own state of one GPU's daemon of a job root starts daemons for: its lock, its
+    record (``mps.rootrecord``) and the cgroup it starts the daemon in (``job_cgroup``)."""
+    lock = root_lock(settings, layout, key)
+    cgroup = job_cgroup(settings, layout)
+    leaf = Cgroup(cgroup.path / layout.gpu(key).key) if cgroup else None
+    return RootSide(lock, record_path(lock.path), leaf)
+
+
+def job_cgroup(settings: Settings, layout: JobLayout) -> Cgroup | None:
+    """``<cgroup_root>/<node>.<job>.<run_dir's checksum>``: the cgroup of root's that holds a
+    job's daemons, one cgroup per GPU below it (None: ``cgroup_root = none``, or no cgroup2
+    mounted). The checksum keeps apart two run directories on one machine (two slurmd of
+    one host with their own, the tests' simulated nodes)."""
+    parent = parent_dir(settings.cgroup_root)
+    if parent is None:
+        return None
+    where = zlib.crc32(os.fsencode(str(layout.run_dir)))
+    return Cgroup(parent / f"{_root_stem(layout)}.{where:08x}")
+
+
+def recorded_keys(settings: Settings, layout: JobLayout) -> list[str]:
+    """The GPU keys root holds a record or a cgroup of for ``layout``: what root's teardown
+    acts on, however many GPU directories the job user made. Root's record is read only
+    while its folder is root's alone (``paths.check_dirs``)."""
+    keys: set[str] = set()
+    prefix, suffix = f"{_root_stem(layout)}.", f"{_owner_part(layout)}{RECORD_SUFFIX}"
+    try:
+        check_dirs(_root_dir(settings), ROOT_ONLY)
+        names = os.listdir(_root_dir(settings))
+    except (LayoutError, OSError):
+        names = []
+    for name in names:
+        if name.startswith(prefix) and name.endswith(suffix):
+            keys.add(name[len(prefix) : -len(suffix)])
+    cgroup = job_cgroup(settings, layout)
+    if cgroup is not None and cgroup.exists():
+        keys.update(entry.name for entry in os.scandir(cgroup.path) if entry.is_dir())
+    return layout.gpu_keys(sorted(keys))
+
+
+def _root_dir(settings: Settings) -> Path:
+    return Path(settings.run_dir) / ROOT_LOCKS
+
+
+def _root_stem(layout: JobLayout) -> str:
+    return f"{layout.node}.{layout.job_id}"
+
+
+def _owner_part(layout: JobLayout) -> str:
+    return "" if layout.owner is None else f".u{layout.owner}"
 
 
 def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
@@ -176,7 +235,12 @@ def job_layouts(
         users = [JobLayout(root, node, job, uid) for root in user_roots(settings, uid)]
         layouts = [admin, *(lay for lay in users if lay.run_dir != admin.run_dir)]
         layouts = [admin, *(lay for lay in layouts[1:] if owned_by(lay, uid))]
-    return [lay for lay in layouts if _present(lay)]
+    return [lay for lay in layouts if _present(lay) or _held_by_root(settings, lay)]
+
+
+def _held_by_root(settings: Settings, layout: JobLayout) -> bool:
+    """Whether root holds a record or cgroup of the job there (its directory may be gone)."""
+    return trust.is_root() and layout.owner is None and bool(recorded_keys(settings, layout))
 
 
 def _present(layout: JobLayout) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -71,7 +72,8 @@ class Seen(Struct, frozen=True):
 
 def watchdog(job_dir: Path, seen_text: str | None = None) -> int:
     """Stop the user-mode daemons of ``job_dir`` once every owner has gone."""
-    layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name)
+    # A user-mode tree of this process's own user (root's own too: never root's record).
+    layout = JobLayout(job_dir.parent.parent, job_dir.parent.name, job_dir.name, os.geteuid())
     settings = load_settings()
     seen = Seen.from_json(seen_text) if seen_text else Seen.now(layout, settings)
     gone_since: float | None = None

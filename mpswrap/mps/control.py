@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import _proc, _wait, trust
+from .. import _proc, _wait, fields, trust
 from .._struct import Struct
 from ..errors import ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
@@ -48,6 +48,11 @@ BUSY = "Cannot send command to MPS control daemon process"
 REFUSALS = ("Unknown command", "not found")
 #: Seconds to keep retrying a command the daemon is too busy to take.
 BUSY_RETRY = 2.0
+#: Bytes of a reply kept: the control program relays what a socket in the job user's pipe
+#: directory sends, which may be anything (a real reply is a few KiB at most).
+REPLY_LIMIT = 1 << 20
+#: PIDs of one reply at most (servers of a daemon, clients of a server).
+PIDS_LIMIT = 4096
 
 
 def find_binary(name: str) -> str:
@@ -129,6 +134,8 @@ class Control(Struct, frozen=True):
     log_dir: Path
     timeout: float = 10.0
     user: _proc.UserIds | None = None
+    #: Every command's time is drawn from it (the epilog's one deadline).
+    deadline: _wait.Deadline = _wait.NO_DEADLINE
 
     def command(self, line: str, timeout: float | None = None) -> str:
         """Send one command; return its stdout stripped, or raise ControlError.
@@ -136,11 +143,12 @@ class Control(Struct, frozen=True):
         "Cannot send command" is retried with backoff for a short while: several ranks' ladders
         may talk to one daemon at once (scancel signals every rank together).
         """
-        for elapsed in _wait.backoff(BUSY_RETRY, first=0.01, cap=0.2):
+        for elapsed in _wait.backoff(self.deadline.bound(BUSY_RETRY), first=0.01, cap=0.2):
             try:
                 return self._once(line, timeout)
             except ControlError as exc:
-                if BUSY not in str(exc.fields.get("stderr", "")) or elapsed >= BUSY_RETRY:
+                retry = self.deadline.bound(BUSY_RETRY)
+                if BUSY not in str(exc.fields.get("stderr", "")) or elapsed >= retry:
                     raise
                 log.debug("control %s busy, retrying %r", self.pipe, line)
         raise AssertionError("unreachable")  # pragma: no cover - backoff always ends in raise
@@ -148,9 +156,12 @@ class Control(Struct, frozen=True):
     def _once(self, line: str, timeout: float | None) -> str:
         argv = [self.binary]
         env = daemon_env(self.pipe, self.log_dir)
+        bound = self.deadline.bound(timeout or self.timeout)
         try:
+            if bound <= 0:
+                raise ProcError("not sent", cause="the teardown's deadline has passed")
             res = _proc.run(
-                argv, env=env, input=line + "\n", timeout=timeout or self.timeout, user=self.user
+                argv, env=env, input=line + "\n", timeout=bound, user=self.user, limit=REPLY_LIMIT
             )
         except ProcError as exc:
             raise ControlError(
@@ -176,16 +187,21 @@ class Control(Struct, frozen=True):
         return res.stdout.strip()
 
     def _pids(self, line: str) -> list[int]:
-        out = self.command(line)
+        """A reply of process IDs (ASCII digits in range, at most ``PIDS_LIMIT``)."""
+        words = self.command(line).split(maxsplit=PIDS_LIMIT)
         try:
-            return [int(tok) for tok in out.split()]
-        except ValueError:
-            raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
+            if len(words) > PIDS_LIMIT:
+                raise fields.FieldError(f"more than {PIDS_LIMIT} process IDs")
+            return [fields.pid_text(word) for word in words]
+        except fields.FieldError as exc:
+            raise ControlError("unexpected reply", thing=line, cause=str(exc)) from None
 
     def _float(self, line: str) -> float:
+        """A reply of one percentage (its last word)."""
         out = self.command(line)
         try:
-            return float(out.split()[-1])
+            value = float(out.split()[-1][:32])
+            return fields.number(value, 100.0)
         except (ValueError, IndexError):
             raise ControlError("unexpected reply", thing=line, cause=repr(out[:200])) from None
 
@@ -306,6 +322,8 @@ def client_status(pid: int, uid: int | None) -> dict[str, Any]:
 
 
 def read_pid(path: Path) -> int | None:
-    """The control daemon's PID from its pid file; None where it holds no number."""
-    text = (read_job_file(path, PID_LIMIT) or "").strip()
-    return int(text) if text.isdigit() else None
+    """The control daemon's PID from its pid file; None where it holds no process ID."""
+    try:
+        return fields.pid_text((read_job_file(path, PID_LIMIT) or "").strip())
+    except fields.FieldError:
+        return None

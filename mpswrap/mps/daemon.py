@@ -5,9 +5,13 @@ detached as that user with ``CUDA_VISIBLE_DEVICES=<UUID>`` and pinned near its G
 by a real control query with bounded backoff, defaults applied before any client, manifest.
 
 Stop is the teardown ladder: terminate_client for every client, bounded wait, SIGKILL what
-survived; then ``quit`` (bounded); then kill daemon and servers by PID + start time; remove
-the directories; re-scan and report leftovers. Never ``quit`` while a client is alive: the
-daemon would block and refuse every other command.
+survived; then ``quit`` (bounded); then end what is left of the daemon; remove the
+directories; report leftovers. Never ``quit`` while a client is alive: the daemon would block
+and refuse every other command.
+
+As root, a daemon is started in a cgroup of root's (``_cgroup``) and written down in root's
+record (``rootrecord``) before and after it starts; stop, status and a second start take who
+the daemon is from there, never from the files in the job user's directories.
 """
 
 from __future__ import annotations
@@ -15,62 +19,32 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 from collections.abc import Generator
 from pathlib import Path
 
 from .. import _proc, _wait, trust
+from .._cgroup import Cgroup
 from .._lock import RootLock, file_lock
-from .._struct import Struct, replace
 from ..config import Settings
 from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
-from ..paths import GpuDirs, create_job_file, ensure_private_dir, read_job_file
-from .control import Control, client_status, daemon_env, find_binary, read_pid
+from ..paths import GpuDirs, ensure_private_dir
+from .control import Control, client_status, find_binary
 from .gpu import GpuInfo
-from .manifest import Manifest, read_manifest, write_manifest
+from .manifest import Manifest, read_manifest
+from .rootrecord import Held, RootSide, read_held, remove_held
+from .start import Defaults, Start
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
     from .._lock import FileLock
+    from .identity import Identity
     from .ladder import Ladder, StopReport
 
 __all__ = ["Daemon", "Defaults", "finish"]
 
 log = logging.getLogger(__name__)
-
-#: What ``nvidia-cuda-mps-control -d`` printed, in the log directory (read when it fails).
-START_ERR = "mpswrap-start.err"
-
-
-class Defaults(Struct, frozen=True):
-    """Settings applied to a daemon before its first client, and the ``--threads`` policy
-    the task prolog gives each client of a step (``task_threads``: the job's ``--mps=POLICY``;
-    recorded in the manifest, sent to no daemon)."""
-
-    active_thread_percentage: float | None = None
-    pinned_mem_limit: str | None = None
-    client_priority: int | None = None
-    prestart_server: bool = False
-    task_threads: str | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> Defaults:
-        defaults = cls(
-            active_thread_percentage=settings.active_thread_percentage,
-            pinned_mem_limit=settings.pinned_mem_limit,
-            client_priority=settings.client_priority,
-            prestart_server=settings.prestart_server,
-        )
-        given = {k: v for k, v in overrides.items() if v is not None}
-        return replace(defaults, **given)
-
-    def with_percentage(self, percentage: float | None) -> Defaults:
-        """These defaults with another active thread percentage (None: keep this one)."""
-        if percentage is None:
-            return self
-        return replace(self, active_thread_percentage=percentage)
 
 
 class Daemon:
@@ -79,13 +53,15 @@ class Daemon:
     def __init__(
         self,
         dirs: GpuDirs,
-        lock: Path | RootLock,
+        lock: Path | RootLock | RootSide,
         settings: Settings,
         ranks_lock: Path | None = None,
     ) -> None:
         self.dirs = dirs
         self.settings = settings
         self._lock_at = lock
+        #: Root's own state of this daemon (its lock, record and cgroup); None in user mode.
+        self.root = lock if isinstance(lock, RootSide) else None
         #: Taken around control commands that ranks send (their ladders, many at once).
         self.ranks_lock = ranks_lock
 
@@ -93,18 +69,45 @@ class Daemon:
     def _lock(self) -> FileLock | RootLock:
         """The start/stop lock, made on first use (start and stop take it; queries do not):
         root's own (``RootLock``), or the job user's file in its job directory."""
+        if isinstance(self._lock_at, RootSide):
+            return self._lock_at.lock
         if isinstance(self._lock_at, RootLock):
             return self._lock_at
         return file_lock(self._lock_at, timeout=self.settings.start_timeout * 4)
 
     @property
     def control(self) -> Control:
+        return self.control_within(_wait.NO_DEADLINE)
+
+    def control_within(self, deadline: _wait.Deadline) -> Control:
+        """The control program for this daemon, every command drawn from ``deadline``."""
         return Control(
             find_binary(self.settings.control_binary),
             self.dirs.pipe,
             self.dirs.log,
             timeout=self.settings.command_timeout,
             user=self._commander(),
+            deadline=deadline,
+        )
+
+    def held(self) -> Held | None:
+        """Root's record of this daemon (None in user mode, or where root started none)."""
+        return read_held(self.root.record) if self.root else None
+
+    def identity(self) -> Identity | None:
+        """Who the daemon is, from root's record and cgroup (None in user mode: the ladder
+        reads the user's own manifest). A job directory without a record of root's has no
+        daemon of root's to end: only its cgroup, where it has one."""
+        if self.root is None:
+            return None
+        from .identity import Identity
+
+        held = self.held()
+        cgroup = Cgroup(Path(held.cgroup)) if held and held.cgroup else self.root.cgroup
+        return Identity(
+            held.daemon if held else None,
+            cgroup=cgroup if cgroup and cgroup.exists() else None,
+            uid=held.uid if held else None,
         )
 
     def _commander(self) -> _proc.UserIds | None:
@@ -130,27 +133,31 @@ class Daemon:
 
     # The teardown's modules (the ladder, the MPS log's reader, the job's record) load when
     # a teardown or a status needs them: a rank's start and the prolog's do without them.
-    def _ladder(self) -> Ladder:
+    def _ladder(self, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> Ladder:
+        """The ladder of this daemon: without a control program root may run (or none at
+        all), everything of the daemon is still ended, by signal."""
         from .ladder import Ladder
 
-        return Ladder(self.dirs, self.control, self.settings, self.ranks_lock)
+        try:
+            control: Control | None = self.control_within(deadline)
+        except MpswrapError as exc:
+            log.warning("%s: ending the daemon by signal: %s", self.dirs.key, exc.line())
+            control = None
+        held = self.held()
+        return Ladder(
+            self.dirs,
+            control,
+            self.settings,
+            self.ranks_lock,
+            identity=self.identity(),
+            deadline=deadline,
+            origin=_origin(held) if held else {},
+        )
 
     def _report(self) -> StopReport:
         from .ladder import StopReport
 
         return StopReport(self.dirs.key)
-
-    def _stop_ladder(self) -> Ladder:
-        """The ladder of a stop: without a control program root may run (or none at all),
-        everything of the daemon is still ended, by signal."""
-        from .ladder import Ladder
-
-        try:
-            control = self.control
-        except MpswrapError as exc:
-            log.warning("%s: ending the daemon by signal: %s", self.dirs.key, exc.line())
-            return Ladder(self.dirs, None, self.settings, self.ranks_lock)
-        return Ladder(self.dirs, control, self.settings, self.ranks_lock)
 
     # --- start ------------------------------------------------------------------------
     def starting(
@@ -183,34 +190,35 @@ class Daemon:
                 yield
                 return current
             self._prepare(user)
-            cpus = self._cpus(gpu, allowed_cpus)
-            new = self._start_new(gpu, user, binary, cpus=cpus, origin=origin, defaults=defaults)
-            return (yield from new)
+            start = Start(
+                self.dirs,
+                gpu,
+                user,
+                binary,
+                self.control,
+                self.settings,
+                self._cpus(gpu, allowed_cpus),
+                origin,
+                defaults,
+                self.root,
+            )
+            return (yield from self._start_new(start))
         finally:  # root's lock file goes where its daemon failed to start
             lock.release(remove=not os.path.lexists(self.dirs.root))
 
-    def _start_new(
-        self,
-        gpu: GpuInfo,
-        user: _proc.UserIds,
-        binary: str,
-        *,
-        cpus: list[int],
-        origin: dict[str, str],
-        defaults: Defaults,
-    ) -> Generator[None, None, Manifest]:
+    def _start_new(self, start: Start) -> Generator[None, None, Manifest]:
         """``starting`` for a daemon not running yet (its lock held): launch, then finish;
         on any failure, or closed in between, stop what was launched."""
         launched: _proc.Popen[str] | None = None
         try:
-            launched = self._launch(gpu, user, binary, cpus)
+            launched = start.launch()
             yield
-            self._wait_detached(launched, gpu, binary)
-            return self._started(gpu, user, binary, cpus, origin=origin, defaults=defaults)
+            return start.finish(launched)
         except BaseException:
             if launched is not None and launched.returncode is None:
-                self._detached(launched)  # closed before the second step: reap '-d'
-            self._ladder().stop(self._report())
+                start.detached(launched)  # closed before the second step: reap '-d'
+            self._ladder(_wait.Deadline(self.settings.teardown_deadline)).stop(self._report())
+            self._forget()
             raise
 
     def _prepare(self, user: _proc.UserIds) -> None:
@@ -229,151 +237,45 @@ class Daemon:
             cpus = allowed
         return sorted(cpus)
 
-    def _launch(
-        self, gpu: GpuInfo, user: _proc.UserIds, binary: str, cpus: list[int]
-    ) -> _proc.Popen[str]:
-        """``nvidia-cuda-mps-control -d`` as ``user`` on ``cpus``, not waited for."""
-        env = daemon_env(
-            self.dirs.pipe,
-            self.dirs.log,
-            {"CUDA_VISIBLE_DEVICES": gpu.uuid, "HOME": user.home, "USER": user.name},
-        )
-        out = create_job_file(self.dirs.log / START_ERR)  # root's, in the user's directory
-        try:
-            return _proc.spawn(
-                [binary, "-d"],
-                env=env,
-                user=user,
-                cpus=cpus,
-                stdout=out,
-                stderr=out,
-            )
-        finally:
-            os.close(out)
-
-    def _detached(self, fg: _proc.Popen[str]) -> int | None:
-        """Wait for ``-d`` to return, as it does once the daemon has forked away; None (and
-        ``-d`` killed) if it does not within start_timeout."""
-        code = _wait.wait_child(fg, self.settings.start_timeout)
-        if code is None:
-            _wait.end_procs([], signal.SIGKILL, children=[fg])
-        return code
-
-    def _wait_detached(self, fg: _proc.Popen[str], gpu: GpuInfo, binary: str) -> None:
-        """``-d``'s exit code says whether the daemon could start."""
-        code = self._detached(fg)
-        if code is None:
-            raise DaemonError(
-                "MPS control daemon did not detach",
-                thing=gpu.uuid,
-                cause=f"'{binary} -d' still running after {self.settings.start_timeout:g} s",
-            )
-        if code != 0:
-            raise DaemonError(
-                "couldn't start MPS",
-                thing=f"{gpu.uuid}, pipe {self.dirs.pipe}",
-                cause=f"{os.path.basename(binary)} -d exited {code}: "
-                f"{_tail(self.dirs.log / START_ERR)}",
-                hint="is the NVIDIA driver loaded? run nvidia-smi",
-            )
-
-    def _started(
-        self,
-        gpu: GpuInfo,
-        user: _proc.UserIds,
-        binary: str,
-        cpus: list[int],
-        *,
-        origin: dict[str, str],
-        defaults: Defaults,
-    ) -> Manifest:
-        """Once detached: wait until it answers, apply the defaults, write the manifest.
-
-        ``origin``: the manifest's node, job_id and started_by.
-        """
-        daemon = self._wait_ready(gpu)
-        applied = self._apply_defaults(defaults, user)
-        # A new daemon has a server only if prestarted: otherwise no query (one command less
-        # per GPU in the prolog). Servers started later are found in control.log at stop.
-        listed = self.control.server_list() if defaults.prestart_server else []
-        servers = [p.to_json() for p in map(_proc.identify, listed) if p]
-        manifest = Manifest(
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
-            gpu_minor=gpu.minor,
-            key=self.dirs.key,
-            user=user.name,
-            uid=user.uid,
-            gid=user.gid,
-            daemon_pid=daemon.pid,
-            daemon_start_time=daemon.start_time,
-            cpus=cpus,
-            settings=applied,
-            servers=servers,
-            control_binary=binary,
-            node=origin["node"],
-            job_id=origin["job_id"],
-            started_by=origin["started_by"],
-            gpu=gpu.to_json(),
-        )
-        write_manifest(self.dirs.manifest, manifest, user.uid, user.gid)
-        log.info(
-            "started MPS daemon pid %d for %s (%s) cpus %s",
-            daemon.pid,
-            gpu.uuid,
-            self.dirs.key,
-            _cpu_text(cpus),
-        )
-        return manifest
-
-    def _wait_ready(self, gpu: GpuInfo) -> _proc.ProcId:
-        control = self.control
-        for _ in _wait.backoff(self.settings.start_timeout, cap=_wait.POLL_CAP):
-            pid = read_pid(self.dirs.pid_file)
-            ident = _proc.identify(pid) if pid else None
-            if ident and control.ping():
-                return ident
-        raise DaemonError(
-            "MPS control daemon did not answer",
-            thing=gpu.uuid,
-            cause=f"no reply to get_server_list in {self.settings.start_timeout:g} s"
-            f"; control.log: {_tail(self.dirs.control_log)}",
-        )
-
-    def _apply_defaults(self, defaults: Defaults, user: _proc.UserIds) -> dict[str, Any]:
-        control = self.control
-        applied: dict[str, Any] = {}
-        if defaults.active_thread_percentage is not None:
-            applied["active_thread_percentage"] = control.set_default_active_thread_percentage(
-                defaults.active_thread_percentage
-            )
-        if defaults.pinned_mem_limit:
-            # The daemon sees exactly one GPU (its UUID), so the device ordinal is 0.
-            control.set_default_pinned_mem_limit("0", defaults.pinned_mem_limit)
-            applied["pinned_mem_limit"] = defaults.pinned_mem_limit
-        if defaults.client_priority is not None:
-            control.set_default_client_priority(defaults.client_priority)
-            applied["client_priority"] = defaults.client_priority
-        if defaults.prestart_server:
-            control.start_server(user.uid)
-            applied["prestart_server"] = True
-        if defaults.task_threads:
-            applied["task_threads"] = defaults.task_threads
-        return applied
-
     def _running(self) -> Manifest | None:
         try:
             manifest = self.manifest()
         except MpswrapError:
             return None
-        if manifest and _proc.is_alive(manifest.daemon) and self.control.ping():
+        if manifest is None:
+            return None
+        daemon = manifest.daemon
+        if self.root is not None:  # as root: the record's daemon, never the manifest's
+            held = self.held()
+            if held is None or held.daemon is None or held.daemon != daemon:
+                return None
+        if _proc.is_alive(daemon) and self.control.ping():
             return manifest
         return None
 
+    def _forget(self) -> None:
+        """Root's record goes with the daemon it named."""
+        if self.root is not None:
+            remove_held(self.root.record)
+
+    def forget(self, where: Path) -> None:
+        """After the daemon was ended by signal alone (its ladder failed): its directory, its
+        cgroup and root's record go."""
+        from ..removal import remove_tree
+
+        remove_tree(where)
+        if self.root is not None and self.root.cgroup is not None:
+            self.root.cgroup.remove()
+        self._forget()
+
     def _clear_stale(self) -> None:
-        """Leftovers of a crashed daemon: stop what the manifest names, remove the dirs."""
-        if os.path.lexists(self.dirs.root):  # a symlink planted there is removed too
-            report = self._ladder().stop(self._report())
+        """Leftovers of a crashed daemon: stop what is known of it, remove the dirs."""
+        identity = self.identity()
+        there = identity is not None and (identity.daemon or identity.cgroup)
+        if os.path.lexists(self.dirs.root) or there:  # a symlink planted there is removed too
+            report = self._ladder(_wait.Deadline(self.settings.teardown_deadline)).stop(
+                self._report()
+            )
             # A directory that could not be removed holds nothing alive: it is reused.
             if report.leftovers:
                 raise DaemonError(
@@ -384,7 +286,9 @@ class Daemon:
 
     # --- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        manifest = self.manifest()
+        """This daemon as ``status`` shows it. As root, who it is comes from root's record;
+        else from the manifest (a user-mode daemon's, read as hints: an unreadable one is
+        named, never fatal)."""
         info: dict[str, Any] = {
             "key": self.dirs.key,
             "pipe_dir": str(self.dirs.pipe),
@@ -394,25 +298,51 @@ class Daemon:
             "servers": [],
             "faults": [],
         }
-        if manifest:
-            info["uuid"] = manifest.gpu_uuid
-            info["daemon"] = {
-                "pid": manifest.daemon_pid,
-                "alive": _proc.is_alive(manifest.daemon),
-                "started_by": manifest.started_by,
-                "user": manifest.user,
-                "cpus": manifest.cpus,
-            }
-            info["settings"] = manifest.settings
+        found = self._known()
+        if isinstance(found, str):
+            info["error"] = found
+        elif found is not None:
+            daemon, facts = found
+            info["uuid"] = facts["uuid"]
+            info["daemon"] = {"pid": daemon.pid, "alive": _proc.is_alive(daemon), **facts["daemon"]}
+            info["settings"] = facts["settings"]
         from .mpslog import read_faults
 
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
-        if info["daemon"] and info["daemon"]["alive"]:
-            info.update(self._live_status(manifest.uid if manifest else None))
+        if info["daemon"] and info["daemon"]["alive"] and found and not isinstance(found, str):
+            info.update(self._live_status(found[1]["uid"]))
         active = {s["pid"] for s in info["servers"] if s["status"] == "ACTIVE"}
         for fault in info["faults"]:  # the live state outranks the log's wording
             fault["recovered"] = fault["recovered"] or fault["server_pid"] in active
         return info
+
+    def _known(self) -> tuple[_proc.ProcId, dict[str, Any]] | str | None:
+        """(the daemon, what is known of it) from root's record (as root) or the manifest;
+        None where neither names one, a line where the manifest cannot be read."""
+        if self.root is not None:
+            held = self.held()
+            if held is None or held.daemon is None:
+                return None
+            facts = {"started_by": held.started_by, "user": held.user, "cpus": held.cpus}
+            return held.daemon, {
+                "uuid": held.gpu_uuid,
+                "daemon": facts,
+                "settings": held.settings,
+                "uid": held.uid,
+            }
+        try:
+            manifest = self.manifest()
+        except MpswrapError as exc:
+            return exc.line()
+        if manifest is None:
+            return None
+        facts = {"started_by": manifest.started_by, "user": manifest.user, "cpus": manifest.cpus}
+        return manifest.daemon, {
+            "uuid": manifest.gpu_uuid,
+            "daemon": facts,
+            "settings": manifest.settings,
+            "uid": manifest.uid,
+        }
 
     def _live_status(self, uid: int | None) -> dict[str, Any]:
         control = self.control
@@ -425,7 +355,7 @@ class Daemon:
                         "pid": server,
                         "status": control.server_status(server),
                         "active_thread_percentage": control.active_thread_percentage(server),
-                        "clients": [client_status(c, uid) for c in clients],
+                        "clients": [client_status(c, uid) for c in clients[:CLIENTS_SHOWN]],
                     }
                 )
         except ControlError as exc:
@@ -440,19 +370,32 @@ class Daemon:
             return []
 
     # --- stop -------------------------------------------------------------------------
-    def stop(self) -> StopReport:
-        """The teardown ladder; harmless when nothing is running or nothing exists."""
+    def stop(self, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> StopReport:
+        """The teardown ladder, within ``deadline``; harmless when nothing is running or
+        nothing exists. As root, root's record and the cgroup say what there is to end,
+        also where the job user removed the directory."""
         report = self._report()
-        if not _there(self.dirs.root):  # a symlink in its place has a ladder too
+        if not self._anything():
             return report
         lock = self._lock
         lock.acquire()
         try:  # another hook of the job may have stopped it while we waited: a no-op then
-            if _there(self.dirs.root):
-                self._stop_ladder().stop(report)
+            if self._anything():
+                self._ladder(deadline).stop(report)
+                if not report.leftovers:
+                    self._forget()
         finally:  # root's lock file goes with the daemon it guarded
-            lock.release(remove=not _there(self.dirs.root))
+            lock.release(remove=not self._anything())
         return report
+
+    def _anything(self) -> bool:
+        """Whether there is anything of this daemon: its directory, or (as root) a record or
+        a cgroup of root's."""
+        if _there(self.dirs.root):
+            return True
+        if self.root is None:
+            return False
+        return self.root.record.exists() or bool(self.root.cgroup and self.root.cgroup.exists())
 
     def end_clients(self, pids: set[int]) -> StopReport:
         """End those of ``pids`` that are clients here (a rank's ladder): terminate_client,
@@ -462,6 +405,20 @@ class Daemon:
         report = self._report()
         self._ladder().end_clients(report, pids)
         return report
+
+
+#: Clients of one server ``status`` describes at most (MPS serves 48 to 60).
+CLIENTS_SHOWN = 128
+
+
+def _origin(held: Held) -> dict[str, Any]:
+    """What root's record says of who ran what, for the archive's record (mps/record)."""
+    return {
+        "gpu_uuid": held.gpu_uuid,
+        "user": held.user,
+        "started_by": held.started_by,
+        "daemon_started": held.started,
+    }
 
 
 def finish(steps: Generator[None, None, Manifest]) -> Manifest:
@@ -484,16 +441,3 @@ def _there(path: Path) -> bool:
     except OSError:
         return True
     return True
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    from .mpslog import LOG_LIMIT
-
-    text = read_job_file(path, LOG_LIMIT, tail=True)
-    if text is None:
-        return "(no log)"
-    return " | ".join(text.strip().splitlines()[-lines:]) or "(empty)"
-
-
-def _cpu_text(cpus: list[int]) -> str:
-    return ",".join(map(str, cpus)) if cpus else "unpinned"

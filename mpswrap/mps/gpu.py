@@ -148,7 +148,7 @@ def inventory_from_json(data: Any, source: str) -> Inventory:
             for g in data["gpus"]
         ]
         driver, cuda = str(data.get("driver_version", "")), int(data.get("cuda_driver_version", 0))
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError) as exc:
         raise GpuError("cannot read GPU inventory file", thing=source, cause=str(exc)) from exc
     return Inventory(gpus, driver, cuda, source=source)
 

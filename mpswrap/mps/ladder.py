@@ -1,11 +1,17 @@
 """The teardown ladder of one per-GPU daemon: end its clients, quit it, kill what survives.
 
 terminate_client for every client (or the ranks being ended), bounded wait, SIGKILL what
-survived; then ``quit`` (bounded); then kill daemon and servers by PID + start time; remove
-the directories; re-scan and report leftovers. Never ``quit`` while a client is alive: the
-daemon would block and refuse every other command. Only processes of the directory's owner
-are ever signalled. Directories are removed through descriptors (``remove_tree``): the job's
-user may swap a symlink in at any level while root removes its tree.
+survived; then ``quit`` (bounded); then end what is left of the daemon (``Identity.end``: its
+cgroup, else its process tree); remove the directories; report leftovers. Never ``quit`` while
+a client is alive: the daemon would block and refuse every other command.
+
+Who the daemon is comes from ``identity`` (root's record and cgroup, or a user-mode daemon's
+own manifest); what the control socket answers is a hint: a listed client is ended only if it
+is the job user's, started after the daemon and no other Slurm job's, and a listed server
+only if it is the daemon's. Every command, wait and scan draws from one ``Deadline``, and the
+work a job user can multiply is capped. Directories are removed through descriptors
+(``remove_tree``): the job's user may swap a symlink in at any level while root removes its
+tree.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
 from ..removal import remove_tree
 from . import record
 from .control import Control, read_pid
+from .identity import Identity, other_job
 from .manifest import Manifest, read_manifest
 from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
 
@@ -93,6 +100,13 @@ class Ladder(Struct):
     settings: Settings
     #: Taken around the control commands: ranks' ladders run many at once.
     ranks_lock: Path | None = None
+    #: Who the daemon is (root's record and cgroup); None: a user-mode daemon of this
+    #: process's own user, named by its manifest.
+    identity: Identity | None = None
+    #: What bounds the whole ladder (the epilog's deadline); each step takes its share.
+    deadline: _wait.Deadline = _wait.NO_DEADLINE
+    #: What the job's records said of the daemon, for the archive's record (mps/record).
+    origin: dict[str, Any] = field(default_factory=dict)
     #: Other users' processes already named in a warning (each is named once).
     _named: set[_proc.ProcId] = field(default_factory=set)
 
@@ -105,49 +119,45 @@ class Ladder(Struct):
         assert self.control is not None
         return self.control
 
+    @property
+    def _job(self) -> str:
+        return self.dirs.root.parent.name
+
     def stop(self, report: StopReport) -> StopReport:
         """The whole ladder (the caller holds the daemon's start/stop lock)."""
         dirs = self.dirs
+        ident = self.identity or self._user_identity(report)
         link = next((p for p in (dirs.root, dirs.pipe, dirs.log) if os.path.islink(p)), None)
-        if link is None and self.control is not None:
-            daemon, servers = self._identify(report)
-            log.debug(
-                "%s: stopping daemon %s, servers %s",
-                dirs.key,
-                daemon and daemon.pid,
-                [s.pid for s in servers],
-            )
-            # No manifest or pid file to go by: what names this pipe directory may be the
-            # daemon, and the commands reach it through the pipe directory all the same.
-            ended = [daemon] if daemon else _proc.procs_mentioning(str(dirs.pipe))
-            if any(_proc.is_alive(p) for p in ended):
-                servers += self._end_clients(report, None)
-                self._quit(report)
-                # quit returns before the server has exited (about 80 ms later on an H100).
-                _wait.wait_gone([*ended, *servers], self.settings.quit_timeout)
-        else:
+        if link is not None:
             # Planted by the directory's owner: commands and reads would reach whatever it
-            # points at (or no control program may run). What names this pipe directory in
-            # its environment (the daemon, its servers, a client) is ended by signal instead.
-            if link is not None:
-                report.notes.append(f"refusing a path that is not a plain directory ({link})")
-            daemon, servers = None, _proc.procs_mentioning(str(dirs.pipe))
-        self._force([p for p in [daemon, *servers] if p and _proc.is_alive(p)], report)
-        self._sweep(report)
+            # points at. What the daemon started is ended by identity alone.
+            report.notes.append(f"refusing a path that is not a plain directory ({link})")
+        elif self.control is not None and ident.daemon_alive():
+            log.debug("%s: stopping daemon %s", dirs.key, ident.daemon)
+            self._end_clients(report, None, ident)
+            self._quit(report)
+            # quit returns before the server has exited (about 80 ms later on an H100).
+            _wait.wait_gone(ident.members(), self.deadline.bound(self.settings.quit_timeout))
+        report.forced += [p.pid for p in ident.members()]
+        report.leftovers += [_proc.describe(p) for p in ident.end(self.deadline)]
+        if self.identity is None:
+            self._sweep(report)
         if link is None:
             report.log_terminations = terminations(dirs.server_log)
             report.log_faults = len(read_faults(dirs.server_log))
             self._archive_logs(report)
         if not report.leftovers:
-            problem = remove_tree(dirs.root)
+            problem = remove_tree(dirs.root, self.deadline)
             if problem:
                 report.paths.append(problem)
+            if ident.cgroup is not None and not ident.cgroup.remove():
+                report.paths.append(f"cgroup {ident.cgroup.path} (not removed)")
         return report
 
-    def _identify(self, report: StopReport) -> tuple[_proc.ProcId | None, list[_proc.ProcId]]:
-        """The daemon and its servers: the manifest's, else the pid file's; servers started
-        after the manifest (by the first client) are named in control.log, and trusted only
-        while their environment names this pipe directory."""
+    def _user_identity(self, report: StopReport) -> Identity:
+        """A user-mode daemon of this process's own user: the manifest's daemon and servers,
+        else the pid file's daemon; servers its first client started are named in
+        control.log, trusted only as this user's processes whose pipe directory is this one."""
         try:
             manifest = self.manifest()
         except MpswrapError as exc:
@@ -156,39 +166,36 @@ class Ladder(Struct):
         daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
         servers = list(manifest.server_ids) if manifest else []
         logged = server_pids(self.dirs.control_log) - {s.pid for s in servers}
-        servers += [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if p.pid in logged]
-        return daemon, servers
+        servers += [p for p in self._naming_pipe() if p.pid in logged]
+        return Identity(daemon, servers=servers, uid=os.geteuid())
 
-    def _force(self, procs: list[_proc.ProcId], report: StopReport) -> None:
-        """SIGTERM, then SIGKILL, what is still alive of the owner's; survivors are reported."""
-        owned = self._owned(procs, report)
-        report.forced += [p.pid for p in owned]
-        report.leftovers += [_proc.describe(p) for p in _wait.end_procs(owned)]
+    def _naming_pipe(self) -> list[_proc.ProcId]:
+        """This user's processes whose ``CUDA_MPS_PIPE_DIRECTORY`` is exactly this pipe
+        directory and that are no other Slurm job's (a path elsewhere in an environment, as
+        ``OLDPWD`` after a ``cd``, names nothing)."""
+        return _with_pipe(str(self.dirs.pipe), self._job)
 
     def _sweep(self, report: StopReport) -> None:
-        """What still names this pipe directory once the daemon is gone. The job user's
-        processes (a rank's child that outlived it, a client nobody could terminate) are
-        ended by signal, as Slurm ends a job's processes, and reported only if they survive
-        that. Another user's are noted and left alone: anyone may name any path, so they
-        are never this job's to end or to blame."""
-        found = [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if _proc.is_alive(p)]
-        mine = self._owned(found, report)
-        if not mine:
-            return
-        log.info(
-            "%s: ending %s, still naming %s",
-            self.dirs.key,
-            ", ".join(map(_proc.describe, mine)),
-            self.dirs.pipe,
-        )
-        report.killed += [p.pid for p in mine]
-        _wait.end_procs(mine)
-        owners = {_proc.uid_of(p) for p in mine}  # the job user's, as _owned found them
-        again = [p for p in _proc.procs_mentioning(str(self.dirs.pipe)) if _proc.is_alive(p)]
-        report.leftovers += [_proc.describe(p) for p in again if _proc.uid_of(p) in owners]
+        """User mode: what of this user's still uses this pipe directory once the daemon is
+        gone (a rank's child that outlived it, a client nobody could terminate) is ended by
+        signal, as Slurm ends a job's processes, in rounds while new ones appear; what is
+        found after the last round is left behind."""
+        for _ in range(3):
+            found = [p for p in self._naming_pipe() if _proc.is_alive(p)]
+            if not found or self.deadline.passed:
+                break
+            log.info(
+                "%s: ending %s, still using %s",
+                self.dirs.key,
+                ", ".join(map(_proc.describe, found)),
+                self.dirs.pipe,
+            )
+            report.killed += [p.pid for p in found]
+            _wait.end_procs(found, grace=self.deadline.bound(_wait.TERM_GRACE))
+        report.leftovers += [_proc.describe(p) for p in self._naming_pipe()]
 
     def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
-        return self._end_clients(report, only)
+        return self._end_clients(report, only, self.identity or self._user_identity(report))
 
     def _archive_logs(self, report: StopReport) -> None:
         """Keep the MPS logs and the job's record (mps/record) for post-mortems (setting
@@ -199,10 +206,6 @@ class Ladder(Struct):
         job_dir = self.dirs.root.parent
         prefix = f"{job_dir.parent.name}-{job_dir.name}-{self.dirs.key}"
         try:
-            manifest = self.manifest()
-        except MpswrapError:
-            manifest = None
-        try:
             if trust.is_root():  # root writes and prunes there: no one else may swap a level
                 check_dirs(Path(archive), ROOT_ONLY)
             os.makedirs(archive, mode=0o755, exist_ok=True)
@@ -211,14 +214,26 @@ class Ladder(Struct):
             record.prune(Path(archive), self.settings.log_archive_days)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
                 _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
-            found = record.record_of(self.dirs, manifest, report.ended())
+            found = record.record_of(self.dirs, self._origin(), report.ended())
             record.write_record(Path(archive), prefix, found)
         except LayoutError as exc:
             report.notes.append(f"not archiving logs: {exc.line()}")
         except OSError as exc:
             report.notes.append(f"cannot archive logs to {archive}: {exc.strerror}")
 
-    def _end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
+    def _origin(self) -> dict[str, Any]:
+        """Who ran what, for the archive: root's record's (``origin``), else the manifest's."""
+        if self.origin:
+            return self.origin
+        try:
+            manifest = self.manifest()
+        except MpswrapError:
+            manifest = None
+        return record.origin_of(manifest)
+
+    def _end_clients(
+        self, report: StopReport, only: set[int] | None, ident: Identity
+    ) -> list[_proc.ProcId]:
         """THE client-ending ladder: terminate_client every client (or those in ``only``),
         wait (bounded), SIGKILL those still alive; returns the servers it found.
 
@@ -229,6 +244,9 @@ class Ladder(Struct):
         call, by SIGPIPE or 806, and the GPU stays healthy, as seen on an H100). A server that
         also serves clients not being ended goes on terminating one by one.
 
+        What the daemon lists is a hint: a server that is not the daemon's own is left alone,
+        and a client is signalled only if ``_may_end`` says so.
+
         The commands go under the ranks' lock: the real daemon refuses a command while it
         serves another ("Cannot send command"), and twelve ladders at once on an H100 ran out
         of retries. Waiting for the clients to exit is not serialised.
@@ -236,35 +254,76 @@ class Ladder(Struct):
         clients: list[_proc.ProcId] = []
         if self.control is None:
             return []
-        with maybe_locked(self.ranks_lock, self.settings.terminate_timeout * 4):
-            try:
-                listing = self._commands.clients()
-            except ControlError as exc:
-                report.notes.append(f"cannot list servers: {exc.cause}")
-                return []
-            deadline = time.monotonic() + self.settings.terminate_window
+        with maybe_locked(
+            self.ranks_lock, self.deadline.bound(self.settings.terminate_timeout * 4)
+        ):
+            listing = self._listing(report, ident)
+            window = time.monotonic() + self.deadline.bound(self.settings.terminate_window)
             for server, pids in listing.items():
                 ending = [p for p in pids if only is None or p in only]
                 whole = len(ending) == len(pids)
                 for index, pid in enumerate(ending):
-                    if whole and time.monotonic() >= deadline:
+                    if self.deadline.passed:
+                        break
+                    if whole and time.monotonic() >= window:
                         clients += self._shutdown(server, ending[index:], set(ending), report)
                         break
                     clients += self._terminate(server, pid, report)
+        clients = [c for c in clients if self._may_end(c, ident)]
 
         def killed(left: list[_proc.ProcId]) -> list[_proc.ProcId]:
-            """Terminated but still running (not in a CUDA call for that long): the owner's
-            are SIGKILLed."""
-            alive = self._owned(left, report)
+            """Terminated but still running (not in a CUDA call for that long): SIGKILLed."""
             log.debug(
-                "%s: %d client(s) ended, %d still alive", self.dirs.key, len(clients), len(alive)
+                "%s: %d client(s) ended, %d still alive", self.dirs.key, len(clients), len(left)
             )
-            report.killed += [p.pid for p in alive]
-            return alive
+            report.killed += [p.pid for p in left]
+            return left
 
         # terminate_client was the request to end: no signal before the SIGKILL.
-        _wait.end_procs(clients, None, self.settings.terminate_timeout, before_kill=killed)
+        grace = self.deadline.bound(self.settings.terminate_timeout)
+        _wait.end_procs(clients, None, grace, before_kill=killed)
         return [p for p in map(_proc.identify, listing) if p]
+
+    def _listing(self, report: StopReport, ident: Identity) -> dict[int, list[int]]:
+        """The daemon's servers and their clients, as it lists them: only servers that are
+        the daemon's own (``ident.holds``), each with at most ``CLIENTS_CAP`` clients."""
+        try:
+            listing = self._commands.clients()
+        except ControlError as exc:
+            report.notes.append(f"cannot list servers: {exc.cause}")
+            return {}
+        mine = {}
+        for server, pids in listing.items():
+            if not ident.holds(server):
+                report.notes.append(f"server {server} is not this daemon's: left alone")
+                continue
+            mine[server] = pids[:CLIENTS_CAP]
+        return mine
+
+    def _may_end(self, client: _proc.ProcId, ident: Identity) -> bool:
+        """A listed client is signalled only if it is the job user's, started after the daemon
+        and is no other Slurm job's: the list comes through a socket the job user controls."""
+        uid = _proc.uid_of(client)
+        if uid is None:
+            return False  # gone already: nothing to end
+        if ident.uid is not None and uid != ident.uid:
+            self._not_mine(client, ident)
+            return False
+        if ident.daemon is not None and client.start_time < ident.daemon.start_time - 1:
+            return False
+        return not other_job(client.pid, self._job)
+
+    def _not_mine(self, proc: _proc.ProcId, ident: Identity) -> None:
+        if proc in self._named:
+            return
+        self._named.add(proc)
+        log.warning(
+            "%s: not this job's: %s, of uid %s, listed by %s",
+            self.dirs.key,
+            _proc.describe(proc),
+            _proc.uid_of(proc),
+            self.dirs.pipe,
+        )
 
     def _terminate(self, server: int, pid: int, report: StopReport) -> list[_proc.ProcId]:
         ident = _proc.identify(pid)
@@ -290,39 +349,23 @@ class Ladder(Struct):
         except ControlError as exc:
             report.notes.append(f"shutdown_server {server}: {exc.cause}")
             for pid in pids:  # one by one after all, past the window
+                if self.deadline.passed:
+                    break
                 idents += [i for i in self._terminate(server, pid, report) if i not in idents]
             return idents
         report.shut_down[server] = len(pids)
         report.dropped += pids
         return idents
 
-    def _owned(self, procs: list[_proc.ProcId], report: StopReport) -> list[_proc.ProcId]:
-        """Only processes of the job directory's owner may be signalled: the manifest is that
-        user's file, so a PID in it must never make root kill someone else's process. (The
-        job directory's, not the GPU directory's: whoever may write the job directory could
-        have put a link of its own there.)"""
-        try:
-            owner = os.lstat(self.dirs.root.parent).st_uid
-        except OSError:
-            return []
-        mine = [p for p in procs if _proc.uid_of(p) in (owner, None)]
-        for proc in (p for p in procs if p not in mine and p not in self._named):
-            self._named.add(proc)
-            log.warning(
-                "%s: not this job's: %s, of uid %s, names %s",
-                self.dirs.key,
-                _proc.describe(proc),
-                _proc.uid_of(proc),
-                self.dirs.pipe,
-            )
-            report.notes.append(f"not signalling {proc.pid}: not uid {owner}")
-        return mine
-
     def _quit(self, report: StopReport) -> None:
         try:
-            self._commands.quit(force_after=self.settings.quit_timeout)
+            self._commands.quit(force_after=self.deadline.bound(self.settings.quit_timeout))
         except ControlError as exc:
             report.notes.append(f"quit: {exc.cause}")
+
+
+#: Clients of one server the ladder acts on at most (MPS serves 48 to 60).
+CLIENTS_CAP = 128
 
 
 def _copy_regular(src: Path, dest: Path) -> None:
@@ -335,10 +378,24 @@ def _copy_regular(src: Path, dest: Path) -> None:
             out.write(text)
 
 
+def _with_pipe(pipe: str, job: str) -> list[_proc.ProcId]:
+    """This user's processes whose ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe``, other Slurm jobs'
+    left out (Slurm's cgroup, or the ``SLURM_JOB_ID`` slurmstepd gave them, names another)."""
+    found = _proc.procs_with_env("CUDA_MPS_PIPE_DIRECTORY", "SLURM_JOB_ID")
+    return [
+        proc
+        for proc, env in found
+        if env["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+        and env.get("SLURM_JOB_ID", job) == job
+        and not other_job(proc.pid, job)
+    ]
+
+
 def _identify_pidfile(path: Path) -> _proc.ProcId | None:
-    """A daemon without manifest (crashed start), trusted only if its environment names this
-    pipe directory: a stale pid file may name a PID that an unrelated process reuses."""
+    """A daemon without manifest (crashed start), trusted only if it is this user's and its
+    pipe directory is this one: a stale pid file may name a PID an unrelated process reuses."""
     pid = read_pid(path)
     if not pid:
         return None
-    return next((p for p in _proc.procs_mentioning(str(path.parent)) if p.pid == pid), None)
+    job = path.parent.parent.parent.name  # <job>/<key>/pipe/<pid file>
+    return next((p for p in _with_pipe(str(path.parent), job) if p.pid == pid), None)

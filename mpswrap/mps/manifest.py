@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import fields
 from .._proc import ProcId
 from .._struct import Struct, asdict, field
 from ..errors import DaemonError
@@ -59,8 +60,50 @@ class Manifest(Struct):
     def server_ids(self) -> list[ProcId]:
         return [ProcId(int(s["pid"]), float(s["start_time"])) for s in self.servers]
 
+    @classmethod
+    def checked(cls, data: dict[str, Any]) -> Manifest:
+        """A manifest from its JSON form, every field of its declared type (``fields``):
+        the job user writes this file, and a value of another type is a FieldError here,
+        never an exception where it is used."""
+        servers = [
+            {"pid": fields.pid(s["pid"]), "start_time": fields.number(s["start_time"])}
+            for s in fields.items(data.get("servers", []), 256)
+        ]
+        return cls(
+            gpu_uuid=fields.text(data["gpu_uuid"], 256),
+            gpu_index=fields.whole(data["gpu_index"]),
+            key=fields.text(data["key"], 8),
+            node=fields.text(data["node"], 256),
+            job_id=fields.text(data["job_id"], 256),
+            user=fields.text(data["user"], 256),
+            uid=fields.whole(data["uid"]),
+            gid=fields.whole(data["gid"]),
+            started_by=fields.text(data["started_by"], 16),
+            gpu_minor=_minor(data["gpu_minor"]),
+            daemon_pid=fields.pid(data["daemon_pid"]),
+            daemon_start_time=fields.number(data["daemon_start_time"]),
+            cpus=[fields.whole(c, 1 << 16) for c in fields.items(data.get("cpus", []))],
+            settings=_mapping(data.get("settings", {})),
+            servers=servers,
+            control_binary=fields.text(data.get("control_binary", "")),
+            gpu=_mapping(data.get("gpu", {})),
+            created=fields.number(data.get("created", 0)),
+            version=fields.whole(data["version"]),
+        )
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+
+def _minor(value: object) -> int:
+    """A device minor number, or -1 where the inventory had none."""
+    return -1 if value == -1 else fields.whole(value)
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise fields.FieldError(f"expected a mapping, got {type(value).__name__}")
+    return value
 
 
 def read_manifest(path: Path) -> Manifest | None:
@@ -81,9 +124,10 @@ def read_manifest(path: Path) -> Manifest | None:
             hint="stop it with the mpswrap version that started it",
         )
     try:
-        return Manifest(**data)
-    except TypeError as exc:
-        raise DaemonError("malformed manifest", thing=str(path), cause=str(exc)) from exc
+        return Manifest.checked(data)
+    except (ValueError, KeyError, TypeError) as exc:  # FieldError is a ValueError
+        cause = f"field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise DaemonError("malformed manifest", thing=str(path), cause=cause) from exc
 
 
 def write_manifest(path: Path, manifest: Manifest, uid: int, gid: int) -> None:

@@ -2,7 +2,10 @@
 
 Line format: ``[2026-11-22 06:53:48.123 Server 4242] <text>``; only the text is interpreted.
 The logs lie in a directory the job's user owns: they are read through ``read_job_file``
-(a regular file, never blocking), their last ``LOG_LIMIT`` bytes at most.
+(a regular file, never blocking), their last ``LOG_LIMIT`` bytes at most, and parsed in time
+linear in their size: the header by ``str.partition``, never a backtracking expression; a
+line is looked at up to ``LINE_LIMIT`` characters; a PID is ASCII digits in range
+(``fields.pid_text``), else the line names none.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from .. import fields
 from .._struct import Struct, field
 from ..paths import read_job_file
 
@@ -20,11 +24,16 @@ __all__ = ["LOG_LIMIT", "Fault", "read_faults", "server_pids", "terminations"]
 #: How much of a log is read (its end): a job's logs are a few KiB; a planted one may be huge.
 LOG_LIMIT = 8 << 20
 
-_LINE = re.compile(r"^\[(?P<stamp>[^\]]*?)\s+(?P<who>\w+)\s+(?P<pid>\d+)\]\s?(?P<text>.*)$")
-_FATAL_CLIENT = re.compile(r"Client \{PID: (\d+), Context(?: ID)?: \d+\} encountered a fatal")
-_PID_ONLY = re.compile(r"^\s*(\d+)\s*$")
-_NEW_SERVER = re.compile(r"Starting new server (\d+)")
-_NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user")
+#: Characters of a line that are looked at; MPS writes lines of a few dozen.
+LINE_LIMIT = 1024
+#: A header's ``[...]`` is found within this many characters of the line's start.
+HEADER_LIMIT = 128
+_FATAL_CLIENT = re.compile(
+    r"Client \{PID: ([0-9]{1,10}), Context(?: ID)?: [0-9]{1,10}\} encountered a fatal"
+)
+_PID_ONLY = re.compile(r"\s{0,64}([0-9]{1,10})\s{0,64}")
+_NEW_SERVER = re.compile(r"Starting new server ([0-9]{1,10})")
+_NEW_CLIENT = re.compile(r"NEW CLIENT ([0-9]{1,10}) from user")
 
 
 class Fault(Struct):
@@ -52,17 +61,48 @@ class Fault(Struct):
         }
 
 
+def _pid(word: str) -> int | None:
+    try:
+        return fields.pid_text(word)
+    except fields.FieldError:
+        return None
+
+
+def _header(line: str) -> tuple[str, int, str] | None:
+    """(stamp, pid, text) of ``[<stamp> <who> <pid>] <text>``, None for another line."""
+    if not line.startswith("["):
+        return None
+    head, sep, text = line[1:HEADER_LIMIT].partition("]")
+    words = head.split()
+    if not sep or len(words) < 2:
+        return None
+    pid = _pid(words[-1])
+    if pid is None:
+        return None
+    rest = text + line[HEADER_LIMIT:]
+    return " ".join(words[:-2]), pid, rest[1:] if rest.startswith(" ") else rest
+
+
 def _lines(path: Path) -> Iterator[tuple[str, int, str]]:
     """(stamp, pid, text) per line; continuation lines keep the last header's stamp/pid."""
     stamp, pid = "", 0
     text = read_job_file(path, LOG_LIMIT, tail=True) or ""
     for raw in io.StringIO(text, newline=None):  # lines as a text file has them
-        match = _LINE.match(raw.rstrip("\n"))
-        if match:
-            stamp, pid = match["stamp"], int(match["pid"])
-            yield stamp, pid, match["text"]
+        line = raw.rstrip("\n")[:LINE_LIMIT]
+        found = _header(line)
+        if found:
+            stamp, pid, body = found
+            yield stamp, pid, body
         else:
-            yield stamp, pid, raw.strip()
+            yield stamp, pid, line.strip()
+
+
+def _pids(pattern: re.Pattern[str], text: str) -> Iterator[int]:
+    """The PIDs ``pattern``'s first group finds in ``text``, those in range only."""
+    for match in pattern.finditer(text):
+        pid = _pid(match.group(1))
+        if pid is not None:
+            yield pid
 
 
 def read_faults(server_log: Path) -> list[Fault]:
@@ -71,12 +111,12 @@ def read_faults(server_log: Path) -> list[Fault]:
     current: Fault | None = None
     collecting = False
     for stamp, pid, text in _lines(server_log):
-        reporter = _FATAL_CLIENT.search(text)
-        if reporter:
+        reporter = next(_pids(_FATAL_CLIENT, text), None)
+        if reporter is not None:
             if current is None or current.recovered:
                 current = Fault(stamp, pid)
                 faults.append(current)
-            current.reported_by.append(int(reporter.group(1)))
+            current.reported_by.append(reporter)
             collecting = False
             continue
         if current is None:
@@ -84,9 +124,10 @@ def read_faults(server_log: Path) -> list[Fault]:
         if "sticky error set" in text:
             collecting = True
             continue
-        only = _PID_ONLY.match(text) or _PID_ONLY.match(text.split("]")[-1])
-        if collecting and only:
-            current.affected.append(int(only.group(1)))
+        only = _PID_ONLY.fullmatch(text) or _PID_ONLY.fullmatch(text.rpartition("]")[2])
+        affected = _pid(only.group(1)) if collecting and only else None
+        if affected is not None:
+            current.affected.append(affected)
             continue
         collecting = False
         # The H100 logs no recovery as such: its last client gone, the server destroys its
@@ -103,12 +144,11 @@ def terminations(server_log: Path) -> int:
 
 def server_pids(control_log: Path) -> set[int]:
     """PIDs of every server the daemon started (``Starting new server <pid> for user <uid>``)."""
-    found = (_NEW_SERVER.search(text) for _, _, text in _lines(control_log))
-    return {int(m.group(1)) for m in found if m}
+    return {pid for _, _, text in _lines(control_log) for pid in _pids(_NEW_SERVER, text)}
 
 
 def clients_seen(control_log: Path) -> list[int]:
     """PIDs of the clients that connected, once each, in order (``NEW CLIENT <pid> from
     user <uid>``)."""
-    found = (_NEW_CLIENT.search(text) for _, _, text in _lines(control_log))
-    return list(dict.fromkeys(int(m.group(1)) for m in found if m))
+    found = (pid for _, _, text in _lines(control_log) for pid in _pids(_NEW_CLIENT, text))
+    return list(dict.fromkeys(found))

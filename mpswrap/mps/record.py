@@ -21,7 +21,7 @@ from ..paths import GpuDirs
 from .manifest import Manifest
 from .mpslog import clients_seen, read_faults
 
-__all__ = ["FIELDS", "SUFFIX", "prune", "read_records", "record_of", "write_record"]
+__all__ = ["FIELDS", "SUFFIX", "origin_of", "prune", "read_records", "record_of", "write_record"]
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +51,31 @@ FIELDS = {
     "faults": "fatal faults in server.log: time, server PID, the PIDs it named, recovered",
 }
 PRUNE_EVERY = 3600.0  # seconds: one scan of a large shared archive per hour, not per GPU
+#: The fields of a record that say who ran what (``origin_of``).
+ORIGIN = ("gpu_uuid", "user", "started_by", "daemon_started")
 
 
-def record_of(dirs: GpuDirs, manifest: Manifest | None, ended: dict[str, Any]) -> dict[str, Any]:
-    """What the teardown of ``dirs`` leaves on record (before the directory goes); ``ended``:
-    how the teardown ended clients and servers (``StopReport.ended``)."""
+def origin_of(manifest: Manifest | None) -> dict[str, Any]:
+    """Who ran what, as a manifest says it (user mode; root takes its own record's)."""
+    return {
+        "gpu_uuid": manifest.gpu_uuid if manifest else None,
+        "user": manifest.user if manifest else None,
+        "started_by": manifest.started_by if manifest else None,
+        "daemon_started": manifest.created if manifest else None,
+    }
+
+
+def record_of(dirs: GpuDirs, origin: dict[str, Any], ended: dict[str, Any]) -> dict[str, Any]:
+    """What the teardown of ``dirs`` leaves on record (before the directory goes): ``origin``
+    (``origin_of``: the GPU, user, starter and start), and ``ended``: how the teardown ended
+    clients and servers (``StopReport.ended``)."""
     job_dir = dirs.root.parent
     seen = clients_seen(dirs.control_log)
     return {
         "node": job_dir.parent.name,
         "job": job_dir.name,
         "gpu": dirs.key,
-        "gpu_uuid": manifest.gpu_uuid if manifest else None,
-        "user": manifest.user if manifest else None,
-        "started_by": manifest.started_by if manifest else None,
-        "daemon_started": manifest.created if manifest else None,
+        **{name: origin.get(name) for name in ORIGIN},
         "stopped": round(time.time(), 3),
         "clients_seen": seen[:LIMIT],
         "clients_seen_count": len(seen),

@@ -119,6 +119,11 @@ class Daemon:
         faults = _faults.load(self.faults_path)
         if faults.dies_on(name):
             os._exit(1)  # a crash: no cleanup, pid file and socket stay, servers are orphaned
+        if faults.becomes_on(name):
+            # What a job user who may ptrace their own daemon can make of it: the same process
+            # (PID, start time, servers as children) running another program, environment
+            # cleared. Only root's record and cgroup still say it is the daemon.
+            os.execve("/bin/sleep", ["sleep", "3600"], {})  # noqa: S606 - a fixed argv, on purpose
         if faults.hangs(name):
             return  # never answered; the connection stays until the caller gives up
         if self.quitting is not None or self.terminations:

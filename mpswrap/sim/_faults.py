@@ -22,6 +22,8 @@ class Faults:
     start: str = ""
     hang: frozenset[str] = field(default_factory=frozenset)
     die_on: frozenset[str] = field(default_factory=frozenset)
+    #: Commands on which the daemon execs another program in its own process (``sleep``).
+    become_on: frozenset[str] = field(default_factory=frozenset)
     client_limit: int = CLIENT_LIMIT
     #: Seconds before terminate_client answers ``0``. The client is told at once and exits at
     #: its own pace (the real daemon answered in ~11 ms with the client still alive).
@@ -41,6 +43,9 @@ class Faults:
 
     def dies_on(self, command: str) -> bool:
         return "*" in self.die_on or command in self.die_on
+
+    def becomes_on(self, command: str) -> bool:
+        return "*" in self.become_on or command in self.become_on
 
     def slow_seconds(self) -> float:
         """Seconds of ``"start": "slow:<s>"``, else 0."""
@@ -74,6 +79,7 @@ def load(path: str | None) -> Faults:
         start=str(data.get("start", "")),
         hang=_names(data.get("hang")),
         die_on=_names(data.get("die_on")),
+        become_on=_names(data.get("become_on")),
         client_limit=int(_number(data.get("client_limit"), defaults.client_limit)),
         terminate_reply=_number(data.get("terminate_reply"), defaults.terminate_reply),
         client_linger=_number(data.get("client_linger"), defaults.client_linger),

@@ -97,20 +97,46 @@ echo "install.sh: using mpswrap from $out"
 
 PKG=$(dirname "$out")
 refuse_changeable "the mpswrap package" "$PKG"
+# What else that interpreter runs before and for mpswrap: its pyvenv.cfg, its site-packages
+# directories and their .pth files (site runs a .pth's import lines at start), and the
+# packages mpswrap imports (psutil, filelock, pynvml). One file another user can change
+# among them runs that user's code as root, as the package itself would.
+if ! env_out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c '
+import glob, importlib.util, os, site, sys
+cfg = os.path.join(sys.prefix, "pyvenv.cfg")
+levels = [cfg] if os.path.exists(cfg) else []
+for d in site.getsitepackages():
+    if os.path.isdir(d):
+        levels += [d, *sorted(glob.glob(os.path.join(d, "*.pth")))]
+print("LEVELS", *levels)
+found = [importlib.util.find_spec(m) for m in ("psutil", "filelock", "pynvml")]
+print("DEPENDS", *(os.path.dirname(f.origin) if f.submodule_search_locations else f.origin
+                   for f in found if f is not None and f.origin))' 2>&1); then
+  die "$PYTHON cannot list its site-packages: $env_out"
+fi
+ENV_LEVELS=$(sed -n 's/^LEVELS//p' <<<"$env_out")
+DEPENDS=$(sed -n 's/^DEPENDS//p' <<<"$env_out")
+for p in $ENV_LEVELS $DEPENDS; do refuse_changeable "the interpreter's environment" "$p"; done
 # What the shims check again on every prolog and epilog: each level of the interpreter, the
-# file it links to, and the package (the package's own files are searched whole).
+# file it links to, the package and its environment (the packages' own files are searched
+# whole).
 trusted_levels() {
   local p
   for p in "$@"; do
     while :; do echo "$p"; [ "$p" = / ] && break; p=$(dirname "$p"); done
   done | sort -u | tr '\n' ' '
 }
-TRUSTED=$(trusted_levels "$PYTHON" "$(readlink -f "$PYTHON")" "$PKG")
+# shellcheck disable=SC2086  # plain paths (checked below), one word each
+TRUSTED=$(trusted_levels "$PYTHON" "$(readlink -f "$PYTHON")" "$PKG" $ENV_LEVELS $DEPENDS)
+PACKAGES="$PKG${DEPENDS:+ $DEPENDS}"
+PACKAGES=${PACKAGES//  / }
 for p in $TRUSTED; do
   [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "'$p' has characters other than A-Z a-z 0-9 / . _ + -"
 done
-bad=$(find "$PKG" \( ! -user 0 -o -perm /022 \) ! -type l -print -quit)
-[ -z "$bad" ] || die "the mpswrap package has $bad, which a user other than root can change; the hooks run it as root"
+for p in $PACKAGES; do
+  bad=$(find "$p" \( ! -user 0 -o -perm /022 \) ! -type l -print -quit)
+  [ -z "$bad" ] || die "$p has $bad, which a user other than root can change; the hooks run it as root"
+done
 # The task prolog runs as the job's user: interpreter and package must be readable by all.
 # The level at fault, if it is on the way: a directory nobody cannot search (pyenv's /root,
 # mode 0700), or a file it cannot read. TRUSTED is sorted: a directory before what it holds.
@@ -190,7 +216,7 @@ ensure_dir "the shims' directory" "$DEST"
 # sed replacement text: escape & and the | delimiter (the allowed characters have neither,
 # but keep it correct if the check above is ever relaxed).
 esc() { printf '%s' "$1" | sed 's/[&|\\]/\\&/g'; }
-py_esc=$(esc "$PYTHON"); conf_esc=$(esc "$CONFIG"); pkg_esc=$(esc "$PKG")
+py_esc=$(esc "$PYTHON"); conf_esc=$(esc "$CONFIG"); pkg_esc=$(esc "${PACKAGES# }")
 trusted_esc=$(esc "${TRUSTED% }")
 for f in prolog task_prolog epilog; do
   tmp=$(mktemp "$DEST/.$f.XXXXXX")

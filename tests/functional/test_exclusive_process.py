@@ -19,7 +19,7 @@ from mpswrap.job import state
 from mpswrap.job.exclusive import get_mode, make_exclusive, restore_modes
 from mpswrap.jobenv import JobEnv
 from mpswrap.mps.gpu import load_inventory
-from mpswrap.mps.manifest import Manifest, write_manifest
+from mpswrap.mps.rootrecord import Held, write_held
 from mpswrap.sim.inventory import write_inventory
 from mpswrap.slurm.scontrol import NodeShare
 
@@ -43,26 +43,13 @@ def setup(tmp_path: Path) -> tuple[JobEnv, Settings, str, Path]:
 
 
 def _other_job_on(settings: Settings, uuid: str, job: str = "8") -> None:
-    """Another job's daemon directory on the GPU: its manifest is what the epilog looks for."""
+    """Another job's daemon on the GPU: root's record of it is what the epilog looks for."""
     layout = state.admin_layout(settings, "n1", job)
     state.create(layout, 0, 0, shared_parents=True)
-    dirs = layout.gpu("g0")
-    dirs.root.mkdir(parents=True)
-    manifest = Manifest(
-        gpu_uuid=uuid,
-        gpu_index=0,
-        gpu_minor=0,
-        key="g0",
-        node="n1",
-        job_id=job,
-        user="root",
-        uid=0,
-        gid=0,
-        started_by="prolog",
-        daemon_pid=1,
-        daemon_start_time=0.0,
-    )
-    write_manifest(dirs.manifest, manifest, 0, 0)
+    layout.gpu("g0").root.mkdir(parents=True)
+    side = state.root_side(settings, layout, "g0")
+    with side.lock:
+        write_held(side.record, Held("g0", uuid, 1000, 1000, "someone", "prolog"))
 
 
 def test_whole_gpus_become_exclusive_and_the_last_job_restores_them(setup: Any) -> None:
@@ -78,6 +65,7 @@ def test_whole_gpus_become_exclusive_and_the_last_job_restores_them(setup: Any) 
     assert get_mode(uuid, str(inventory)) == "EXCLUSIVE_PROCESS" and kept.exists()
     # Once that job is gone, the next epilog on the node (any job's) puts DEFAULT back.
     shutil.rmtree(state.admin_layout(settings, "n1", "8").job_dir)
+    state.root_side(settings, state.admin_layout(settings, "n1", "8"), "g0").record.unlink()
     assert restore_modes(env, settings, "9") == 0
     assert get_mode(uuid, str(inventory)) == "DEFAULT" and not kept.exists()
 

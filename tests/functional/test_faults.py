@@ -26,7 +26,7 @@ import pytest
 
 from tests.simenv import SimNode, sim_node
 from tests.tree import REPO
-from tests.users import ensure_test_user, user_argv
+from tests.users import TEST_USER, ensure_test_user, spawn_as, user_argv
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
@@ -237,40 +237,86 @@ def test_daemon_killed_after_a_client_started_its_server_stop_still_ends_the_ser
     assert_nothing_left(node, job_dir(node))
 
 
+def _user_start(node: SimNode) -> dict[str, Any]:
+    """``mpswrap start`` of job j1 on GPU 0, prestarted, as the test user: a user-mode daemon
+    of the user's own, which the user's own ``stop`` reads the manifest of."""
+    res = node.mpswrap("start", *JOB, "--json", "--gpus", "0", "--prestart", user=TEST_USER)
+    assert res.returncode == 0, res.stderr
+    started: list[dict[str, Any]] = json.loads(res.stdout)
+    return started[0]
+
+
+def _user_client(node: SimNode, procs: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """A client of the test user's j1 daemon on g0, as that user (its PID is the client's)."""
+    dirs = node.layout("j1", admin=False).gpu("g0")
+    proc = spawn_as(
+        TEST_USER,
+        [node.client, "--seconds", "120"],
+        CUDA_MPS_PIPE_DIRECTORY=str(dirs.pipe),
+        CUDA_MPS_LOG_DIRECTORY=str(dirs.log),
+    )
+    procs.append(proc)
+    return proc
+
+
+def _user_listed(node: SimNode) -> list[int]:
+    res = node.mpswrap("status", "--json", *JOB, user=TEST_USER)
+    jobs = json.loads(res.stdout)["jobs"] if res.stdout else []
+    return [c["pid"] for j in jobs for g in j["gpus"] for s in g["servers"] for c in s["clients"]]
+
+
 def test_daemon_killed_with_a_rank_still_running_stop_ends_it_by_signal(
     node: SimNode, procs: list[subprocess.Popen[str]]
 ) -> None:
-    m = start(node, "--gpus", "0", "--prestart")[0]
-    rank = client(node, procs, "g0", "--seconds", "120")
-    wait_until(lambda: clients_listed(node) == [rank.pid], 60, "the client to attach")
+    """User mode: nobody is left to terminate_client the rank once its daemon died. Once its
+    server is gone (so nothing can wedge), the user's own process whose pipe directory is the
+    job's is ended by signal, as Slurm ends a job's processes, and counted as killed: nothing
+    survives, exit 0."""
+    m = _user_start(node)
+    rank = _user_client(node, procs)
+    wait_until(lambda: _user_listed(node) == [rank.pid], 60, "the client to attach")
     os.kill(int(m["daemon_pid"]), signal.SIGKILL)
-    res = stop(node)
-    # Nobody is left to terminate_client it. Once its server is gone (so nothing can wedge),
-    # the job user's process that still names the pipe directory is ended by signal, as
-    # Slurm ends a job's processes, and counted as killed: nothing survives, exit 0.
+    res = node.mpswrap("stop", *JOB, user=TEST_USER)
     assert res.returncode == 0, res.stdout + res.stderr
     assert re.search(rf"ending {rank.pid} \(.*mpswrap\.sim\.client", res.stderr), res.stderr
     assert rank.wait(timeout=30) == -signal.SIGTERM
     assert gone(int(m["servers"][0]["pid"]))
-    assert_nothing_left(node, job_dir(node))
+    assert_nothing_left(node, node.layout("j1", admin=False).job_dir)
 
 
 def test_a_daemon_that_hangs_on_every_command_is_cleaned_up_within_the_bounds(
     node: SimNode, procs: list[subprocess.Popen[str]]
 ) -> None:
-    m = start(node, "--gpus", "0", "--prestart")[0]
-    rank = client(node, procs, "g0", "--seconds", "120")
-    wait_until(lambda: clients_listed(node) == [rank.pid], 60, "the client to attach")
+    """User mode: a daemon that answers nothing. Each command is bounded (3 s, quit 2 s + 3),
+    then the daemon and its server are ended by signal, and the client nobody could
+    terminate_client once its server is gone."""
+    m = _user_start(node)
+    rank = _user_client(node, procs)
+    wait_until(lambda: _user_listed(node) == [rank.pid], 60, "the client to attach")
     node.faults.write_text(json.dumps({"hang": ["*"]}))
-    # Bounded: each command 3 s, quit 2 s (+3), then signals; a generous ceiling, not a timing.
-    res = stop(node, timeout=90)
+    # Bounded: a generous ceiling, not a timing.
+    res = node.mpswrap("stop", *JOB, user=TEST_USER, timeout=90)
     assert gone(int(m["daemon_pid"]))
     assert gone(int(m["servers"][0]["pid"]))
     assert "cannot list servers: timed out" in res.stdout, res.stdout
     assert "quit: timed out" in res.stdout, res.stdout
-    # The client nobody could terminate_client is ended by signal once its server is gone.
     assert res.returncode == 0 and f"ending {rank.pid} " in res.stderr, res.stdout + res.stderr
     assert rank.wait(timeout=30) == -signal.SIGTERM
+    assert_nothing_left(node, node.layout("j1", admin=False).job_dir)
+
+
+def test_a_daemon_that_hangs_is_ended_by_roots_record_within_the_deadline(
+    node: SimNode,
+) -> None:
+    """As root, a daemon that answers nothing is ended through root's record and cgroup
+    within ``teardown_deadline``: the commands each take their share, then its cgroup goes."""
+    m = start(node, "--gpus", "0", "--prestart")[0]
+    node.faults.write_text(json.dumps({"hang": ["*"]}))
+    took = time.monotonic()
+    res = node.mpswrap("stop", *JOB, timeout=90, MPSWRAP_TEARDOWN_DEADLINE="6")
+    assert time.monotonic() - took < 6 + 10, res.stdout  # the deadline, and Python's starts
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert gone(int(m["daemon_pid"])) and gone(int(m["servers"][0]["pid"]))
     assert_nothing_left(node, job_dir(node))
 
 
@@ -586,36 +632,45 @@ def test_the_epilog_keeps_a_record_with_the_documented_fields(node: SimNode) -> 
 
     archive = node.root / "archive"
     admin_config(node, log_archive=str(archive), terminate_window="10")
-    assert slurm_hook(node, "prolog", user="root").returncode == 0
+    assert slurm_hook(node, "prolog").returncode == 0
     g0 = node.layout("101", admin=True).gpu("g0")
-    env = node.env(CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe), CUDA_MPS_LOG_DIRECTORY=str(g0.log))
     clients = [
-        subprocess.Popen(
-            [node.client, "--seconds", "60"], env=env, text=True, stdout=subprocess.DEVNULL
+        spawn_as(
+            ensure_test_user(),
+            [node.client, "--seconds", "60"],
+            CUDA_MPS_PIPE_DIRECTORY=str(g0.pipe),
+            CUDA_MPS_LOG_DIRECTORY=str(g0.log),
         )
         for _ in range(4)
     ]
     try:
         deadline = time.monotonic() + 30
-        while not all(f"NEW CLIENT {c.pid} " in g0.control_log.read_text() for c in clients):
+        while not all(f"NEW CLIENT {c.pid} " in _text(g0.control_log) for c in clients):
             assert time.monotonic() < deadline, "4 clients did not connect"
             time.sleep(0.1)
-        end = slurm_hook(node, "epilog", user="root")
+        end = slurm_hook(node, "epilog")
         assert end.returncode == 0, end.stderr
     finally:
         for c in clients:
             if c.poll() is None:
                 c.kill()
-            c.wait()
+            c.communicate()
     report = node.run("report", "101", "--json", MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
     assert report.returncode == 0, report.stderr
     records = json.loads(report.stdout)
     assert [r["gpu"] for r in records] == ["g0", "g1"]
     assert all(set(r) == set(FIELDS) for r in records), "the fields reference.md lists"
     assert sorted(records[0]["ended_by_terminate_client"]) == sorted(c.pid for c in clients)
-    assert records[0]["started_by"] == "prolog" and records[0]["user"] == "root"
+    assert records[0]["started_by"] == "prolog" and records[0]["user"] == ensure_test_user()
     assert sorted(p.name for p in archive.glob("n1-101-g0-*")) == [
         "n1-101-g0-control.log",
         "n1-101-g0-record.json",
         "n1-101-g0-server.log",
     ]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""

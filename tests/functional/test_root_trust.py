@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import shutil
 import subprocess
 import sys
@@ -167,7 +166,8 @@ def test_root_never_runs_a_control_program_another_user_can_change(node: SimNode
 def test_another_users_process_naming_a_job_path_is_never_ended_or_blamed(node: SimNode) -> None:
     """Job ids are easy to guess: the other user starts processes naming the next job's pipe
     directories (in the environment, and on the command line) before it exists. The job's
-    epilog ends what is the job's, names the squatters in a warning, and exits 0."""
+    epilog ends what root's record and cgroup say is the job's, never looks at what other
+    processes name, leaves the squatters running and exits 0."""
     other = ensure_other_user()
     job = node.layout("101", admin=True)
     g0, g1 = str(job.gpu("g0").pipe), str(job.gpu("g1").pipe)
@@ -182,8 +182,6 @@ def test_another_users_process_naming_a_job_path_is_never_ended_or_blamed(node: 
         end = slurm_hook(node, "epilog")
         assert end.returncode == 0, end.stderr
         assert all(s.poll() is None for s in squatters), "the epilog ended another user's process"
-        for squatter in squatters:
-            assert re.search(rf"not this job's: {squatter.pid} \(", end.stderr), end.stderr
         assert all(gone(pid) for pid in pids)
         assert not job.job_dir.exists()
     finally:

@@ -24,8 +24,8 @@ from mpswrap.config import load_settings
 from mpswrap.errors import MpswrapError
 from mpswrap.job.job import JobDaemons
 from mpswrap.jobenv import JobEnv
-from mpswrap.mps.daemon import Defaults
 from mpswrap.mps.gpu import load_inventory
+from mpswrap.mps.start import Defaults
 from mpswrap.paths import JobLayout
 from tests.simenv import SimFiles
 

@@ -131,6 +131,10 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "terminate_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "terminate_window": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "quit_timeout": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
+    "teardown_deadline": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
+    "cgroup_root": st.sampled_from(
+        [("auto", "auto"), ("none", "none"), ("/sys/fs/cgroup/hpc//", "/sys/fs/cgroup/hpc")]
+    ),
     "kill_grace": st.integers(1, 3600).map(lambda n: (str(n), float(n))),
     "log_archive": st.sampled_from([("none", None), ("/var/log/mps//", "/var/log/mps")]),
     "log_archive_days": st.one_of(
