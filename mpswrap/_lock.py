@@ -92,18 +92,21 @@ class RootLock:
         self._prepare = prepare
         self._fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, timeout: float | None = None) -> None:
+        """Take the lock within ``timeout`` seconds (default: the lock's own; a teardown gives
+        what is left of its deadline, if less)."""
+        wait = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
             self._prepare()
         except LayoutError as exc:
             log.warning("%s: going on without root's lock", exc.line())
             return
-        for _ in backoff(self.timeout, cap=0.05):
+        for _ in backoff(wait, cap=0.05):
             self._fd = self._try()
             if self._fd is not None:
                 return
         raise LockTimeout(
-            "lock busy", thing=str(self.path), cause=f"another hook held it for {self.timeout:g} s"
+            "lock busy", thing=str(self.path), cause=f"another hook held it for {wait:g} s"
         )
 
     def _try(self) -> int | None:

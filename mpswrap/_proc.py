@@ -442,7 +442,7 @@ def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
     for key, read in (
         ("cmdline", lambda: " ".join(proc.cmdline())),
         ("start_time", proc.create_time),
-        ("user", proc.username),
+        ("user", lambda: _user_name(proc.uids().real)),
     ):
         try:
             out[key] = read()
@@ -452,6 +452,16 @@ def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
         if environ_of is not None and proc.uids().real == environ_of:
             out["environ"] = proc.environ()
     return out
+
+
+@functools.cache
+def _user_name(uid: int) -> str:
+    """A uid's name, asked of the user database once a process (48 clients of one user
+    would ask it 48 times, over the network where users come from a directory)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:

@@ -16,13 +16,17 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ._proc import ProcId, children_of, identify, is_alive, kill_procs
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from typing import TypeVar
+
     from ._proc import Child
+
+    T = TypeVar("T")
 
 __all__ = [
     "KILL_WAIT",
@@ -32,6 +36,7 @@ __all__ = [
     "backoff",
     "end_procs",
     "pidfd",
+    "side_by_side",
     "wait_child",
     "wait_exit",
     "wait_gone",
@@ -76,6 +81,33 @@ class Deadline:
 
 #: The deadline of work that has none of its own.
 NO_DEADLINE = Deadline(None)
+
+
+def side_by_side(calls: Sequence[Callable[[], T]]) -> list[T | BaseException]:
+    """Run ``calls`` at once, one thread each (the first in this one), and return each one's
+    result or the exception it raised, in order: a node's GPUs each wait on their own daemon
+    and driver, so their starts and teardowns overlap instead of adding up. One call runs
+    alone, without a thread."""
+    out: list[T | BaseException] = [ValueError("not run")] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            out[index] = calls[index]()
+        except BaseException as exc:
+            out[index] = exc
+
+    if len(calls) > 1:
+        import threading
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(1, len(calls))]
+        for thread in threads:
+            thread.start()
+        run(0)
+        for thread in threads:
+            thread.join()
+    elif calls:
+        run(0)
+    return out
 
 
 def pidfd(pid: int) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -235,9 +236,23 @@ def _problem(exc: ConfigError, problems: list[ConfigError] | None) -> None:
     problems.append(exc)
 
 
+#: An admin file is a few dozen lines; a larger one is no admin file of mpswrap's.
+CONFIG_LIMIT = 1 << 20
+
+
 def _read_text(path: Path) -> str:
+    """The file's text: a regular file (never blocking on a FIFO, never reading a device) of
+    at most ``CONFIG_LIMIT`` bytes, UTF-8."""
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError("cannot read config file", thing=str(path), cause="not a file")
+            data = handle.read(CONFIG_LIMIT + 1)
+        if len(data) > CONFIG_LIMIT:
+            cause = f"larger than {CONFIG_LIMIT >> 20} MiB"
+            raise ConfigError("cannot read config file", thing=str(path), cause=cause)
+        return data.decode("utf-8")
     except OSError as exc:
         cause = exc.strerror or str(exc)
         raise ConfigError("cannot read config file", thing=str(path), cause=cause) from exc

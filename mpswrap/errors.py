@@ -57,12 +57,16 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
 )
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")
+#: Control characters other than line breaks (C0 but tab, DEL, C1), as ``\xNN``: no escape
+#: sequence a job user put in a file or command line reaches a terminal or a log.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)] if chr(c) not in "\t\r\n"}
 
 
 def one_line(text: str) -> str:
-    """``text`` with its line breaks as `` | ``: a message is one line in every log it reaches
-    (slurmd's log, syslog, a drain reason), and no input can forge a second one."""
-    return _BREAKS.sub(" | ", text.strip())
+    """``text`` with its line breaks as `` | `` and other control characters escaped: a
+    message is one line in every log it reaches (slurmd's log, syslog, a drain reason), and
+    no input can forge a second one or send a terminal an escape sequence."""
+    return _BREAKS.sub(" | ", text.strip()).translate(_CONTROLS)
 
 
 def shown(text: str, limit: int, spaces: bool = True) -> str:

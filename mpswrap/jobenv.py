@@ -303,8 +303,17 @@ class JobEnv(Struct, frozen=True):
 
     @property
     def step_gpus(self) -> tuple[GpuRef, ...] | None:
+        """The step's GPUs: Slurm's gres positions, else the GPU UUIDs of
+        ``CUDA_VISIBLE_DEVICES`` (Slurm 26.05's ``gres.conf Flags=env_uuid``); None where
+        neither names them (numbers in ``CUDA_VISIBLE_DEVICES`` may be renumbered by the
+        step's device cgroup: they name no gres position)."""
         text = self._get("SLURM_STEP_GPUS") or self._get("SLURM_JOB_GPUS")
-        return parse_gpu_list(text, "SLURM_STEP_GPUS") if text else None
+        if text:
+            return parse_gpu_list(text, "SLURM_STEP_GPUS")
+        cvd = self._get("CUDA_VISIBLE_DEVICES") or ""
+        if cvd and all(UUID_RE.fullmatch(w.strip()) for w in cvd.split(",")):
+            return parse_gpu_list(cvd, "CUDA_VISIBLE_DEVICES")
+        return None
 
     @property
     def mps_percentage(self) -> float | None:

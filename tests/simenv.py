@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from mpswrap._cgroup import Cgroup, parent_dir
 from mpswrap.paths import GpuDirs, JobLayout
 from tests.tree import REPO
 from tests.users import run_as
@@ -181,7 +183,8 @@ def make_sim_node(gpus: int = 2) -> SimNode:
 
 
 def finish_sim_node(node: SimNode) -> list[str]:
-    """Kill and report whatever of this node survived; remove its files."""
+    """Kill and report whatever of this node survived (its processes, root's cgroups of its
+    jobs); remove its files."""
     deadline = time.monotonic() + 3
     left = node.leftovers()
     while left and time.monotonic() < deadline:
@@ -193,8 +196,22 @@ def finish_sim_node(node: SimNode) -> list[str]:
             proc.kill()
         except psutil.Error:
             pass
+    report += [f"cgroup {cg.path}" for cg in _cgroups_of(node)]
+    for cgroup in _cgroups_of(node):
+        cgroup.kill()
+        cgroup.wait_empty(5)
+        cgroup.remove()
     shutil.rmtree(node.root, ignore_errors=True)
     return report
+
+
+def _cgroups_of(node: SimNode) -> list[Cgroup]:
+    """Root's cgroups of this node's jobs (named after run_dir's checksum, state.job_cgroup)."""
+    parent = parent_dir("auto")
+    if parent is None or not parent.is_dir():
+        return []
+    tag = f"{zlib.crc32(os.fsencode(str(node.run_dir))):08x}"
+    return [Cgroup(path) for path in sorted(parent.glob(f"*.{tag}"))]
 
 
 @contextmanager

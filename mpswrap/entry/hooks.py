@@ -33,7 +33,7 @@ from ..errors import (
 from ..job import state
 from ..job.exclusive import make_exclusive, restore_modes
 from ..job.job import JobDaemons
-from ..job.placement import Slot, place, provision_threads
+from ..job.placement import place, provision_threads, slot_of
 from ..jobenv import GpuRef, JobEnv
 from ..mps.gpu import health_problem
 from ..mps.start import Defaults
@@ -284,7 +284,7 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     refs = env.step_gpus
     if not slots or not refs or is_launcher_daemon_step(env):
         return {}
-    mine = [_slot_of(ref, slots) for ref in refs]
+    mine = [slot_of(ref, slots) for ref in refs]
     if None in mine:
         return {}  # a step GPU without a daemon: leave the task as Slurm set it
     size = env.local_size or 1
@@ -294,14 +294,6 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     local = min(env.local_rank or 0, size - 1)
     found = place([s for s in mine if s], local, size, policy=policy, threads=threads)
     return dict(found.env)
-
-
-def _slot_of(ref: GpuRef, slots: Sequence[Slot]) -> Slot | None:
-    """The daemon of a step GPU: by its gres position's key, or by its UUID."""
-    for slot in slots:
-        if slot.key == f"g{ref}" or (isinstance(ref, str) and slot.uuid.lower() == ref.lower()):
-            return slot
-    return None
 
 
 # --- epilog ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import sys
@@ -168,7 +169,8 @@ class JobDaemons(Struct):
     ) -> list[Manifest]:
         """One daemon per GPU (``keys[i]`` or ``g<i>``), ``defaults`` one or one per GPU.
 
-        All are launched before the first is waited for; on any failure all are stopped.
+        All are launched before the first is waited for, and waited for side by side (each
+        waits on its own daemon and driver); on any failure all are stopped.
         """
         keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
         each = [defaults] * len(gpus) if isinstance(defaults, Defaults) else list(defaults)
@@ -188,7 +190,11 @@ class JobDaemons(Struct):
                 )
                 next(steps)  # launched, its lock held
                 pending.append(steps)
-            return [finish(steps) for steps in pending]
+            done = _wait.side_by_side([functools.partial(finish, steps) for steps in pending])
+            failed = next((r for r in done if isinstance(r, BaseException)), None)
+            if failed is not None:
+                raise failed
+            return [r for r in done if isinstance(r, Manifest)]
         except BaseException:
             for steps in pending:  # stop what is half started and release its lock first
                 steps.close()
@@ -238,14 +244,18 @@ class JobDaemons(Struct):
             if not self.roots:
                 return done
             keys = state.recorded_keys(self.settings, self.layout)
-        for key in keys:
-            daemon = self.daemon(key)
-            if only_started_by and _started_by(daemon) not in (None, only_started_by):
-                continue
-            try:
-                done.gpus.append(daemon.stop(deadline))
-            except Exception as exc:
-                done.left += self._end_anyway(daemon, key, exc)
+        daemons = [(key, self.daemon(key)) for key in keys]
+        if only_started_by:
+            daemons = [(k, d) for k, d in daemons if _started_by(d) in (None, only_started_by)]
+        # Side by side: each GPU's ladder waits on its own clients, daemon and driver.
+        reports = _wait.side_by_side([functools.partial(d.stop, deadline) for _, d in daemons])
+        for (key, daemon), report in zip(daemons, reports, strict=True):
+            if isinstance(report, Exception):  # a GPU's teardown never leaves its daemon
+                done.left += self._end_anyway(daemon, key, report)
+            elif isinstance(report, BaseException):
+                raise report
+            else:
+                done.gpus.append(report)
         if done.clean and not self.keys():
             self._remove(done, deadline)
         return done

@@ -7,12 +7,13 @@ GPUs (``Slot``) and the limits are passed in; nothing here loads NVML or talks t
 
 from __future__ import annotations
 
-import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from .._struct import Struct
-from ..errors import CapacityError, UsageError
+from ..errors import CapacityError, GpuError, UsageError
+from ..jobenv import GpuRef
 from ..mps.control import client_env
 from ..mps.gpu import Inventory
 from ..paths import GpuDirs
@@ -22,11 +23,14 @@ __all__ = [
     "Placement",
     "Slot",
     "check_capacity",
+    "check_total",
     "choose_gpu",
     "gpus_used",
     "place",
     "plan_positions",
     "provision_threads",
+    "slot_of",
+    "step_slots",
 ]
 
 POLICIES = ("block", "cyclic", "affinity")
@@ -111,14 +115,45 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
     return share_percent(value)
 
 
+#: A weight of ``--threads w1:w2:...``: a plain decimal (not ``1e308``, ``nan`` or ``inf``,
+#: which would overflow the shares).
+_WEIGHT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?", re.ASCII)
+
+
 def _weights(spec: str) -> list[float]:
-    try:
-        weights = [float(w) for w in spec.split(":")]
-    except ValueError:
-        raise UsageError("bad --threads weights", thing=spec) from None
-    if not weights or any(not math.isfinite(w) or w <= 0 for w in weights):
-        raise UsageError("bad --threads weights", thing=spec, cause="weights must be numbers > 0")
-    return weights
+    words = spec.split(":")
+    if not all(_WEIGHT.fullmatch(w) for w in words) or not all(float(w) > 0 for w in words):
+        raise UsageError(
+            "bad --threads weights",
+            thing=spec,
+            cause="each weight must be a plain number above 0, at most 999999",
+        )
+    return [float(w) for w in words]
+
+
+def slot_of(ref: GpuRef, slots: Sequence[Slot]) -> Slot | None:
+    """The daemon of one of Slurm's GPUs: by its gres position's key, or by its UUID."""
+    for slot in slots:
+        if slot.key == f"g{ref}" or (isinstance(ref, str) and slot.uuid.lower() == ref.lower()):
+            return slot
+    return None
+
+
+def step_slots(refs: Sequence[GpuRef] | None, slots: Sequence[Slot]) -> list[Slot]:
+    """The job's daemons a step of it may use: those of the GPUs Slurm names for the step
+    (``JobEnv.step_gpus``), all where it names none. A GPU named without a daemon is
+    refused: its ranks would otherwise land on a GPU of another step."""
+    if not refs:
+        return list(slots)
+    found = [slot_of(ref, slots) for ref in refs]
+    if None in found:
+        missing = [str(r) for r, s in zip(refs, found, strict=True) if s is None]
+        raise GpuError(
+            "no MPS daemon for these GPUs",
+            thing=", ".join(missing),
+            cause="the job's daemons (prolog) serve other GPUs",
+        )
+    return list(dict.fromkeys(s for s in found if s is not None))
 
 
 class Slot(Struct, frozen=True):
@@ -199,6 +234,31 @@ def _mem_limit(spec: str | None, slot: Slot, sharing: int) -> str | None:
     return f"{max(1, slot.memory_total // sharing // 2**20)}M"
 
 
+def check_total(
+    uuids: Sequence[str],
+    clients: int,
+    limits: Mapping[str, int],
+    running: Mapping[str, int] | None = None,
+) -> None:
+    """Refuse at once ``clients`` more than the GPUs ``uuids`` take together: none of the
+    work that grows with the number of clients (placing each) is done for a request that
+    cannot fit however it is placed (``run -n 100000000``)."""
+    running = running or {}
+    if len(uuids) == 1:
+        _refuse_over(uuids[0], clients, running.get(uuids[0], 0), limits[uuids[0]])
+        return
+    free = sum(max(0, limits[u] - running.get(u, 0)) for u in uuids)
+    if clients > free:
+        raise CapacityError(
+            "too many MPS clients for the GPUs",
+            thing=f"{len(uuids)} GPU(s)",
+            cause=f"{clients} new > {free} they take together",
+            hint=_HINT,
+            wanted=clients,
+            limit=free,
+        )
+
+
 def check_capacity(
     uuids: Sequence[str],
     local_size: int,
@@ -212,15 +272,20 @@ def check_capacity(
     running = running or {}
     wanted = Counter(uuids[p] for p in plan_positions(local_size, len(uuids), policy))
     for uuid, count in wanted.items():
-        total = count + running.get(uuid, 0)
-        if total > limits[uuid]:
-            raise CapacityError(
-                "too many MPS clients for one GPU",
-                thing=uuid,
-                cause=f"{count} new + {running.get(uuid, 0)} running > limit {limits[uuid]}",
-                hint="use fewer ranks per GPU, more GPUs, or set client_limit if your "
-                "driver allows more",
-                uuid=uuid,
-                wanted=total,
-                limit=limits[uuid],
-            )
+        _refuse_over(uuid, count, running.get(uuid, 0), limits[uuid])
+
+
+_HINT = "use fewer ranks per GPU, more GPUs, or set client_limit if your driver allows more"
+
+
+def _refuse_over(uuid: str, count: int, running: int, limit: int) -> None:
+    if count + running > limit:
+        raise CapacityError(
+            "too many MPS clients for one GPU",
+            thing=uuid,
+            cause=f"{count} new + {running} running > limit {limit}",
+            hint=_HINT,
+            uuid=uuid,
+            wanted=count + running,
+            limit=limit,
+        )

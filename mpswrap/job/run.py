@@ -43,7 +43,15 @@ from . import containers, state
 from . import outcomes as records
 from .job import Attachment, JobDaemons, Released, attach, leave, log_teardown, prolog_daemons
 from .outcomes import Outcome
-from .placement import Placement, Slot, check_capacity, gpus_used, place
+from .placement import (
+    Placement,
+    Slot,
+    check_capacity,
+    check_total,
+    gpus_used,
+    place,
+    step_slots,
+)
 from .supervise import check_program
 
 __all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "plan"]
@@ -142,15 +150,18 @@ class Plan(Struct):
         policy = policy or self.policy
         if gpus is not None:
             self.slots, self.gpus = self.slots[:gpus], self.gpus[:gpus]
+        known = self.inventory is not None and self.inventory.cuda_driver_version
+        if self.mode != "user" and self.rank and not known:
+            # A rank loads no NVML for the limit the prolog's manifests do not know: its
+            # launch checked (``mpswrap srun|mpirun``), at no start-up cost to every rank.
+            return
+        limits = self.limits()
+        check_total(self.uuids, clients, limits, self.running)  # before work that grows with it
         if self.mode == "user":
             used = gpus_used(clients, len(self.slots), policy)
             self.slots = [self.slots[i] for i in used]
             self.gpus = [self.gpus[i] for i in used]
-        elif self.rank and not (self.inventory and self.inventory.cuda_driver_version):
-            # A rank loads no NVML for the limit the prolog's manifests do not know: its
-            # launch checked (``mpswrap srun|mpirun``), at no start-up cost to every rank.
-            return
-        check_capacity(self.uuids, clients, policy, self.limits(), self.running)
+        check_capacity(self.uuids, clients, policy, limits, self.running)
 
     def place(
         self,
@@ -224,6 +235,8 @@ def plan(
     if manifests:
         inventory = chosen_from or _manifest_inventory(manifests, settings)
         slots = _restricted(admin.slots(inventory, manifests), chosen)
+        if rank and chosen is None and env.is_real_step:  # a step's ranks: its GPUs only
+            slots = step_slots(env.step_gpus, slots)
         running = {} if rank else admin.clients()
         return Plan(
             opts, settings, env, kind, job, admin, "prolog", inventory, slots, running, rank=rank

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import logging
 import os
 import re
 import stat
@@ -62,6 +63,8 @@ __all__ = [
     "user_roots",
 ]
 
+
+log = logging.getLogger(__name__)
 
 #: The folder of rank outcome records in a job directory.
 OUTCOMES = "outcomes"
@@ -175,13 +178,62 @@ def _owner_part(layout: JobLayout) -> str:
 
 
 def user_root(settings: Settings, uid: int, env: Mapping[str, str]) -> Path:
-    """The root a user-mode start of ``uid`` uses now."""
+    """The root a user-mode start of ``uid`` uses now: ``user_run_dir``, else
+    ``$XDG_RUNTIME_DIR/mpswrap``, else ``/tmp/mpswrap-<uid>`` unless another user made that
+    first (anyone may create a name in /tmp): then ``~/.mpswrap-run``, with one warning."""
     if settings.user_run_dir:
         return Path(settings.user_run_dir)
     xdg = env.get("XDG_RUNTIME_DIR", "")
     if xdg and os.path.isabs(xdg) and uid == os.getuid() and _own_dir(xdg, uid):
         return Path(xdg) / "mpswrap"
-    return Path(f"/tmp/mpswrap-{uid}")
+    shared = Path(f"/tmp/mpswrap-{uid}")
+    squatter = _squatted(shared, uid)
+    if squatter is None:
+        return shared
+    private = _home_root(uid)
+    if shared not in _WARNED:
+        _WARNED.add(shared)
+        log.warning(
+            "%s is not yours (%s): using %s instead (remove %s, or set user_run_dir)",
+            shared,
+            squatter,
+            private,
+            shared,
+        )
+    return private
+
+
+#: Squatted /tmp roots already named in a warning (once a process).
+_WARNED: set[Path] = set()
+
+
+def _squatted(path: Path, uid: int) -> str | None:
+    """Why ``path`` cannot be ``uid``'s user-mode root (another user's, a link, open to
+    others), None when it is free or ``uid``'s own."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):04o}"
+    return None
+
+
+def _home_root(uid: int) -> Path:
+    """``<home>/.mpswrap-run``: a user-mode root no other user can make first."""
+    import pwd
+
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = f"/nonexistent-home-{uid}"
+    return Path(home) / ".mpswrap-run"
 
 
 def _own_dir(path: str, uid: int) -> bool:
@@ -205,7 +257,7 @@ def user_roots(settings: Settings, uid: int, env: Mapping[str, str] | None = Non
     """Every root a user-mode start of ``uid`` may have used (its environment may differ
     from ours: a root epilog sees none of the job's variables)."""
     roots = [user_root(settings, uid, env or os.environ), Path(f"/run/user/{uid}/mpswrap")]
-    roots += [Path(f"/tmp/mpswrap-{uid}")]
+    roots += [Path(f"/tmp/mpswrap-{uid}"), _home_root(uid)]
     roots += [Path(settings.user_run_dir)] if settings.user_run_dir else []
     return list(dict.fromkeys(roots))
 

@@ -126,6 +126,14 @@ def client_env(
     return env
 
 
+class Snapshot(Struct, frozen=True):
+    """The daemon as ``status`` shows it: its default active thread percentage, and per
+    server its status (ACTIVE, FAULT), active thread percentage and clients."""
+
+    default_active_thread_percentage: float
+    servers: dict[int, tuple[str, float, list[int]]]
+
+
 class Control(Struct, frozen=True):
     """Commands to one control daemon, identified by its pipe directory."""
 
@@ -228,6 +236,30 @@ class Control(Struct, frozen=True):
     def clients(self) -> dict[int, list[int]]:
         """Every server and its clients: the one walk over servers and clients."""
         return {server: self.client_list(server) for server in self.server_list()}
+
+    def snapshot(self, servers_limit: int = 64) -> Snapshot:
+        """What ``status`` shows of the daemon, in one control run for the daemon and one per
+        server: the commands of each go on one stdin, their one-line replies first (the
+        control program answers them in order, as the contract suite checks)."""
+        words = self.command("get_server_list\nget_default_active_thread_percentage").split()
+        try:
+            default = fields.number(float(words[-1][:32]), 100.0)
+            pids = [fields.pid_text(w) for w in words[:-1][:servers_limit]]
+        except (ValueError, IndexError):
+            cause = repr(words[:8])
+            raise ControlError("unexpected reply", thing="get_server_list", cause=cause) from None
+        servers = {}
+        for server in pids:
+            batch = f"get_server_status {server}\nget_active_thread_percentage {server}\n"
+            lines = self.command(batch + f"get_client_list {server}").splitlines()
+            try:
+                status, share = lines[0].split()[-1], float(lines[1].split()[-1][:32])
+                clients = [fields.pid_text(w) for w in " ".join(lines[2:]).split()[:PIDS_LIMIT]]
+                servers[server] = (status[:32], fields.number(share, 100.0), clients)
+            except (ValueError, IndexError):
+                cause = repr(lines[:4])
+                raise ControlError("unexpected reply", thing=batch, cause=cause) from None
+        return Snapshot(default, servers)
 
     def has_client(self, pids: set[int]) -> int | None:
         """The server one of ``pids`` is a client of, or None."""

@@ -345,21 +345,22 @@ class Daemon:
         }
 
     def _live_status(self, uid: int | None) -> dict[str, Any]:
-        control = self.control
         out: dict[str, Any] = {"servers": []}
         try:
-            out["default_active_thread_percentage"] = control.default_active_thread_percentage()
-            for server, clients in control.clients().items():
-                out["servers"].append(
-                    {
-                        "pid": server,
-                        "status": control.server_status(server),
-                        "active_thread_percentage": control.active_thread_percentage(server),
-                        "clients": [client_status(c, uid) for c in clients[:CLIENTS_SHOWN]],
-                    }
-                )
+            found = self.control.snapshot()
         except ControlError as exc:
             out["error"] = exc.line()
+            return out
+        out["default_active_thread_percentage"] = found.default_active_thread_percentage
+        for server, (state, share, clients) in found.servers.items():
+            out["servers"].append(
+                {
+                    "pid": server,
+                    "status": state,
+                    "active_thread_percentage": share,
+                    "clients": [client_status(c, uid) for c in clients[:CLIENTS_SHOWN]],
+                }
+            )
         return out
 
     def clients(self) -> list[int]:
@@ -378,7 +379,10 @@ class Daemon:
         if not self._anything():
             return report
         lock = self._lock
-        lock.acquire()
+        if isinstance(lock, RootLock):
+            lock.acquire(deadline.left())
+        else:
+            lock.acquire()
         try:  # another hook of the job may have stopped it while we waited: a no-op then
             if self._anything():
                 self._ladder(deadline).stop(report)

@@ -287,6 +287,23 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
     return out
 
 
+def warm_up(source: str) -> Any:
+    """Start NVML in a thread of its own (``join()`` the thread returned): its start takes
+    long on some nodes, and ``status`` asks the daemons meanwhile. Nothing for a file
+    inventory."""
+    import threading
+
+    def start() -> None:
+        try:
+            init_nvml()
+        except Exception as exc:
+            log.debug("NVML not started: %s", exc)
+
+    thread = threading.Thread(target=start if source == "nvml" else lambda: None, daemon=True)
+    thread.start()
+    return thread
+
+
 def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver

@@ -288,16 +288,19 @@ class Ladder(Struct):
         """The daemon's servers and their clients, as it lists them: only servers that are
         the daemon's own (``ident.holds``), each with at most ``CLIENTS_CAP`` clients."""
         try:
-            listing = self._commands.clients()
+            servers = self._commands.server_list()
         except ControlError as exc:
             report.notes.append(f"cannot list servers: {exc.cause}")
             return {}
-        mine = {}
-        for server, pids in listing.items():
-            if not ident.holds(server):
-                report.notes.append(f"server {server} is not this daemon's: left alone")
-                continue
-            mine[server] = pids[:CLIENTS_CAP]
+        servers = servers[:SERVERS_CAP]
+        mine, strangers = {}, [s for s in servers if not ident.holds(s)]
+        if strangers:
+            report.notes.append(f"{len(strangers)} listed server(s) not the daemon's: left alone")
+        for server in (s for s in servers if s not in strangers):
+            try:
+                mine[server] = self._commands.client_list(server)[:CLIENTS_CAP]
+            except ControlError as exc:
+                report.notes.append(f"cannot list clients of server {server}: {exc.cause}")
         return mine
 
     def _may_end(self, client: _proc.ProcId, ident: Identity) -> bool:
@@ -364,7 +367,9 @@ class Ladder(Struct):
             report.notes.append(f"quit: {exc.cause}")
 
 
-#: Clients of one server the ladder acts on at most (MPS serves 48 to 60).
+#: Servers of one daemon the ladder looks at (MPS runs one a user), and clients of one server
+#: (MPS serves 48 to 60), at most: a socket in the job user's directory may list any number.
+SERVERS_CAP = 64
 CLIENTS_CAP = 128
 
 

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import Settings
+from ..errors import shown
 from ..job.job import JobDaemons
-from ..mps.gpu import usage
+from ..mps.gpu import usage, warm_up
 from ..paths import JobLayout
 from .summary import codes_words
 
@@ -19,7 +20,9 @@ __all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealth
 def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> dict[str, Any]:
     """The jobs' daemons, servers and clients on this node, with NVML's figures where it
     answers: each GPU's memory and utilisation, each client's GPU memory."""
+    nvml = warm_up(settings.gpu_inventory)  # NVML starts while the daemons are asked
     jobs = [JobDaemons(layout, settings).status() for layout in layouts]
+    nvml.join()
     asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
     for gpu in (g for job in jobs for g in job["gpus"]):
         uuid = gpu.get("uuid")
@@ -69,18 +72,21 @@ def print_status(status: dict[str, Any]) -> None:
         daemon = gpu.get("daemon") or {}
         state = "running" if daemon.get("alive") else "NOT RUNNING"
         print(
-            f"  {gpu['key']} {gpu.get('uuid')} daemon {daemon.get('pid')} {state} "
-            f"(by {daemon.get('started_by')}, user {daemon.get('user')}, "
+            f"  {gpu['key']} {_word(gpu.get('uuid'))} daemon {daemon.get('pid')} {state} "
+            f"(by {_word(daemon.get('started_by'))}, user {_word(daemon.get('user'))}, "
             f"cpus {cpus_words(daemon.get('cpus') or [])})"
         )
+        if gpu.get("error"):
+            print(f"    {_word(gpu['error'])}")
         for server in gpu.get("servers", []):
             print(
-                f"    server {server['pid']} {server['status']} "
+                f"    server {server['pid']} {_word(server['status'])} "
                 f"threads {server['active_thread_percentage']:g}% "
                 f"clients {len(server['clients'])}"
             )
             for client in server["clients"]:
-                print(f"      client {client['pid']}{_client_words(client)} {client['cmdline']}")
+                words = _client_words(client)
+                print(f"      client {client['pid']}{words} {_word(client['cmdline'], 400)}")
         for fault in gpu.get("faults", []):
             print(
                 f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
@@ -98,7 +104,7 @@ def record_line(rec: dict[str, Any]) -> str:
         )
         or "no fault"
     )
-    left = ", ".join(rec["leftovers"])
+    left = _word(", ".join(rec["leftovers"]), 400)
     return (
         f"job {rec['job']} on {rec['node']}, {rec['gpu']} {rec['gpu_uuid']} (user {rec['user']}"
         f"{f', {took:.0f} s' if took is not None else ''}): {rec['clients_seen_count']} "
@@ -119,6 +125,12 @@ def _client_words(client: dict[str, Any]) -> str:
         words.append(f"up {client['uptime_s']:.0f} s")
     shown = ", ".join(w for w in words if w)
     return f" ({shown})" if shown else ""
+
+
+def _word(text: object, limit: int = 200) -> str:
+    """What a job user or their processes may have written (a command line, a manifest's
+    word, a control reply), as printed: no control character reaches the terminal."""
+    return shown(str(text), limit)
 
 
 def cpus_words(cpus: list[int]) -> str:

@@ -122,8 +122,10 @@ class Daemon:
         if faults.becomes_on(name):
             # What a job user who may ptrace their own daemon can make of it: the same process
             # (PID, start time, servers as children) running another program, environment
-            # cleared. Only root's record and cgroup still say it is the daemon.
-            os.execve("/bin/sleep", ["sleep", "3600"], {})  # noqa: S606 - a fixed argv, on purpose
+            # cleared, that restarts a child whenever it ends. Only root's record and cgroup
+            # still say it is the daemon.
+            respawn = "while :; do sleep 300 & wait; done"
+            os.execve("/bin/sh", ["sh", "-c", respawn], {})  # noqa: S606 - fixed, on purpose
         if faults.hangs(name):
             return  # never answered; the connection stays until the caller gives up
         if self.quitting is not None or self.terminations:

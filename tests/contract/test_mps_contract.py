@@ -71,6 +71,25 @@ def test_defaults_round_trip(backend: Backend) -> None:
     assert ctl.active_thread_percentage(server) == 25.0
 
 
+def test_commands_on_one_stdin_are_answered_in_order(backend: Backend) -> None:
+    """``status`` sends several queries on one stdin (``Control.snapshot``): each one-line
+    reply comes in order, the list of clients last."""
+    backend.start_daemon()
+    ctl = backend.control()
+    clients = [backend.client("--seconds", "6") for _ in range(2)]
+    server = backend.server()
+    backend.wait_clients(server, 2)
+    found = ctl.snapshot()
+    assert found.default_active_thread_percentage == 100.0
+    assert list(found.servers) == [server]
+    state, share, listed = found.servers[server]
+    assert (state, share) == ("ACTIVE", 100.0)
+    assert sorted(listed) == sorted(c.pid for c in clients)
+    for c in clients:
+        out, _ = c.communicate(timeout=60)
+        assert c.returncode == 0, out
+
+
 def test_clients_attach_and_are_listed(backend: Backend) -> None:
     backend.start_daemon()
     clients = [backend.client("--seconds", "6") for _ in range(2)]

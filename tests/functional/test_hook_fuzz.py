@@ -8,6 +8,7 @@ Bounded and deterministic (``derandomize``): the same examples run in every CI r
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from tests.functional.test_faults import admin_config
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.tree import REPO
-from tests.users import ensure_test_user
+from tests.users import ensure_test_user, run_as, spawn_as
 
 pytestmark = [
     pytest.mark.functional,
@@ -199,3 +200,130 @@ def test_any_cli_argv_gives_an_exit_code_and_no_traceback(node: SimNode, argv: l
     # A rank's owner watchdog notices within a few seconds that its job is over.
     assert _settled(node), (argv, [p.cmdline() for p in node.leftovers()])
     assert _snapshot(node.root / "sentinel") == before
+
+
+# --- the job's files, as its user writes them ---------------------------------------------------
+_JOB_FILES = {
+    "manifest": "g0/manifest.json",
+    "pid file": "g0/pipe/nvidia-cuda-mps-control.pid",
+    "control.log": "g0/log/control.log",
+    "server.log": "g0/log/server.log",
+}
+_json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(10**30), max_value=10**30),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=20),
+    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+_digits = st.sampled_from(["²", "٣٣", "9" * 5000, "-1", "0", "4194305", "1e400", "12\x00"])
+_pathological = st.sampled_from(
+    ["[" + " " * 20000, "[" * 5000, "\x1b[2J" * 100, "\udcff" * 10, "NEW CLIENT " + "9" * 5000]
+)
+
+
+#: A control socket the job's user puts in place of the daemon's: every answer ``delay``
+#: seconds late, listing ``count`` process IDs (or, ``junk``, bytes that are none).
+_FAKE_SOCKET = """
+import json, os, socket, sys, time
+path, delay, count, junk = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+os.unlink(path)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(path)
+listener.listen(64)
+while True:
+    conn, _ = listener.accept()
+    conn.recv(65536)
+    time.sleep(delay)
+    pids = "\\n".join(str(4000000 + i) for i in range(count))
+    out = "\\x1b[2J\\xff" * count if junk == "1" else pids
+    conn.sendall(json.dumps({"stdout": out, "stderr": "", "rc": 0}).encode() + b"\\n")
+    conn.close()
+"""
+
+
+@st.composite
+def job_file(draw: st.DrawFn) -> tuple[str, str]:
+    """(which job file, what its user writes there): a manifest with fields of any type, a
+    number ``isdigit`` takes and ``int`` refuses, a line that costs a backtracking parser
+    quadratic time, escape sequences; or a control socket of theirs, slow and lying."""
+    name = draw(st.sampled_from([*_JOB_FILES, "control socket"]))
+    if name == "control socket":
+        delay = draw(st.sampled_from(["0", "0.3", "1.0"]))
+        count = draw(st.sampled_from(["0", "60", "5000"]))
+        return name, f"{delay} {count} {draw(st.sampled_from(['0', '1']))}"
+    if name == "manifest":
+        fields = draw(
+            st.dictionaries(
+                st.sampled_from(["daemon_pid", "daemon_start_time", "servers", "uid", "version"]),
+                _json_values | _digits,
+                min_size=1,
+            )
+        )
+        return name, json.dumps({"version": 1, **fields})
+    lines = draw(st.lists(_digits | _pathological | st.text(max_size=40), min_size=1, max_size=4))
+    header = "[2026-11-27 10:00:00.000 Control {}] Starting new server {} for user 0"
+    return name, "\n".join(header.format(w, w) if i % 2 else w for i, w in enumerate(lines))
+
+
+@FUZZ
+@given(case=job_file())
+def test_any_job_file_keeps_the_epilogs_contract(node: SimNode, case: tuple[str, str]) -> None:
+    """Whatever the job's user writes into a file of its job's directories, the epilog ends
+    the job's daemons from root's record, exits 0 and leaves nothing; root's status answers."""
+    name, text = case
+    env = {
+        "SLURM_JOB_ID": "301",
+        "SLURM_JOB_UID": str(_user().pw_uid),
+        "SLURM_JOB_GID": str(_user().pw_gid),
+        "SLURM_JOB_USER": _user().pw_name,
+        "SLURM_JOB_GPUS": "0,1",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_CONF": "/nonexistent/slurm.conf",
+    }
+    assert _hook(node, "prolog", env).returncode == 0
+    fake = _plant(node, name, text)
+    try:
+        conf = str(node.root / "mpswrap.conf")
+        status = node.mpswrap("status", "--node", "n1", MPSWRAP_CONFIG=conf, timeout=120)
+        assert status.returncode in (0, 3) and "Traceback" not in status.stderr, status.stderr
+        assert "\x1b" not in status.stdout
+        end = _hook(node, "epilog", env)
+    finally:
+        if fake is not None:
+            fake.kill()
+            fake.communicate(timeout=30)
+    assert end.returncode == 0 and "Traceback" not in end.stderr, (name, end.stderr)
+    assert "internal error" not in end.stderr, end.stderr
+    assert _settled(node), (name, [p.cmdline() for p in node.leftovers()])
+    assert not (node.run_dir / "n1" / "301").exists()
+
+
+def _plant(node: SimNode, name: str, text: str) -> subprocess.Popen[str] | None:
+    """As the job's user: write ``text`` into the job file ``name``, or put a fake control
+    socket in place of the daemon's (the process serving it, returned)."""
+    job = node.run_dir / "n1" / "301"
+    if name == "control socket":
+        script = node.root / "fake_socket.py"
+        script.write_text(_FAKE_SOCKET)
+        script.chmod(0o644)
+        control = job / "g0" / "pipe" / "control"
+        real = control.stat().st_ino
+        fake = spawn_as(
+            _user().pw_name, ["/usr/bin/python3", str(script), str(control), *text.split()]
+        )
+        deadline = time.monotonic() + 30
+        while not (control.is_socket() and control.stat().st_ino != real):
+            assert time.monotonic() < deadline, "the fake socket did not come up"
+            time.sleep(0.05)
+        return fake
+    source = node.root / "planted"
+    source.write_bytes(text.encode("utf-8", "surrogateescape"))
+    source.chmod(0o644)
+    planted = run_as(_user().pw_name, ["sh", "-c", f"cat {source} > {job / _JOB_FILES[name]}"])
+    assert planted.returncode == 0, planted.stderr
+    return None

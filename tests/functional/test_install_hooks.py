@@ -295,3 +295,55 @@ def test_an_existing_shared_modulefiles_tree_keeps_its_mode(shared: Path) -> Non
     res = subprocess.run([*argv, "--modulefile", str(modules)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert not dest.exists() and not (modules / "mpswrap").exists(), res.stdout
+
+
+def _venv_with_deps(shared: Path) -> tuple[Path, Path]:
+    """A venv of this interpreter whose site-packages finds mpswrap (the tree under test),
+    psutil, filelock and pynvml in a directory of root's through a .pth file, as a site's
+    venv would; (its python, that directory)."""
+    import filelock
+    import psutil
+    import pynvml
+
+    venv = shared / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    deps = shared / "deps"
+    for module in (psutil, filelock):
+        shutil.copytree(Path(str(module.__file__)).parent, deps / module.__name__)
+    shutil.copy(str(pynvml.__file__), deps / "pynvml.py")
+    shutil.copytree(PACKAGE, deps / "mpswrap", ignore=shutil.ignore_patterns("__pycache__"))
+    (next(venv.glob("lib/python3*/site-packages")) / "deps.pth").write_text(f"{deps}\n")
+    subprocess.run(["chmod", "-R", "go-w,a+rX", str(shared)], check=True)
+    return venv / "bin" / "python", deps
+
+
+@pytest.mark.parametrize("level", ["pth file", "pyvenv.cfg", "psutil"])
+def test_the_interpreters_environment_another_user_can_change_is_refused(
+    shared: Path, level: str
+) -> None:
+    """What the interpreter runs before and for mpswrap as root: its pyvenv.cfg, a .pth file
+    of its site-packages (site runs its import lines), a package mpswrap imports. Changeable
+    by a user at install: refused, naming it; after install: every prolog and epilog refuses
+    to run, naming it (docs/security.md)."""
+    python, deps = _venv_with_deps(shared)
+    config = shared / "mpswrap.conf"
+    config.write_text("prolog_mode = opt-in\n")
+    config.chmod(0o644)
+    res = _install(shared, str(python), config)
+    assert res.returncode == 0, res.stderr
+    site = next(python.parent.parent.glob("lib/python3*/site-packages"))
+    changed = {
+        "pth file": site / "deps.pth",
+        "pyvenv.cfg": python.parent.parent / "pyvenv.cfg",
+        "psutil": deps / "psutil" / "__init__.py",
+    }[level]
+    shutil.chown(changed, ensure_test_user())
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+    shim = subprocess.run(
+        [str(shared / "hooks" / "prolog")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shim.returncode == 0, shim.stderr  # prolog_failure = continue: the job runs
+    assert f"a user other than root can change {changed} " in shim.stderr, shim.stderr
+    again = _install(shared, str(python), config, dest=shared / "again")
+    assert again.returncode != 0, again.stdout
+    assert str(changed) in again.stderr and "other than root" in again.stderr, again.stderr

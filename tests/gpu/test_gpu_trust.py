@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.users import run_as, user_argv
@@ -110,5 +111,82 @@ def test_a_changeable_control_program_is_not_run_and_the_epilog_ends_the_job_by_
     assert not gpu_dir.parent.exists()
     left = gpu_processes()
     assert not left, left
+    after = run_as(gpu_user, [*argv[:2], "--seconds", "2"], base_env(), timeout=180)
+    assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr
+
+
+def _procs_cgroup(pid: int) -> str:
+    text = Path(f"/proc/{pid}/cgroup").read_text()
+    return next(line[3:] for line in text.splitlines() if line.startswith("0::"))
+
+
+@pytest.mark.parametrize("cgroup", ["auto", "none"], ids=["cgroup", "record-only"])
+def test_the_daemon_runs_in_roots_cgroup_and_a_tampered_one_is_ended_by_the_epilog(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]], cgroup: str
+) -> None:
+    """The prolog starts the real daemon in a cgroup of root's, and the server it starts
+    follows it there. The job's user then stops the daemon (it answers nothing), points the
+    manifest at PID 1 and removes the pid file and the logs: the epilog, which takes the
+    daemon from root's record and cgroup (or, without one, the record's PID and start time
+    and the process tree), ends daemon and server within its deadline, and the GPU serves the
+    next client."""
+    user = pwd.getpwnam(gpu_user)
+    conf = shared_tmp / "mpswrap.conf"
+    conf.write_text(
+        f"run_dir = {shared_tmp / 'run'}\nprolog_mode = always\nsyslog = no\n"
+        f"prestart_server = yes\ncgroup_root = {cgroup}\nteardown_deadline = 20\n"
+        "command_timeout = 3\n"
+    )
+    env = dict(
+        os.environ,
+        MPSWRAP_CONFIG=str(conf),
+        SLURM_JOB_ID="tr29",
+        SLURM_JOB_UID=str(user.pw_uid),
+        SLURM_JOB_GID=str(user.pw_gid),
+        SLURM_JOB_USER=gpu_user,
+        SLURMD_NODENAME="node1",
+        SLURM_JOB_GPUS="0",
+        SLURM_CONF=str(shared_tmp / "slurm.conf"),
+    )
+    started = _hook(env, "prolog")
+    assert started.returncode == 0, started.stderr
+    gpu_dir = shared_tmp / "run" / "node1" / "tr29" / "g0"
+    manifest = json.loads((gpu_dir / "manifest.json").read_text())
+    daemon, server = int(manifest["daemon_pid"]), int(manifest["servers"][0]["pid"])
+    where = _procs_cgroup(daemon)
+    print(f"daemon {daemon} in {where}, server {server} in {_procs_cgroup(server)}")
+    if cgroup == "auto":
+        assert where.startswith("/mpswrap/node1.tr29.") and where.endswith("/g0"), where
+        assert _procs_cgroup(server) == where
+    client_env = base_env(
+        {
+            "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
+            "CUDA_VISIBLE_DEVICES": manifest["gpu_uuid"],
+        }
+    )
+    argv = [sys.executable, str(HERE / "torch_client.py"), "--seconds", "3"]
+    ran = run_as(gpu_user, argv, client_env, timeout=180)
+    assert ran.returncode == 0 and "done" in ran.stdout, ran.stdout + ran.stderr
+    assert "NEW CLIENT" in (gpu_dir / "log" / "control.log").read_text()  # it was a client
+    forged = dict(manifest, daemon_pid=1, servers=[])
+    (shared_tmp / "forged.json").write_text(json.dumps(forged))
+    (shared_tmp / "forged.json").chmod(0o644)
+    tamper = (
+        f"kill -STOP {daemon} && cat {shared_tmp}/forged.json > {gpu_dir}/manifest.json && "
+        f"rm -f {gpu_dir}/pipe/nvidia-cuda-mps-control.pid {gpu_dir}/log/*"
+    )
+    done = run_as(gpu_user, ["sh", "-c", tamper], base_env())
+    assert done.returncode == 0, done.stderr
+    took = time.monotonic()
+    ended = _hook(env, "epilog")
+    took = time.monotonic() - took
+    print(ended.stderr, f"epilog took {took:.2f} s", sep="\n")
+    assert ended.returncode == 0, ended.stderr
+    assert took < 20 + 10, ended.stderr
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == "zombie"
+    assert not leftovers(shared_tmp, mps_baseline), "the job's MPS processes outlived it"
+    assert not gpu_dir.parent.exists()
+    assert not gpu_processes(), gpu_processes()
     after = run_as(gpu_user, [*argv[:2], "--seconds", "2"], base_env(), timeout=180)
     assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from mpswrap._cgroup import Cgroup, parent_dir
 from mpswrap.paths import JobLayout
 from tests.simenv import SimFiles
 from tests.tree import PACKAGE, REPO
@@ -568,7 +570,17 @@ class Cluster:
             return []
         nodes = [p for p in self.run_dir.iterdir() if p.is_dir() and p.name != ".locks"]
         locks = self.run_dir / ".locks"
-        return sorted([*(p for node in nodes for p in node.iterdir()), *locks.glob("*")])
+        found = [*(p for node in nodes for p in node.iterdir()), *locks.glob("*")]
+        return sorted(found + self.cgroups())
+
+    def cgroups(self) -> list[Path]:
+        """Root's cgroups of this cluster's jobs (``state.job_cgroup``: named after run_dir's
+        checksum), which the epilog removes with the job."""
+        parent = parent_dir("auto")
+        if parent is None or not parent.is_dir():
+            return []
+        tag = f"{zlib.crc32(os.fsencode(str(self.run_dir))):08x}"
+        return sorted(parent.glob(f"*.{tag}"))
 
     def leftovers(self) -> tuple[list[psutil.Process], list[Path]]:
         return self._processes(self._daemon_pids()), self.job_dirs()
@@ -608,7 +620,12 @@ class Cluster:
         if dirs:
             problems.append("job directories left behind: " + ", ".join(map(str, dirs)))
             for path in dirs:
-                shutil.rmtree(path, ignore_errors=True)
+                if path in self.cgroups():
+                    Cgroup(path).kill()
+                    Cgroup(path).wait_empty(5)
+                    Cgroup(path).remove()
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
         return problems
 
 

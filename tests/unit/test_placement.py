@@ -104,3 +104,20 @@ def test_place_gives_the_rank_its_gpu_and_client_environment() -> None:
     assert place(slots, 2, 4, policy="cyclic").position == 0
     # affinity: the rank's CPUs are near GPU 1 only
     assert place(slots, 0, 4, policy="affinity", rank_cpus=frozenset({1})).position == 1
+
+
+def test_a_request_over_every_gpus_limit_is_refused_before_any_work_that_grows_with_it() -> None:
+    """``run -n 100000000``: the refusal costs what ``run -n 97`` costs, not a placement per
+    client (before: 60 s and 800 MB)."""
+    from mpswrap.job.placement import check_total
+
+    limits = {"GPU-a": 48, "GPU-b": 48}
+    with pytest.raises(CapacityError) as caught:
+        check_total(["GPU-a", "GPU-b"], 10**12, limits, {"GPU-a": 1})
+    assert caught.value.line() == (
+        "too many MPS clients for the GPUs (2 GPU(s)): 1000000000000 new > 95 they take together"
+    )
+    with pytest.raises(CapacityError) as one:
+        check_total(["GPU-a"], 10**12, limits)
+    assert "for one GPU (GPU-a): 1000000000000 new + 0 running > limit 48" in one.value.line()
+    check_total(["GPU-a", "GPU-b"], 95, limits, {"GPU-a": 1})  # fits together: placement decides

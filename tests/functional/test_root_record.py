@@ -1,0 +1,405 @@
+"""Root keeps its own record of each job (docs/security.md, "Root's record of a job"), tried
+as a hostile job user would, with real second users that the tests create.
+
+The job's user owns the job's directories: every file there (manifest, pid file, logs) and
+the control socket may say anything. Root takes who the daemon is from its own record and the
+cgroup it started the daemon in; every job file is typed input that, when bad, is ignored;
+the whole teardown draws from one deadline, however much the job user multiplies; and what
+is the job's is never read from another process's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from mpswrap._cgroup import member_of
+from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
+from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.users import (
+    basics,
+    ensure_other_user,
+    ensure_test_user,
+    ensure_user,
+    run_as,
+    spawn_as,
+)
+
+pytestmark = [
+    pytest.mark.functional,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the hooks as root, real users"),
+]
+#: The teardown's deadline in the tests that multiply work, and what starting Python, the
+#: hooks' imports and a loaded 2-core machine may add to it.
+DEADLINE = 8.0
+SLACK = 12.0
+
+
+@pytest.fixture
+def node() -> Iterator[SimNode]:
+    sim = make_sim_node(gpus=2)
+    admin_config(sim)
+    yield sim
+    left = finish_sim_node(sim)
+    assert not left, f"left behind: {left}"
+
+
+def _user() -> str:
+    return ensure_test_user()
+
+
+def _prolog(node: SimNode, job: str = "101", gpus: str = "0,1", **env: str) -> list[int]:
+    """The prolog of ``job`` for the test user; the daemons' PIDs as started."""
+    res = slurm_hook(node, "prolog", job=job, gpus=gpus, timeout=120, **env)
+    assert res.returncode == 0, res.stderr
+    found = manifests(admin_job(node, job))
+    assert found, res.stderr
+    return [int(m["daemon_pid"]) for m in found.values()]
+
+
+def _as_user(script: str) -> subprocess.CompletedProcess[str]:
+    res = run_as(_user(), ["sh", "-c", script])
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+def _epilog_within(node: SimNode, job: str = "101", **env: str) -> tuple[float, str]:
+    """The epilog of ``job``, which must exit 0; (its seconds, its stderr)."""
+    took = time.monotonic()
+    res = slurm_hook(node, "epilog", job=job, timeout=120, **env)
+    took = time.monotonic() - took
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    return took, res.stderr
+
+
+def _all_gone(node: SimNode, pids: list[int], job: str = "101") -> None:
+    assert all(gone(pid) for pid in pids), [
+        psutil.Process(p).cmdline() for p in pids if not gone(p)
+    ]
+    assert not admin_job(node, job).exists(), sorted(map(str, admin_job(node, job).rglob("*")))
+    assert not list((node.run_dir / ".locks").glob(f"n1.{job}.*")), "root's record left"
+
+
+def _servers(pids: list[int]) -> list[int]:
+    return [c.pid for p in pids for c in psutil.Process(p).children()]
+
+
+# --- forged job files -------------------------------------------------------------------------
+FORGED: dict[str, Any] = {
+    "servers-text-pid": {"servers": [{"pid": "x", "start_time": 1}]},
+    "servers-null": {"servers": None},
+    "servers-number": {"servers": [1]},
+    "pid-infinite": "1e400",
+    "start-time-text": {"daemon_start_time": "x"},
+    "pid-5000-digits": "9" * 5000,
+    "escape-sequence": {"gpu_uuid": "\x1b]0;pwned\x07\x1b[2J", "user": "\x1b[31mroot"},
+    "not-a-mapping": [1, 2, 3],
+    "deep": "[" * 100000,
+}
+
+
+def _forge(path: Path, how: Any) -> str:
+    """The text of ``path`` forged as ``how`` says: fields replaced, or a raw JSON text."""
+    if isinstance(how, dict):
+        data = json.loads(path.read_text())
+        data.update(how)
+        return json.dumps(data)
+    if isinstance(how, list):
+        return json.dumps(how)
+    if how.startswith("["):
+        return str(how)
+    data = json.loads(path.read_text())
+    return json.dumps(data).replace(f'"daemon_pid": {data["daemon_pid"]}', f'"daemon_pid": {how}')
+
+
+@pytest.mark.parametrize("how", list(FORGED))
+def test_a_forged_manifest_never_stops_the_epilog_or_roots_status(node: SimNode, how: str) -> None:
+    """The job's user rewrites both GPUs' manifests with values of the wrong type, out of
+    range, escape sequences, not a mapping, nested past any parser. Root's ``status`` and
+    ``metrics`` still answer for the node (no exit 1, no escape sequence printed) and the
+    epilog ends both daemons from root's record and removes the job: exit 0."""
+    pids = _prolog(node)
+    servers_before = _servers(pids)
+    for key in ("g0", "g1"):
+        path = admin_job(node) / key / "manifest.json"
+        forged = node.root / f"forged-{key}.json"
+        forged.write_text(_forge(path, FORGED[how]))
+        forged.chmod(0o644)
+        _as_user(f"cat {forged} > {path}.new && mv {path}.new {path}")
+    for command in (["status"], ["status", "--json"], ["metrics"]):
+        command += ["--node", "n1"]
+        res = node.mpswrap(*command, MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
+        assert res.returncode in (0, 3), (command, res.returncode, res.stderr)
+        assert "Traceback" not in res.stderr and "\x1b" not in res.stdout + res.stderr
+    _epilog_within(node)
+    _all_gone(node, pids + servers_before)
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "printf '\\302\\262' > g0/pipe/nvidia-cuda-mps-control.pid",  # '²': isdigit, not int
+        "printf '[2026-11-27 10:00:00.000 Control 1] Starting new server %s for user 0\\n' "
+        f"{'9' * 5000} >> g0/log/control.log",
+        "printf 'Client {PID: %s, Context ID: 1} encountered a fatal GPU error\\n' "
+        f"{'٣' * 50} >> g0/log/server.log",
+    ],
+    ids=["pid-file-superscript", "log-5000-digit-pid", "log-arabic-digits"],
+)
+def test_numbers_that_isdigit_takes_and_int_refuses_are_ignored(node: SimNode, plant: str) -> None:
+    pids = _prolog(node)
+    job = admin_job(node)
+    _as_user(f"cd {job} && rm -f g0/manifest.json && {plant}")
+    _epilog_within(node)
+    _all_gone(node, pids)
+
+
+# --- a daemon the job user changed ------------------------------------------------------------
+@pytest.mark.parametrize("cgroup", ["auto", "none"], ids=["cgroup", "record-only"])
+def test_a_daemon_turned_into_another_program_is_ended_by_roots_record(
+    node: SimNode, cgroup: str
+) -> None:
+    """The job's user makes their daemon exec a loop that respawns a child whenever it ends
+    (what ptrace allows), points the manifest at PID 1, and removes the pid file and the logs.
+    Nothing the job user wrote names the process; root's cgroup (or, without one, its record's
+    PID and start time and the process tree) does: the epilog ends it, its respawned children
+    and its server, and exits 0."""
+    admin_config(node, cgroup_root=cgroup)
+    pids = _prolog(node)
+    if cgroup == "auto":
+        assert all(str(member_of(p)).startswith("/mpswrap/") for p in pids)
+    env = basics(
+        CUDA_MPS_PIPE_DIRECTORY=str(admin_job(node) / "g0" / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(admin_job(node) / "g0" / "log"),
+    )
+    uid = pwd.getpwnam(_user()).pw_uid
+    run_as(_user(), [node.control], env, input=f"start_server -uid {uid}\n")
+    node.faults.write_text(json.dumps({"become_on": ["get_client_list"]}))
+    # The daemon execs as it takes the command: nothing answers the client, which gives up.
+    run_as(_user(), ["timeout", "2", node.control, "get_client_list", "1"], env)
+    node.faults.unlink()
+    daemon = psutil.Process(pids[0])
+    _wait(lambda: daemon.cmdline()[:1] == ["sh"], "the daemon to become a shell loop")
+    tree = [daemon.pid, *(c.pid for c in daemon.children(recursive=True))]
+    manifest = admin_job(node) / "g0" / "manifest.json"
+    forged = json.loads(manifest.read_text()) | {"daemon_pid": 1, "servers": []}
+    (node.root / "m.json").write_text(json.dumps(forged))
+    (node.root / "m.json").chmod(0o644)
+    job = admin_job(node)
+    _as_user(f"cat {node.root}/m.json > {manifest} && rm -f {job}/g0/pipe/*.pid {job}/g0/log/*")
+    _epilog_within(node)
+    _all_gone(node, pids + tree)
+    assert 1 in psutil.pids() and psutil.Process(1).is_running()
+
+
+def _wait(done: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if done():
+                return
+        except psutil.Error:
+            pass
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# --- work the job user multiplies -------------------------------------------------------------
+FAKE_SOCKET = textwrap.dedent(
+    """
+    import json, os, socket, sys, time
+    path, pids = sys.argv[1], [str(4000000 + i) for i in range(60)]
+    os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    while True:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        time.sleep(1.0)  # every answer late
+        conn.sendall(json.dumps({"stdout": "\\n".join(pids), "stderr": "", "rc": 0}).encode()
+                     + b"\\n")
+        conn.close()
+    """
+)
+
+
+def _multiply(node: SimNode, what: str, size: int) -> list[subprocess.Popen[str]]:
+    """Make the job's user multiply ``what`` to ``size``; what they leave running."""
+    job = admin_job(node)
+    if what == "gpu-dirs":
+        _as_user(f"cd {job} && for i in $(seq 2 {size + 1}); do mkdir g$i; done")
+    elif what == "log-size":
+        line = "[" + " " * 20000
+        script = f"for i in $(seq {size}); do echo '{line}'; done"
+        _as_user(f"cd {job}/g0/log && ({script}) > control.log && cp control.log server.log")
+    elif what == "depth":
+        _as_user(
+            f"cd {job}/g0/log && for i in $(seq {size}); do mkdir d && cd d; done && "
+            "head -c 50000000 /dev/zero > big"
+        )
+    elif what == "clients-listed":
+        fake_socket = node.root / "fake_socket.py"
+        fake_socket.write_text(FAKE_SOCKET)
+        fake_socket.chmod(0o644)
+        control = job / "g0" / "pipe" / "control"
+        real = control.stat().st_ino
+        fake = spawn_as(_user(), ["/usr/bin/python3", str(fake_socket), str(control)])
+        _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
+        return [fake]
+    return []
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("what", "sizes"),
+    [
+        ("gpu-dirs", (10, 999)),
+        ("log-size", (10, 300)),
+        ("depth", (10, 70)),
+        ("clients-listed", (60, 60)),
+    ],
+)
+def test_the_epilog_stays_within_its_deadline_whatever_the_job_user_multiplies(
+    node: SimNode, what: str, sizes: tuple[int, int]
+) -> None:
+    """GPU directories, log lines that cost a backtracking parser quadratic time, a deep tree
+    with a large file in it, a control socket that lists 60 clients that do not exist and
+    answers every command a second late: at a small and a large size, the epilog ends the
+    daemons and leaves nothing of the job in run_dir within its deadline (teardown_deadline =
+    8 s, plus what starting Python on a loaded machine adds). The figures are printed."""
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3")
+    for size in sizes:
+        pids = _prolog(node)
+        left = _multiply(node, what, size)
+        try:
+            took, said = _epilog_within(node)
+        finally:
+            for proc in left:
+                proc.kill()
+                proc.communicate(timeout=30)
+        print(f"{what} x{size}: epilog {took:.2f} s")
+        assert took < DEADLINE + SLACK, said
+        _all_gone(node, pids)
+
+
+# --- other jobs, other processes --------------------------------------------------------------
+def test_another_job_of_the_same_user_is_never_ended_by_this_jobs_epilog(node: SimNode) -> None:
+    """Two jobs of one user on one node. A process of job 102 names job 101's pipe directory
+    in its environment, once as ``OLDPWD`` after a ``cd`` and once as its very MPS variable
+    (``--export=ALL`` from inside a rank of 101). Job 101's epilog ends 101's daemon, and
+    neither that process nor 102's daemon."""
+    pids_a = _prolog(node, job="101", gpus="0")
+    pids_b = _prolog(node, job="102", gpus="1")
+    pipe_a = str(admin_job(node, "101") / "g0" / "pipe")
+    theirs = [
+        spawn_as(_user(), ["sleep", "300"], OLDPWD=pipe_a, SLURM_JOB_ID="102"),
+        spawn_as(_user(), ["sleep", "301"], CUDA_MPS_PIPE_DIRECTORY=pipe_a, SLURM_JOB_ID="102"),
+    ]
+    try:
+        _epilog_within(node, job="101")
+        _all_gone(node, pids_a, job="101")
+        assert all(p.poll() is None for p in theirs), "job 102's process was ended"
+        assert not any(gone(pid) for pid in pids_b)
+    finally:
+        for proc in theirs:
+            proc.kill()
+            proc.communicate(timeout=30)
+    _epilog_within(node, job="102")
+    _all_gone(node, pids_b, job="102")
+
+
+def test_a_job_of_uid_0_gets_no_mps(node: SimNode) -> None:
+    """A root daemon would serve it, and its teardown would act on root's processes."""
+    res = slurm_hook(node, "prolog", user="root")
+    assert res.returncode == 0, res.stderr
+    assert "a job of uid 0 gets no MPS" in res.stderr, res.stderr
+    assert not admin_job(node).exists()
+    end = slurm_hook(node, "epilog", user="root")
+    assert end.returncode == 0 and "Traceback" not in end.stderr, end.stderr
+
+
+def test_a_thread_policy_past_floats_is_one_line(node: SimNode) -> None:
+    """``--mps=1e308:1`` (what the SPANK plugin passes as SPANK_MPSWRAP_MPS): the prolog
+    starts the daemons and names the bad policy; ``run --threads 1e308:1`` is a usage error."""
+    pids = _prolog(node, SPANK_MPSWRAP_MPS="1e308:1")
+    res = node.mpswrap("run", "-n", "2", "--threads", "1e308:1", "--", "true")
+    assert res.returncode == 2, res.stderr
+    assert "bad --threads weights" in res.stderr and "internal error" not in res.stderr
+    _epilog_within(node)
+    _all_gone(node, pids)
+
+
+def test_roots_status_prints_no_escape_sequence_of_a_clients_command_line(
+    node: SimNode,
+) -> None:
+    pids = _prolog(node, gpus="0")
+    g0 = admin_job(node) / "g0"
+    # Its argv[0] holds a terminal's title and clear-screen sequences.
+    program = (
+        f'exec -a "$(printf "\\033]0;owned\\007\\033[2J")" {sys.executable} -m mpswrap.sim.client'
+    )
+    client = spawn_as(
+        _user(),
+        ["/bin/bash", "-c", f"{program} --seconds 60"],
+        CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"),
+        PYTHONPATH=node.env()["PYTHONPATH"],
+    )
+    try:
+        _wait(lambda: f"NEW CLIENT {client.pid} " in _read(g0 / "log" / "control.log"), "attach")
+        res = node.mpswrap("status", "--node", "n1", MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
+        assert res.returncode == 0, res.stderr
+        assert f"client {client.pid}" in res.stdout and "\x1b" not in res.stdout, res.stdout
+    finally:
+        _epilog_within(node)
+        client.communicate(timeout=30)
+    _all_gone(node, pids)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_squatted_tmp_root_is_refused_and_a_private_one_used(node: SimNode) -> None:
+    """Another user makes ``/tmp/mpswrap-<uid>`` first: the user's run names it in one
+    warning and runs in ``~/.mpswrap-run`` instead."""
+    owner = ensure_user("mpswhome", home=True)
+    squat = Path(f"/tmp/mpswrap-{pwd.getpwnam(owner).pw_uid}")
+    made = run_as(ensure_other_user(), ["mkdir", "-m", "0777", str(squat)])
+    assert made.returncode == 0 or squat.is_dir(), made.stderr
+    try:
+        env = {k: v for k, v in node.env().items() if k != "MPSWRAP_USER_RUN_DIR"}
+        res = run_as(owner, [sys.executable, "-m", "mpswrap", "run", "-n", "1", "--", "true"], env)
+        assert res.returncode == 0, res.stderr
+        assert f"{squat} is not yours (owned by uid" in res.stderr, res.stderr
+        assert "/.mpswrap-run" in res.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(squat)], check=False)
+
+
+def test_an_admin_file_past_its_size_is_one_line_at_once(node: SimNode) -> None:
+    big = node.root / "mpswrap.conf"
+    with big.open("a") as out:
+        out.write("# " + "x" * (2 << 20) + "\n")
+    took = time.monotonic()
+    res = slurm_hook(node, "prolog")
+    assert time.monotonic() - took < 10
+    assert res.returncode == 0 and "larger than 1 MiB" in res.stderr, res.stderr
+    assert not admin_job(node).exists()
