@@ -396,6 +396,13 @@ class JobEnv(Struct, frozen=True):
         return self._first_int(LOCAL_RANK_VARS)[0]
 
     @property
+    def gpus_per_task(self) -> int | None:
+        """``--gpus-per-task`` of the step (``SLURM_GPUS_PER_TASK``), None where not given or
+        not a whole number."""
+        found, _ = self._first_int(("SLURM_GPUS_PER_TASK",))
+        return found
+
+    @property
     def local_size(self) -> int | None:
         value, _ = self._first_int(LOCAL_SIZE_VARS)
         if value is not None:

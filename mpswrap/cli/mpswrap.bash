@@ -6,7 +6,7 @@ _mpswrap() {
     while [ "$i" -lt "$COMP_CWORD" ]; do
         case ${COMP_WORDS[i]} in
             --) cmd=--; break ;;
-            --gpus|--policy|--threads|--mem-limit|--priority|--verify-attach|--verify-timeout|--grace|--job) i=$((i + 2)); continue ;;
+            --gpus|--policy|--threads|--mem-limit|--priority|--verify-attach|--verify-timeout|--grace|--job|--gpus-per-rank) i=$((i + 2)); continue ;;
             -*) ;;
             *) cmd=${COMP_WORDS[i]}; break ;;
         esac
@@ -26,15 +26,15 @@ _mpswrap() {
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun"; fi ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun"; fi ;;
         start) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json" ;;
         stop) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json" ;;
         status) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json --watch --all" ;;
         config) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         demo) words="-h --help -v --verbose -q --quiet --debug --config --clients --simulate" ;;
-        run) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug -n --np" ;;
-        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
-        calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
+        run) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug -n --np" ;;
+        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
+        calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
         report) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         metrics) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --all --textfile --process-labels" ;;
         container-args) words="-h --help -v --verbose -q --quiet --debug --config --job"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;

@@ -138,6 +138,10 @@ WRAPPER_OPTIONS: Options = (
                       "help": "print what would run (or refuse as the run would); start nothing"}),
     (("--job",), {"metavar": "ID", "type": job_id,
                   "help": "job id for the per-job state (default: Slurm's)"}),
+    (("--gpus-per-rank",), {"type": at_least(1), "metavar": "N",
+                            "help": "GPUs each rank uses (a JAX process, model parallelism): "
+                            "the GPUs taken N at a time, one MPS daemon over each group, "
+                            "whose ranks see its N GPUs (default: 1)"}),
 )
 #: Output options, accepted before and after a command word.
 VERBOSITY: Options = (

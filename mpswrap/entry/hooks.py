@@ -284,6 +284,14 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     refs = env.step_gpus
     if not slots or not refs or is_launcher_daemon_step(env):
         return {}
+    if (env.gpus_per_task or 1) > 1:  # one task on several GPUs: no one daemon serves them
+        log.warning(
+            "a task of %d GPUs runs without MPS: the job's daemons serve one GPU each (run it "
+            "as mpswrap --gpus-per-rank %d ./app for one daemon over its GPUs)",
+            env.gpus_per_task,
+            env.gpus_per_task,
+        )
+        return {}
     mine = [slot_of(ref, slots) for ref in refs]
     if None in mine:
         return {}  # a step GPU without a daemon: leave the task as Slurm set it

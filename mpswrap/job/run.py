@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from .._signals import TERMINATING, SignalTrap
 from .._struct import Struct, field, fields
 from ..config import Settings, load_settings
-from ..errors import GpuError, MpswrapError
+from ..errors import GpuError, MpswrapError, UsageError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon
 from ..mps.gpu import (
@@ -54,7 +54,7 @@ from .placement import (
 )
 from .supervise import check_program
 
-__all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "plan"]
+__all__ = ["LaunchOptions", "Plan", "Started", "execute", "grouped", "local_position", "plan"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class LaunchOptions(Struct, frozen=True):
     dry_run: bool = False
     job: str | None = None
     debug: bool = False
+    #: GPUs each rank uses (a JAX process, model parallelism): one daemon serves each group.
+    gpus_per_rank: int | None = None
 
     def settings(self) -> Settings:
         return load_settings({"gpu_policy": self.policy})
@@ -228,7 +230,10 @@ def plan(
     # NVML only where NVML's view is needed: --gpus (its indices) and user mode.
     chosen_from = load_inventory(settings.gpu_inventory) if opts.gpus is not None else None
     chosen = resolve_gpus(opts.gpus, chosen_from) if chosen_from and opts.gpus else None
+    per_rank = _gpus_per_rank(opts, kind)
     admin, manifests = prolog_daemons(settings, env.node, job)
+    if per_rank > 1:  # the prolog's daemons serve one GPU each: this run starts its own
+        manifests = []
     if manifests and step and chosen is None:
         chosen_from = load_inventory(settings.gpu_inventory)
         chosen = visible_gpus(env, chosen_from)
@@ -244,7 +249,7 @@ def plan(
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     state.check_user_tree(daemons.layout)
     inventory = chosen_from or load_inventory(settings.gpu_inventory)
-    gpus = chosen if chosen is not None else visible_gpus(env, inventory)
+    gpus = grouped(chosen if chosen is not None else visible_gpus(env, inventory), per_rank)
     keys = [f"g{i}" for i in range(len(gpus))]
     daemons.check(keys)
     slots = [
@@ -254,6 +259,31 @@ def plan(
     return Plan(
         opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus, rank=rank
     )
+
+
+def _gpus_per_rank(opts: LaunchOptions, kind: str) -> int:
+    """``--gpus-per-rank``, 1 by default; a farm's or calibrate's task runs on one GPU."""
+    count = opts.gpus_per_rank or 1
+    if count > 1 and kind in ("farm", "calibrate"):
+        raise UsageError(
+            f"--gpus-per-rank {count}: a {kind} runs each task on one GPU",
+            hint="run programs of several GPUs with mpswrap run or a launcher",
+        )
+    return count
+
+
+def grouped(gpus: Sequence[GpuInfo], per_rank: int) -> list[GpuInfo]:
+    """The run's GPUs taken ``per_rank`` consecutive at a time, each group one daemon's
+    (``GpuInfo.group``); refused unless they divide evenly."""
+    if per_rank == 1:
+        return list(gpus)
+    if per_rank > len(gpus) or len(gpus) % per_rank:
+        raise UsageError(
+            f"--gpus-per-rank {per_rank}: the run has {len(gpus)} GPU(s)",
+            cause="each rank takes that many, and the GPUs must divide into groups of it",
+            hint="choose --gpus (or the step's GPUs) as a multiple of it",
+        )
+    return [GpuInfo.group(gpus[i : i + per_rank]) for i in range(0, len(gpus), per_rank)]
 
 
 def _restricted(slots: list[Slot], chosen: list[GpuInfo] | None) -> list[Slot]:

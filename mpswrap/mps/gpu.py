@@ -52,6 +52,27 @@ class GpuInfo(Struct, frozen=True):
         cc, cpus = list(self.compute_capability), sorted(self.cpus)
         return {**asdict(self), "compute_capability": cc, "cpus": cpus}
 
+    @classmethod
+    def group(cls, gpus: Sequence[GpuInfo]) -> GpuInfo:
+        """Several GPUs that one daemon serves together, for ranks that use them all (a
+        rank of ``--gpus-per-rank N``): the UUIDs joined by commas are what the daemon's
+        and its clients' ``CUDA_VISIBLE_DEVICES`` name; the CPUs near any of them; the
+        oldest architecture (the client limit); the least memory of one of them."""
+        if len(gpus) == 1:
+            return gpus[0]
+        return cls(
+            index=gpus[0].index,
+            uuid=",".join(g.uuid for g in gpus),
+            minor=gpus[0].minor,
+            name=gpus[0].name,
+            compute_capability=min(g.compute_capability for g in gpus),
+            cpus=frozenset().union(*(g.cpus for g in gpus)),
+            numa_node=gpus[0].numa_node,
+            mig=any(g.mig for g in gpus),
+            memory_total=min(g.memory_total for g in gpus),
+            pci_bus_id=",".join(g.pci_bus_id for g in gpus),
+        )
+
 
 class Inventory(Struct):
     """The node's GPUs in NVML index order, plus driver facts."""
@@ -63,6 +84,9 @@ class Inventory(Struct):
     _nvml: Any = None
 
     def by_uuid(self, uuid: str) -> GpuInfo:
+        """The GPU of ``uuid``; for UUIDs joined by commas, their group (``GpuInfo.group``)."""
+        if "," in uuid:
+            return GpuInfo.group([self.by_uuid(u) for u in uuid.split(",")])
         for gpu in self.gpus:
             if gpu.uuid.lower() == uuid.lower():
                 return gpu

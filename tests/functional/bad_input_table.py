@@ -137,6 +137,8 @@ OPTION_VALUES: tuple[Case, ...] = (
          *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
          "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--gpus-per-rank", "0", "argument --gpus-per-rank: invalid value '0': expected a "
+         "whole number, 1 or more", *APP, hint="\nhint: mpswrap --help"),
     _bad("run", "--grace", "nan", "argument --grace: invalid value 'nan': expected seconds 0 or "
          "more", "-n", "1", *APP),
     _bad("run", "-n", "x", "argument -n/--np: invalid int value: 'x'", *APP),

@@ -663,3 +663,57 @@ def test_a_rank_joining_prolog_daemons_takes_its_gpu_from_the_manifest(
     finally:
         hidden.rename(node.inventory)
         assert node.run("stop", "--job", "inv1").returncode == 0
+
+
+# --- a rank of several GPUs ----------------------------------------------------------------
+@pytest.fixture
+def four_gpus() -> Any:
+    from tests.simenv import sim_node
+
+    with sim_node(gpus=4) as sim:
+        yield sim
+
+
+def test_ranks_of_two_gpus_get_one_daemon_over_each_pair(four_gpus: SimNode) -> None:
+    """``run -n 4 --gpus-per-rank 2`` on four GPUs: one daemon over GPUs 0-1 and one over
+    2-3, each rank sees its pair (``CUDA_VISIBLE_DEVICES`` naming both UUIDs) and is a client
+    of its pair's daemon; block placement puts ranks 0-1 on the first pair."""
+    node = four_gpus
+    rec = node.root / "rec.json"
+    uuids = [g["uuid"] for g in sorted(_inventory(node), key=lambda g: int(g["index"]))]
+    res = node.run("run", "-n", "4", "--gpus-per-rank", "2", "--", *client(node, rec, 0.5))
+    assert res.returncode == 0, res.stderr
+    assert "2 GPU daemon(s)" in res.stderr and "4 attached" in res.stderr, res.stderr
+    starts = by_tag(records(rec), "start")
+    assert all(r["mode"] == "mps" for r in starts.values()), starts
+    pairs = [",".join(uuids[0:2]), ",".join(uuids[2:4])]
+    assert {t: (Path(r["pipe"]).parent.name, r["cvd"]) for t, r in starts.items()} == {
+        "0": ("g0", pairs[0]),
+        "1": ("g0", pairs[0]),
+        "2": ("g1", pairs[1]),
+        "3": ("g1", pairs[1]),
+    }
+
+
+def _inventory(node: SimNode) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = json.loads(node.inventory.read_text())["gpus"]
+    return gpus
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "-n", "2", "--gpus-per-rank", "3", "--", "true"], "the run has 2 GPU(s)"),
+        (["--gpus-per-rank", "0", "run", "-n", "1", "--", "true"], "expected a whole number"),
+        (["farm", "--gpus-per-rank", "2", "tasks.txt"], "a farm runs each task on one GPU"),
+    ],
+    ids=["not-dividing", "zero", "farm"],
+)
+def test_a_gpus_per_rank_that_cannot_be_served_is_one_line(
+    node: SimNode, args: list[str], line: str
+) -> None:
+    (node.root / "tasks.txt").write_text("true\n")
+    res = node.run(*args)
+    assert res.returncode == 2, res.stderr
+    assert line in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not node.leftovers()
