@@ -57,6 +57,7 @@ _NOT_SETTINGS = {
     "MPSWRAP_JOB",
     "MPSWRAP_DEBUG",
     "MPSWRAP_TREE",
+    "MPSWRAP_RANK_VARS",
 }
 
 

@@ -36,8 +36,8 @@ from ..errors import (
     UsageError,
     internal_error,
 )
-from ..job import launchargs
 from ..job.containers import PROGRAMS
+from ..job.launchers import launcher_of
 from ..job.placement import provision_threads
 from .logs import debug_env, setup_logging
 from .options import (
@@ -292,7 +292,7 @@ def build_parser(commands: bool = True) -> argparse.ArgumentParser:
     which parse only the wrapper options (every rank of a job starts that way)."""
     parser = _Parser(
         prog="mpswrap",
-        usage="mpswrap [options] COMMAND ... | mpswrap [options] (srun|mpirun|mpiexec|orterun)"
+        usage=f"mpswrap [options] COMMAND ... | mpswrap [options] ({'|'.join(LAUNCHERS)})"
         " ... | mpswrap [options] [--] PROGRAM ...",
         description=MODES,
         epilog="'mpswrap help COMMAND' or 'mpswrap COMMAND --help' for a command's options. "
@@ -538,7 +538,7 @@ def _mode(rest: Sequence[str], dashdash: bool) -> str:
         return word
     if word in HANDLERS:
         return "command"
-    if launchargs.family_of(word):
+    if launcher_of(word):
         return "launcher"
     if "/" in word or shutil.which(word):
         return "program"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from .. import values
 from ..errors import MpswrapError
+from ..job import launchers
 from ..paths import validate_name
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -211,9 +212,10 @@ MODES = """\
 Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.
 
 modes:
-  mpswrap [options] srun|mpirun|mpiexec|orterun ...
+  mpswrap [options] srun|mpirun|mpiexec|orterun|prun|torchrun ...
                         prefix a launcher: every rank it starts is wrapped
-                        (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app)
+                        (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app,
+                        mpswrap torchrun --nproc-per-node 8 train.py)
   mpswrap [options] [--] PROGRAM ...
                         per-rank: this process's rank of a launch becomes an MPS
                         client (srun mpswrap ./app); after -- always a program
@@ -225,4 +227,5 @@ modes:
                         how many copies per GPU, with which thread policy
   mpswrap COMMAND ...   manage daemons, show settings, the Slurm hooks (below)"""
 
-LAUNCHERS = ("srun", "mpirun", "mpiexec", "orterun")
+#: The launchers' command names, from the launcher table (``job.launchers``).
+LAUNCHERS = tuple(name for row in launchers.LAUNCHERS for name in row.names)

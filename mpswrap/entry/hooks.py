@@ -33,6 +33,7 @@ from ..errors import (
 from ..job import state
 from ..job.exclusive import make_exclusive, restore_modes
 from ..job.job import JobDaemons
+from ..job.launchers import daemon_names
 from ..job.placement import place, provision_threads, slot_of
 from ..jobenv import GpuRef, JobEnv
 from ..mps.gpu import health_problem
@@ -282,7 +283,7 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     manifests = daemons.manifests()
     slots = daemons.slots(None, manifests)  # no NVML here: once per task
     refs = env.step_gpus
-    if not slots or not refs or is_launcher_daemon_step(env):
+    if not slots or not refs or is_launcher_daemon_step(env, daemon_names()):
         return {}
     if (env.gpus_per_task or 1) > 1:  # one task on several GPUs: no one daemon serves them
         log.warning(

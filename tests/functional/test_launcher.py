@@ -681,7 +681,7 @@ def test_ranks_of_two_gpus_get_one_daemon_over_each_pair(four_gpus: SimNode) -> 
     node = four_gpus
     rec = node.root / "rec.json"
     uuids = [g["uuid"] for g in sorted(_inventory(node), key=lambda g: int(g["index"]))]
-    res = node.run("run", "-n", "4", "--gpus-per-rank", "2", "--", *client(node, rec, 0.5))
+    res = node.run("run", "-n", "4", "--gpus-per-rank", "2", "--", *client(node, rec, 3))
     assert res.returncode == 0, res.stderr
     assert "2 GPU daemon(s)" in res.stderr and "4 attached" in res.stderr, res.stderr
     starts = by_tag(records(rec), "start")
@@ -717,3 +717,60 @@ def test_a_gpus_per_rank_that_cannot_be_served_is_one_line(
     assert res.returncode == 2, res.stderr
     assert line in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert not node.leftovers()
+
+
+# --- torchrun -----------------------------------------------------------------------------
+#: A stand-in for PyTorch's torchrun: ``--nproc-per-node N`` workers with torchrun's rank
+#: variables, its script run by this interpreter (``-m`` a module) unless ``--no-python``;
+#: TERM and INT passed to every worker; exit code the first failing worker's. Any other
+#: option is refused, so a rewrite that torchrun would not take fails here too.
+FAKE_TORCHRUN = """#!{python}
+import os, signal, subprocess, sys
+args, n, no_python, module = sys.argv[1:], 1, False, False
+while args and args[0].startswith("-"):
+    name, eq, value = args.pop(0).lstrip("-").partition("=")
+    name = name.replace("_", "-")
+    if name == "nproc-per-node":
+        n = int(value if eq else args.pop(0))
+    elif name == "no-python":
+        no_python = True
+    elif name in ("m", "module"):
+        module = True
+    elif name != "standalone":
+        sys.exit("fake torchrun: unknown option " + name)
+command = args if no_python else [sys.executable, *(["-m"] if module else []), *args]
+ranks = {{"LOCAL_WORLD_SIZE": str(n), "WORLD_SIZE": str(n)}}
+workers = [
+    subprocess.Popen(command, env={{**os.environ, **ranks, "LOCAL_RANK": str(i), "RANK": str(i)}})
+    for i in range(n)
+]
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda s, _: [w.send_signal(s) for w in workers])
+codes = [w.wait() for w in workers]
+sys.exit(next((c for c in codes if c), 0))
+"""
+
+
+def test_torchrun_workers_are_each_an_mps_client_of_their_gpu(node: SimNode) -> None:
+    """``mpswrap torchrun --nproc-per-node 4 -m MODULE`` in a batch script: every worker runs
+    through the per-rank wrapper (``--no-python``, then torchrun's own interpreter and
+    ``-m``), is an MPS client of the GPU its LOCAL_RANK places it on (not the batch step's
+    ``SLURM_LOCALID=0`` every worker inherits), and the last one sums the run up."""
+    fakes = node.root / "fakes"
+    fakes.mkdir()
+    torchrun = fakes / "torchrun"
+    torchrun.write_text(FAKE_TORCHRUN.format(python=sys.executable))
+    torchrun.chmod(0o755)
+    rec = node.root / "rec.json"
+    path = f"{fakes}:{node.env()['PATH']}"
+    argv = ["torchrun", "--nproc-per-node", "4", "--standalone", "-m", "mpswrap.sim.client"]
+    res = node.run(*argv, "--seconds", "2", "--record", str(rec), PATH=path, SLURM_LOCALID="0")
+    assert res.returncode == 0, res.stderr
+    starts = [r for r in records(rec) if r["event"] == "start"]
+    assert len(starts) == 4 and all(r["mode"] == "mps" for r in starts), starts
+    assert sorted(Path(r["pipe"]).parent.name for r in starts) == ["g0", "g0", "g1", "g1"]
+    assert "4 ranks, 4 attached" in res.stderr, res.stderr
+    dry = node.run("--dry-run", *argv, PATH=path)
+    assert dry.returncode == 0, dry.stderr
+    assert f"--no-python {sys.executable} -m mpswrap" in dry.stdout, dry.stdout
+    assert f"-- {sys.executable} -m mpswrap.sim.client" in dry.stdout, dry.stdout

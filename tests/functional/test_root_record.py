@@ -173,10 +173,10 @@ def test_a_daemon_turned_into_another_program_is_ended_by_roots_record(
     node: SimNode, cgroup: str
 ) -> None:
     """The job's user makes their daemon exec a loop that respawns a child whenever it ends
-    (what ptrace allows; here the simulator's ``become_on`` fault), points the manifest at PID 1, and removes the pid file and the logs.
-    Nothing the job user wrote names the process; root's cgroup (or, without one, its record's
-    PID and start time and the process tree) does: the epilog ends it, its respawned children
-    and its server, and exits 0."""
+    (what ptrace allows; here the simulator's ``become_on`` fault), points the manifest at
+    PID 1, and removes the pid file and the logs. Nothing the job user wrote names the
+    process; root's cgroup (or, without one, its record's PID and start time and the process
+    tree) does: the epilog ends it, its respawned children and its server, and exits 0."""
     admin_config(node, cgroup_root=cgroup)
     pids = _prolog(node)
     if cgroup == "auto":

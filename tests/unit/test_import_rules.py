@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "job": (
         "state",
         "containers",
+        "launchers",
         "launchargs",
         "tasks",
         "placement",
