@@ -19,13 +19,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "CALIBRATE_OPTIONS",
     "FARM_OPTIONS",
-    "HOOK_COMMANDS",
+    "FARM_STATUS_OPTIONS",
     "LAUNCHERS",
     "MODES",
     "RUN_OPTIONS",
     "VERBOSITY",
     "WRAPPER_OPTIONS",
     "Options",
+    "add",
     "at_least",
     "job_id",
     "k_or_auto",
@@ -38,7 +39,8 @@ __all__ = [
 # --- values: what an option accepts, checked as it is parsed (a bad one exits 2, naming it) --
 def _refused(message: str) -> Exception:
     """The parser's error for a bad value: ``argument FLAG: message``. argparse is imported
-    here, not at the top: the hooks read this module's HOOK_COMMANDS and load no parser."""
+    here, not at the top: the hooks read the command table, which reads this module, and load
+    no parser."""
     import argparse
 
     return argparse.ArgumentTypeError(message)
@@ -103,9 +105,6 @@ def path(text: str) -> str:
         raise _refused("invalid value '': expected a path")
     return text
 
-
-#: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
-HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
 
 Options = tuple[tuple[tuple[str, ...], dict[str, "Any"]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
@@ -185,9 +184,12 @@ FARM_OPTIONS: Options = (
                   "help": "show each task's output live, whole lines, each prefixed by "
                   "the task's number and a tab (stdout to stdout, stderr to stderr), as "
                   "parallel --tag --line-buffer; the logs are written as without it"}),
-    (("--json",), {"action": "store_true", "help": "farm status: print it as JSON"}),
-    (("--plot",), {"metavar": "FILE", "type": path, "help": "farm status: also save K per GPU "
-                   "and throughput over time (matplotlib) (default: none)"}),
+)
+#: ``mpswrap farm status``'s options.
+FARM_STATUS_OPTIONS: Options = (
+    (("--json",), {"action": "store_true", "help": "print it as JSON"}),
+    (("--plot",), {"metavar": "FILE", "type": path, "help": "also save K per GPU and "
+                   "throughput over time (matplotlib) (default: none)"}),
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (
@@ -229,3 +231,9 @@ modes:
 
 #: The launchers' command names, from the launcher table (``job.launchers``).
 LAUNCHERS = tuple(name for row in launchers.LAUNCHERS for name in row.names)
+
+
+def add(parser: Any, options: Options) -> None:
+    """Add an options table to ``parser`` (or an argument group of it)."""
+    for flags, kwargs in options:
+        parser.add_argument(*flags, **kwargs)

@@ -50,7 +50,11 @@ from ..slurm.scontrol import (
     scontrol,
 )
 
-__all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["HOOKS", "cli", "epilog", "prolog", "run_hook", "task_prolog"]
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +386,11 @@ def _health_check(uuids: list[str], settings: Settings) -> int:
 
 
 HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
+
+
+def cli(args: Any) -> int:
+    """The hook ``args.command`` (``--config`` where given), from the command table."""
+    return run_hook(args.command, getattr(args, "config", None))
 
 
 def run_hook(hook: str, config_file: str | None = None) -> int:

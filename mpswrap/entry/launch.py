@@ -22,11 +22,11 @@ from .. import _proc
 from .._signals import SignalTrap
 from .._struct import replace
 from .._wait import end_procs
-from ..errors import CapacityError, MpswrapError
+from ..errors import MpswrapError
 from ..job import launchargs
 from ..job.launchers import SRUN, TORCHRUN, daemon_names, launcher_of
 from ..job.run import LaunchOptions, Started, execute, local_position, plan
-from ..job.supervise import Rank, supervise, watch
+from ..job.supervise import Rank, check_program, supervise, watch
 from ..jobenv import LOCAL_RANK_VARS, RANK_VARS_VAR, JobEnv
 from ..report.summary import print_summary
 
@@ -107,7 +107,7 @@ def prefix(opts: LaunchOptions, argv: list[str]) -> int:
     # launcher's ranks share a job named here.
     known = JobEnv(env)
     job = known.job_key(opts.job) if row is SRUN else known.run_job(opts.job, row.names[0])
-    _check_launch_capacity(line, opts, env, job)
+    _check_launch(line, opts, env, job)
     extra = _launch_env(line, env, job)
     env.update(extra)
     exports: list[str] = []
@@ -166,20 +166,28 @@ def _worker_python(launcher: str) -> str:
     return found if os.path.basename(found).startswith("python") else "python3"
 
 
-def _check_launch_capacity(
+def _check_launch(
     line: launchargs.CommandLine, opts: LaunchOptions, env: Mapping[str, str], job: str | None
 ) -> None:
-    """Refuse before launch when a GPU of this node would get too many clients: the command
-    line's ranks per node, plus the clients the job already runs here (``job.run.plan``)."""
+    """Refuse before launch what the ranks would refuse: a request over a limit or a bad
+    value (2), the command line's ranks per node placed beside the clients the job already
+    runs here (``job.run.plan``); in a dry run, a program that is not there (127, 126), which
+    a real launch leaves to the nodes it runs on. Only what this host cannot know is left to
+    the ranks (no NVML where the launch runs)."""
+    for segment in line.segments if opts.dry_run else ():
+        if segment.program and line.family != TORCHRUN.family:  # torchrun's: a script
+            check_program(segment.program, os.environ)
     per_node = launchargs.ranks_per_node(line, env)
     if per_node is None:
         return
     try:
         planned = plan(replace(opts, job=job), "launch")
         planned.use(per_node, gpus=launchargs.gpus_per_node(line))
-    except CapacityError:
-        raise
-    except MpswrapError as exc:  # e.g. no NVML where the launch command runs
+        for rank in range(per_node):
+            planned.place(rank, per_node)
+    except MpswrapError as exc:
+        if exc.exit_code == 2:  # the ranks get the same options and refuse them the same way
+            raise
         log.debug("capacity not checked before launch: %s", exc.line())
 
 

@@ -191,12 +191,12 @@ class JobDaemons(Struct):
                 next(steps)  # launched, its lock held
                 pending.append(steps)
             done = _wait.side_by_side([functools.partial(finish, steps) for steps in pending])
+            started = [r for r in done if isinstance(r, Manifest)]
+            for manifest in started:  # also those a failed GPU's start will stop
+                log_started(manifest)
             failed = next((r for r in done if isinstance(r, BaseException)), None)
             if failed is not None:
                 raise failed
-            started = [r for r in done if isinstance(r, Manifest)]
-            for manifest in started:
-                log_started(manifest)
             return started
         except BaseException:
             for steps in pending:  # stop what is half started and release its lock first

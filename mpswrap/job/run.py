@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -50,6 +51,7 @@ from .placement import (
     check_total,
     gpus_used,
     place,
+    provision_threads,
     step_slots,
 )
 from .supervise import check_program
@@ -57,6 +59,12 @@ from .supervise import check_program
 __all__ = ["LaunchOptions", "Plan", "Started", "execute", "grouped", "local_position", "plan"]
 
 log = logging.getLogger(__name__)
+
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+_SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
 
 
 class LaunchOptions(Struct, frozen=True):
@@ -76,6 +84,18 @@ class LaunchOptions(Struct, frozen=True):
     debug: bool = False
     #: GPUs each rank uses (a JAX process, model parallelism): one daemon serves each group.
     gpus_per_rank: int | None = None
+
+    @classmethod
+    def of(cls, args: Any) -> LaunchOptions:
+        """The launch options parsed command-line arguments hold (those a command does not
+        take keep their defaults), checked as far as they can be without a GPU."""
+        threads = getattr(args, "threads", None)
+        if threads is not None:
+            provision_threads(threads, 1, 0)  # raises UsageError naming the valid forms
+        mem_limit = getattr(args, "mem_limit", None)
+        if mem_limit not in (None, "auto") and not _SIZE.match(mem_limit):
+            raise UsageError("bad --mem-limit", thing=mem_limit, hint="use auto, 8G or 512M")
+        return cls(**{n: getattr(args, n) for n in fields(cls) if hasattr(args, n)})
 
     def settings(self) -> Settings:
         return load_settings({"gpu_policy": self.policy})

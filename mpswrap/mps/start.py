@@ -271,7 +271,8 @@ def cpu_text(cpus: list[int]) -> str:
 
 
 def log_started(manifest: Manifest) -> None:
-    """The line that says a daemon started (once all of a node's are up, in GPU order)."""
+    """The line that says a daemon started (once each of a node's GPUs has started or failed,
+    in GPU order)."""
     log.info(
         "started MPS daemon pid %d for %s (%s) cpus %s",
         manifest.daemon_pid,

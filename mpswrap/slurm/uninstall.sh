@@ -37,6 +37,9 @@ remove_marked() {
     rm -f "$1"; echo "uninstall.sh: removed $1"
   else echo "uninstall.sh: $1 is not $3: left alone" >&2; fi
 }
+if [ -L "$DEST" ] || { [ -e "$DEST" ] && [ ! -d "$DEST" ]; }; then
+  die "$DEST is not a directory: no shims of mpswrap there"
+fi
 [ -d "$DEST" ] || [ -n "$MODULES" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
 
 if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then

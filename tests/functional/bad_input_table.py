@@ -109,8 +109,8 @@ def _bad(
 ) -> Case:
     """A bad value of one option: exit 2 and one line naming the option (``argument FLAG:``
     from the parser, or the check that knows the limit)."""
-    words = (command,) if command else ()
-    name = f"value-{command or 'wrap'}{flag}-{value or 'empty'}".replace("/", "-")
+    words = tuple(command.split())
+    name = f"value-{command or 'wrap'}{flag}-{value or 'empty'}".replace("/", "-").replace(" ", "-")
     if hint is None:
         hint = f"\nhint: mpswrap {command} --help" if message.startswith("argument") else ""
     argv = (*words, flag, value, *rest)
@@ -146,7 +146,7 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--retries", "-1", "bad --retries (-1): must be >= 0", "tasks.txt", hint=""),
     _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
          "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
-    _bad("farm", "--plot", "", "argument --plot: invalid value '': expected a path", "status"),
+    _bad("farm status", "--plot", "", "argument --plot: invalid value '': expected a path"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
@@ -260,7 +260,12 @@ CASES: tuple[Case, ...] = (
          "mpswrap: argument --priority: invalid choice: '7' (choose from '0', '1')\n"
          "hint: mpswrap start --help", 2, option="start --priority"),
     Case("cli-unknown-option", "arguments", ("start", "--bogus"),
-         "mpswrap: unrecognized arguments: --bogus\nhint: mpswrap --help", 2),
+         "mpswrap: unknown option '--bogus'\nhint: mpswrap start --help", 2),
+    Case("cli-near-option", "arguments", ("run", "--polcy", "block", "-n", "1", "--", "true"),
+         "mpswrap: unknown option '--polcy' (did you mean '--policy'?)\nhint: mpswrap run --help",
+         2),
+    Case("cli-near-wrapper-option", "arguments", ("--gpu", "0", "run", "-n", "1", "--", "true"),
+         "mpswrap: unknown option '--gpu' (did you mean '--gpus'?)\nhint: mpswrap --help", 2),
     Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
          "mpswrap: --threads: bad value for active_thread_percentage ('0' in argument): "
          "expected a percentage in (0, 100]", 2, option="start --threads"),

@@ -44,7 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "daemon",
     ),
     # Everything Slurm: its GPU numbers, scontrol and job facts, the hook shims' installer.
-    "slurm": ("gpus", "scontrol", "install", "__main__"),
+    "slurm": ("gpus", "scontrol", "install"),
     "job": (
         "state",
         "containers",
@@ -68,21 +68,12 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "run",
     ),
     "report": ("summary", "farmview", "farmstatus", "metrics", "status", "plots"),
-    "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
-    "cli": (
-        "options",
-        "helptext",
-        "logs",
-        "manage",
-        "demo",
-        "farmcmd",
-        "completion",
-        "manpage",
-        "main",
-    ),
+    "entry": ("hooks", "launch", "local", "farm", "calibrate", "session", "manage", "demo"),
+    "cli": ("options", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
 }
-#: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
-FACES = {"__init__", "__main__"}
+#: The package's faces, its entrances: they may import any layer (``session``, ``main``),
+#: nothing imports them.
+FACES = {"__init__", "__main__", "slurm.__main__"}
 OWNERS = {
     "subprocess": {"_proc"},
     "psutil": {"_proc"},
@@ -111,7 +102,7 @@ def _modules() -> dict[str, Path]:
 def _rank(name: str) -> tuple[int, int] | None:
     """(layer, position inside it) of a module, None for the package faces."""
     folder, _, mod = name.rpartition(".")
-    if not folder and mod in FACES:
+    if name in FACES:
         return None
     order = list(LAYERS)
     assert folder in LAYERS, f"mpswrap/{folder} is no layer of DESIGN.md"
@@ -215,7 +206,7 @@ def test_the_rank_start_path_is_lean() -> None:
     ``typing`` and ``dataclasses`` (docs/concepts.md, What a start imports)."""
     code = (
         "import sys, mpswrap.cli.main, mpswrap.entry.launch; "
-        "bad = [m for m in ('difflib', 'mpswrap.cli.helptext', "
+        "bad = [m for m in ('difflib', "
         "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd', "
         "'mpswrap.mps.ladder', 'mpswrap.mps.mpslog', 'mpswrap.mps.record', 'typing', "
         "'dataclasses', 'inspect') "
@@ -232,7 +223,7 @@ def test_the_hooks_start_path_is_lean() -> None:
     ``dataclasses``, and not syslog's handler before a hook asks for it."""
     code = (
         "import sys, runpy; sys.argv = ['mpswrap', 'prolog']; "
-        "import mpswrap.entry.hooks as h; h.run_hook = lambda hook: 0; "
+        "import mpswrap.entry.hooks as h; h.run_hook = lambda *a: 0; "
         "runpy.run_module('mpswrap', run_name='__main__')"
     )
     probe = (
@@ -253,7 +244,7 @@ def test_the_hooks_start_path_is_lean() -> None:
 
 
 def test_hook_commands_are_the_hooks() -> None:
-    from mpswrap.cli.options import HOOK_COMMANDS
+    from mpswrap.cli.commands import HOOKS as COMMANDS
     from mpswrap.entry.hooks import HOOKS
 
-    assert set(HOOK_COMMANDS) == set(HOOKS)
+    assert set(COMMANDS) == set(HOOKS)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpswrap.cli.main import split_options
+from mpswrap.cli.main import build_parser, split_options
 from mpswrap.errors import UsageError
 from mpswrap.job import launchargs as la
 from mpswrap.job.launchers import LAUNCHERS, OPEN_MPI, SRUN, TORCHRUN, launcher_of
@@ -192,7 +192,7 @@ def test_extra_options_go_first_in_each_segment() -> None:
 
 
 def test_wrapper_options_end_at_first_word_or_dashdash() -> None:
-    valued = {"--gpus", "--policy"}
+    valued = build_parser()
     assert split_options(["--gpus", "0", "srun", "-n", "2"], valued) == (
         ["--gpus", "0"],
         ["srun", "-n", "2"],
@@ -208,6 +208,25 @@ def test_wrapper_options_end_at_first_word_or_dashdash() -> None:
         ["./a", "--gpus"],
         False,
     )
+    assert split_options(["-vv", "--gpus=1", "run"], valued) == (
+        ["-vv", "--gpus=1"],
+        ["run"],
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--gpu", "0", "run"], "unknown option '--gpu' (did you mean '--gpus'?)"),
+        (["--polcy=block", "./a"], "unknown option '--polcy' (did you mean '--policy'?)"),
+        (["--no-such", "./a"], "unknown option '--no-such'"),
+    ],
+)
+def test_an_option_nobody_takes_is_refused_by_name(argv: list[str], named: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        split_options(argv, build_parser())
+    assert caught.value.line() == named
 
 
 # --- properties --------------------------------------------------------------------------
