@@ -251,7 +251,7 @@ def calibrated_k(res: Results) -> int | None:
 
 def today_default_k() -> int:
     """K of ``mpswrap farm`` without ``--per-gpu`` before auto: entry/farm.py's rule."""
-    from mpswrap.entry.farm import default_per_gpu
+    from mpswrap.taskfarm.sizing import default_per_gpu
 
     return int(default_per_gpu(CLIENT_LIMIT, 1, len(os.sched_getaffinity(0))))
 

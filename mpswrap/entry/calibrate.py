@@ -5,7 +5,7 @@ client limit, a CPU per copy and 16 at most, by default), each count three ways:
 (no MPS: the copies get a pipe directory no daemon listens on), under MPS with no thread
 limit, and under MPS with ``oversubscribe`` (each copy min(100, 200/N) % of the threads).
 Throughput is copies per second of makespan; the median of ``--repeats`` runs. The copies run
-through the task farm's engine (``job.farmer``), so they are started, checked and ended as the
+through the task farm's engine (``farm.engine``), so they are started, checked and ended as the
 farm's tasks are, and their logs are kept under ``--dir`` when one fails.
 
 It recommends the count and policy with the best throughput, i.e. ``mpswrap farm --per-gpu K
@@ -31,14 +31,14 @@ from typing import Any
 from .._signals import SignalTrap
 from .._struct import Struct, asdict, field
 from ..errors import UsageError
-from ..job.farmer import Farmer, FarmPlan, Lane
-from ..job.packing import MARGIN, Packing, converge
 from ..job.placement import Slot
 from ..job.run import LaunchOptions, Started, execute, plan
-from ..job.tasks import DONE, FarmDir, parse_tasks
-from ..report.farmview import Progress
 from ..report.plots import pyplot
-from .farm import default_per_gpu
+from ..taskfarm.engine import Farmer, FarmPlan, Lane
+from ..taskfarm.packing import MARGIN, Packing, converge
+from ..taskfarm.sizing import default_per_gpu
+from ..taskfarm.tasks import DONE, FarmDir, parse_tasks
+from ..taskfarm.view import Progress
 
 __all__ = ["MODES", "Calibration", "auto_choice", "counts_up_to", "recommend", "run_calibrate"]
 

@@ -1,9 +1,9 @@
 """``mpswrap farm TASKS``: many independent runs packed onto this job's GPUs through MPS.
 
 K tasks at a time per GPU (``--per-gpu``), each one MPS client of its GPU's daemon, started,
-checked and ended as the launcher's ranks are (``job.farmer``). The daemons are the
+checked and ended as the launcher's ranks are (``farm.engine``). The daemons are the
 prolog's, or started here in user mode and stopped at the end, as ``mpswrap run`` does.
-Tasks, logs and the resume record: ``job.tasks``. Across nodes, inside an allocation,
+Tasks, logs and the resume record: ``farm.tasks``. Across nodes, inside an allocation,
 ``srun --ntasks-per-node=1 mpswrap farm TASKS`` gives each task of the step a disjoint share
 (task numbers modulo the step's task count), which it packs onto its node's GPUs.
 
@@ -12,7 +12,7 @@ not run, 128+signal after TERM/INT/HUP (every running task ended through termina
 
 The command prints its summary on stdout; ``mpswrap.farm()`` prints nothing: it returns the
 records and sends the same lines to the ``mpswrap.entry.farm`` logger. ``farm_status`` is
-``mpswrap farm status``: what the farm's journal says (``report.farmstatus``).
+``mpswrap farm status``: what the farm's journal says (``farm.status``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import _proc, values
+from .. import _proc
 from .._lock import file_lock
 from .._struct import Struct
 from ..errors import LayoutError, LockTimeout, UsageError
-from ..job.farmer import Counts, Farmer, FarmPlan, Lane
-from ..job.faultwatch import FaultWatch
 from ..job.job import Released
-from ..job.packing import Change, Packing, start_k
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
-from ..job.tasks import (
+from ..jobenv import JobEnv
+from ..mps.gpu import usage
+from ..report import plots
+from ..report.summary import node_summary, print_summary
+from ..taskfarm import status as farmstatus
+from ..taskfarm.engine import Counts, Farmer, FarmPlan, Lane
+from ..taskfarm.faultwatch import FaultWatch
+from ..taskfarm.packing import Change, Packing, start_k
+from ..taskfarm.sizing import auto_cap, per_gpu_value
+from ..taskfarm.tasks import (
     WHOLE,
     FarmDir,
     Share,
@@ -46,18 +52,12 @@ from ..job.tasks import (
     read_journal,
     read_tasks,
 )
-from ..job.tee import Tee
-from ..jobenv import JobEnv
-from ..mps.gpu import usage
-from ..report import farmstatus, plots
-from ..report.farmview import Progress, k_line, summary_lines
-from ..report.summary import node_summary, print_summary
+from ..taskfarm.tee import Tee
+from ..taskfarm.view import Progress, k_line, summary_lines
 
 __all__ = [
     "FarmOptions",
     "FarmResult",
-    "auto_cap",
-    "default_per_gpu",
     "farm",
     "farm_status",
     "run_farm",
@@ -87,30 +87,6 @@ class FarmResult:
     not_run: list[Task] = field(default_factory=list)
     skipped: int = 0
     directory: str = ""
-
-
-def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
-    """The most K auto goes to: the clients free on a GPU, and a CPU per task."""
-    return max(1, min(limit, cpus // max(1, n_gpus)))
-
-
-def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
-    """Today's default K, where auto starts and the K of ``calibrate --max``: ``auto_cap``,
-    at most ``packing.START_MAX``."""
-    return start_k(auto_cap(limit, n_gpus, cpus))
-
-
-def per_gpu_value(value: int | str | None) -> int | None:
-    """``--per-gpu`` as ``farm()`` takes it: a K of 1 or more, or ``auto`` (None, as when not
-    given); the text forms are ``values.per_gpu``'s."""
-    if value is None:
-        return None
-    try:
-        return values.per_gpu(str(value))
-    except ValueError:
-        raise UsageError(
-            "bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more"
-        ) from None
 
 
 def _share(given: str | None, env: JobEnv) -> Share:

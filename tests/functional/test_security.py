@@ -461,7 +461,7 @@ def test_the_package_never_invokes_a_shell() -> None:
         if len(uses) != DELIBERATE_SHELLS.get(name, 0):
             problems[name] = uses
     assert problems == {}
-    from mpswrap.job.tasks import parse_tasks
+    from mpswrap.taskfarm.tasks import parse_tasks
 
     line = "python a.py > out.txt"
     assert parse_tasks([line])[0].argv == ["/bin/sh", "-c", line]  # the line as given, alone

@@ -7,11 +7,11 @@ import time
 import pytest
 
 from mpswrap.entry.calibrate import Calibration, counts_up_to, recommend
-from mpswrap.entry.farm import default_per_gpu
 from mpswrap.errors import UsageError
-from mpswrap.job.faultwatch import FaultSeen, is_victim, stamp_time
-from mpswrap.job.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks, task_lines
-from mpswrap.report.farmview import duration
+from mpswrap.taskfarm.faultwatch import FaultSeen, is_victim, stamp_time
+from mpswrap.taskfarm.sizing import default_per_gpu
+from mpswrap.taskfarm.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks, task_lines
+from mpswrap.taskfarm.view import duration
 
 
 def test_tasks_skip_blanks_and_comments_and_number_from_zero() -> None:
@@ -215,7 +215,7 @@ def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: objec
     from pathlib import Path
     from types import SimpleNamespace
 
-    from mpswrap.job.faultwatch import FaultWatch
+    from mpswrap.taskfarm.faultwatch import FaultWatch
 
     log_dir = Path(str(tmp_path))
     server_log = log_dir / "server.log"
@@ -235,8 +235,8 @@ def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: objec
 
 
 def test_the_eta_spreads_the_mean_attempt_over_the_places() -> None:
-    from mpswrap.job.farmer import Counts
-    from mpswrap.report.farmview import eta
+    from mpswrap.taskfarm.engine import Counts
+    from mpswrap.taskfarm.view import eta
 
     counts = Counts(10, 0.0, done=2, attempts=2, busy=20.0, since=[95.0, 99.0], slots=4)
     # 6 waiting at the mean (10 s) and the running ones' 5 s and 9 s left, over 4 places.
@@ -300,7 +300,7 @@ def _journal() -> list[dict[str, object]]:
 
 
 def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() -> None:
-    from mpswrap.report.farmstatus import fold, status_json, status_lines
+    from mpswrap.taskfarm.status import fold, status_json, status_lines
 
     seen: list[tuple[str, int, float]] = []
 
@@ -324,7 +324,7 @@ def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() ->
 
 
 def test_a_farm_gone_without_its_end_runs_nothing_and_one_ended_says_its_code() -> None:
-    from mpswrap.report.farmstatus import fold
+    from mpswrap.taskfarm.status import fold
 
     gone = fold("state.jsonl", _journal(), lambda *_: False)
     assert gone.state == "gone" and gone.running == [] and gone.not_run == 3
@@ -337,7 +337,7 @@ def test_a_farm_gone_without_its_end_runs_nothing_and_one_ended_says_its_code() 
 def test_status_shows_what_the_journal_says_as_words_and_refuses_odd_numbers() -> None:
     """The journal is the farm user's file; whoever reads its status (root too) must get no
     terminal control sequences and no crash from a number JSON calls Infinity or NaN."""
-    from mpswrap.report.farmstatus import fold, status_lines
+    from mpswrap.taskfarm.status import fold, status_lines
 
     journal = _journal()
     journal[1] = {**journal[1], "node": "n1\x1b[2J\nforged line", "time": float("inf")}

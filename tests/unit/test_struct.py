@@ -12,7 +12,7 @@ import pytest
 
 from mpswrap._struct import Struct, asdict, field, fields, replace
 from mpswrap.entry.farm import FarmResult
-from mpswrap.job.tasks import Task, TaskRecord
+from mpswrap.taskfarm.tasks import Task, TaskRecord
 
 
 class Point(Struct, frozen=True):

@@ -31,15 +31,9 @@ from .. import _proc
 from .._signals import Guard, SignalTrap
 from .._struct import Struct, field
 from ..errors import LayoutError, MpswrapError
-from ..jobenv import PLACE_IN_LAUNCH_VARS
-from ..mps.daemon import Daemon
-from ..paths import read_job_file
-from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
-from .gpumemory import Peaks, Reading, admits, out_of_memory
-from .outcomes import Outcome
-from .packing import Change, Packing
-from .placement import Slot
-from .supervise import (
+from ..job.outcomes import Outcome
+from ..job.placement import Slot
+from ..job.supervise import (
     VERIFY_FAILED,
     Rank,
     end_leftovers,
@@ -50,9 +44,15 @@ from .supervise import (
     spawn_rank,
     watch,
 )
+from ..job.verify import Listings, Verifier
+from ..jobenv import PLACE_IN_LAUNCH_VARS
+from ..mps.daemon import Daemon
+from ..paths import read_job_file
+from .admission import Peaks, Reading, admits, out_of_memory
+from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
+from .packing import Change, Packing
 from .tasks import DONE, FAILED, FAULT, OOM, OOM_TRIES, FarmDir, Task, TaskRecord
 from .tee import Tee
-from .verify import Listings, Verifier
 
 __all__ = ["Counts", "FarmPlan", "Farmer", "Lane"]
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from ..job.farmer import Counts
-from ..job.packing import Change
-from ..job.tasks import DONE, FAILED, FAULT, OOM, Task, TaskRecord
+from .engine import Counts
+from .packing import Change
+from .tasks import DONE, FAILED, FAULT, OOM, Task, TaskRecord
 
 __all__ = [
     "Progress",

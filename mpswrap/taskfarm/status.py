@@ -1,7 +1,7 @@
 """``mpswrap farm status [DIR]``: how a farm is doing, asked from any shell, while it runs or
 after it ended.
 
-Everything comes from the farm's journal, its state files (``job.tasks``): a ``farm`` event
+Everything comes from the farm's journal, its state files (``farm.tasks``): a ``farm`` event
 when a farm begins (its node, PID and start time, the share's tasks, K, the GPUs), a ``k``
 event for each GPU's K as it starts and each time it changes (``job.packing``), a ``start``
 event for each attempt, a record for each finished one, and an ``end`` event. Each
@@ -22,10 +22,10 @@ from typing import Any
 from .. import _proc
 from .._struct import Struct, field
 from ..errors import shown
-from ..job.farmer import Counts
-from ..job.packing import Change
-from ..job.tasks import record_of
-from .farmview import duration, eta, k_path
+from .engine import Counts
+from .packing import Change
+from .tasks import record_of
+from .view import duration, eta, k_path
 
 __all__ = ["RunningTask", "ShareStatus", "fold", "process_alive", "status_json", "status_lines"]
 
