@@ -178,6 +178,21 @@ def test_the_simulator_stands_alone() -> None:
         assert not outside, f"{path} imports {outside}"
 
 
+#: The one module of the layers that knows the simulator: ``mpswrap demo`` installs it.
+SIMULATOR_USERS = {"cli.demo"}
+
+
+def test_production_code_does_not_know_the_simulator() -> None:
+    """The simulator stands behind the interfaces the real driver has (the control program,
+    the inventory file and its memory folder, NVML's figures): only the demo installs it."""
+    knowing = {
+        name
+        for name, path in _modules().items()
+        if any(i.startswith("mpswrap.sim") for i in _imports(name, path))
+    }
+    assert knowing == SIMULATOR_USERS
+
+
 def test_no_module_or_function_holds_two_concepts() -> None:
     problems = []
     for name, path in _modules().items():
