@@ -428,3 +428,21 @@ def write_job_file(path: Path, text: str, uid: int, gid: int, mode: int = 0o644)
             with contextlib.suppress(OSError):
                 _unlink(tmp)
             raise
+
+
+#: Where a user's farm profile lives (``taskfarm.profile``): a file of theirs, or ``off``.
+PROFILE_VAR = "MPSWRAP_FARM_PROFILE"
+
+
+def farm_profile(env: dict[str, str] | None = None) -> Path | None:
+    """The caller's farm profile: ``MPSWRAP_FARM_PROFILE`` (``off``: none), else
+    ``$XDG_CACHE_HOME/mpswrap/farm-profile.json`` (``~/.cache`` without it); None for
+    ``off`` or without a home."""
+    env = dict(os.environ) if env is None else env
+    given = env.get(PROFILE_VAR, "")
+    if given == "off":
+        return None
+    if given:
+        return Path(given)
+    cache = env.get("XDG_CACHE_HOME") or (env["HOME"] + "/.cache" if env.get("HOME") else "")
+    return Path(cache) / "mpswrap" / "farm-profile.json" if cache else None

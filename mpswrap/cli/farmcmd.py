@@ -23,10 +23,10 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
         "farm",
         help="run many independent commands, K at a time per GPU",
         usage="mpswrap farm [options] TASKS\n"
-        "       mpswrap farm status [--json] [--plot FILE] [DIR]",
+        "       mpswrap farm status [--json|--failed] [--plot FILE] [DIR]",
         description="Run the lines of TASKS (shell command lines, one per line) K at a time "
         "on each GPU. 'mpswrap farm status [DIR]' shows, from any shell, how the farm of DIR "
-        "(a farm directory or its task list; default: the one *.farm here) is doing; a task "
+        "(a farm directory or its task list; default: every *.farm here) is doing; a task "
         "list named 'status' is given as ./status.",
     )
     for options in inherited:
@@ -42,7 +42,7 @@ def add_parsers(sub: Any, add: Any, inherited: tuple[Options, ...]) -> None:
         "status_dir",
         nargs="?",
         metavar="DIR",
-        help="farm status: the farm's directory, or its task list (default: the one *.farm here)",
+        help="farm status: the farm's directory, or its task list (default: every *.farm here)",
     )
     _status_dir_after_options(p)
     p = sub.add_parser(
@@ -82,14 +82,18 @@ def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
     if args.tasks == STATUS:
         if args.status_dir is not None and args.farm_dir is not None:
             raise UsageError("farm status: give DIR or --dir, not both")
-        return farm_status(args.status_dir or args.farm_dir, args.json, args.plot)
+        return farm_status(args.status_dir or args.farm_dir, args.json, args.plot, args.failed)
     if args.status_dir is not None:
         raise UsageError(
             "farm takes one task list",
             thing=args.status_dir,
             hint="mpswrap farm [options] TASKS (or: mpswrap farm status DIR)",
         )
-    for given, option in ((args.json, "--json"), (args.plot, "--plot FILE")):
+    for given, option in (
+        (args.json, "--json"),
+        (args.plot, "--plot FILE"),
+        (args.failed, "--failed"),
+    ):
         if given:
             raise UsageError(
                 f"{option.split()[0]} is for farm status", hint=f"mpswrap farm status {option} DIR"
@@ -101,6 +105,10 @@ def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
         share=args.share,
         progress=args.progress,
         tag=args.tag,
+        timeout=args.timeout,
+        halt=args.halt,
+        skip_failed=args.skip_failed,
+        heartbeat=args.heartbeat,
     )
     return run_farm(opts, farm_opts, args.tasks)
 

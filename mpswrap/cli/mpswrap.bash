@@ -33,7 +33,7 @@ _mpswrap() {
         config) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         demo) words="-h --help -v --verbose -q --quiet --debug --config --clients --simulate" ;;
         run) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug -n --np" ;;
-        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
+        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --timeout --halt --skip-failed --heartbeat --dir --share --progress --tag --json --failed --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
         calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
         report) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
         metrics) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --all --textfile --process-labels" ;;

@@ -1,21 +1,23 @@
-"""The task farm's engine: K tasks at a time on each GPU, each an MPS client of its GPU's
-daemon, started, watched and ended like the launcher's ranks (``supervise``).
+"""The task farm's engine: which task runs next, where, and what comes of each attempt.
+
+K tasks at a time on each GPU (its lane: ``lanes``), each an MPS client of its GPU's daemon,
+started and ended by the farm itself (``taskproc``); every event goes to the journal through
+the recorder (``recorder``), and every view is a fold of it.
 
 A task's failure does not touch the others. A failed attempt waits ``FAULT_SETTLE`` seconds
-for its server.log to name a fatal fault (``faultwatch``): if one ended it, the attempt is
-recorded as ``fault`` and the task goes back to the front of the queue while it has retries
-left; else it is recorded as ``failed``. A GPU whose server faulted takes no new task (the
-server refuses clients meanwhile) until server.log says it recovered or the tasks the fault
-named have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more. On TERM/INT/HUP every
-running task is ended through the ladder (terminate_client first) and no new one starts;
-those ended are not recorded, so running the farm again runs them.
+for its server.log to name a fatal fault (``faultwatch``): one that ended it makes the attempt
+``fault``; one whose output says CUDA ran out of memory while its GPU was (nearly) full makes
+it ``oom`` (``admission``; under auto its GPU's K is lowered); else it is ``failed``, or
+``timeout`` past ``--timeout``. Whether its task runs again is ``controls.retry_left``;
+``--halt`` stops the farm after enough failures (``controls``). On TERM/INT/HUP every running
+task is ended through the ladder (terminate_client first), recorded ``interrupted``, and no
+new one starts: running the farm again runs them.
 
-K, the tasks at once on a GPU, is its lane's ``Packing``: given, or found as the farm runs
-(auto; the rule in ``packing``). With auto, each wake also reads the GPUs' memory through
-NVML (``usage``): a GPU takes another task only while its free memory covers the peak its
-tasks are expected to need (``gpumemory``). A failed attempt whose output says CUDA ran out
-of memory while its GPU was (nearly) full is recorded as ``oom``, not ``failed``, and its
-task goes back to the queue, up to ``OOM_TRIES`` runs; under auto its GPU's K is lowered.
+Whether a task attached: while it runs, its GPU server's client list is read (at most every
+``LIST_EVERY`` seconds a GPU, once a task has run ``ATTACH_FIRST``); a task seen there is
+attached; one still unseen after ``--verify-timeout`` is warned about (or, under ``fail``,
+ended: exit 69); one that ended before a listing saw it (no CUDA, or too short to list) is
+recorded as such (``attached`` null), not as an alarm.
 """
 
 from __future__ import annotations
@@ -28,172 +30,67 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from .. import _proc
-from .._signals import Guard, SignalTrap
-from .._struct import Struct, field
+from .._signals import FORWARDED, SignalTrap
+from .._struct import Struct
 from ..errors import LayoutError, MpswrapError
-from ..job.outcomes import Outcome
-from ..job.placement import Slot
 from ..job.supervise import (
     VERIFY_FAILED,
+    VERIFY_GRACE,
     Rank,
-    end_leftovers,
     end_ranks,
-    exit_code,
-    guard_ranks,
     killed_on_error,
-    spawn_rank,
-    watch,
+    sleep_on,
 )
-from ..job.verify import Listings, Verifier
+from ..job.verify import Listings
 from ..jobenv import PLACE_IN_LAUNCH_VARS
-from ..mps.daemon import Daemon
 from ..paths import read_job_file
-from .admission import Peaks, Reading, admits, out_of_memory
-from .faultwatch import ATTEMPT_VAR, TASK_VAR, FaultWatch, is_victim
-from .packing import Change, Packing
-from .tasks import DONE, FAILED, FAULT, OOM, OOM_TRIES, FarmDir, Task, TaskRecord
+from .admission import out_of_memory
+from .controls import NEVER, Halt, retry_left
+from .faultwatch import is_victim
+from .journal import DONE, FAILED, FAULT, INTERRUPTED, OOM, TIMEOUT
+from .lanes import Attempt, Lane, Usage, admits_now, expected, read_memory, watch_faults
+from .packing import Change
+from .recorder import Recorder
+from .sizing import cpu_floor
+from .taskproc import TaskProcs
+from .tasks import Task
 from .tee import Tee
 
-__all__ = ["Counts", "FarmPlan", "Farmer", "Lane"]
+__all__ = ["FarmPlan", "Farmer"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a failed attempt waits for its server to log the fault that may have ended it.
 FAULT_SETTLE = 1.0
-#: Seconds a GPU waits, once the clients of a fault have exited, before it takes tasks again.
-RECOVER_WAIT = 0.5
-#: Seconds a GPU waits at most for its server to recover from a fault (a client that never
-#: exits keeps it in FAULT): then it takes tasks again, which a server still in FAULT refuses.
-HOLD_MAX = 60.0
-#: The engine's wake: faults are looked for, the progress shown.
+#: The engine's wake when nothing else wakes it: faults looked for, the progress shown.
 TICK = 0.25
 #: Seconds the tasks' live output (``--tag``) is read for once the farm is over.
 TEE_DRAIN = 5.0
 #: Bytes of the end of a failed attempt's logs searched for an out-of-memory message.
 OOM_TAIL = 64 << 10
+#: A task is looked for among its server's clients once it has run this long, and a GPU's
+#: clients are listed at most this often (each listing is a control command, served one at a
+#: time by the daemon).
+ATTACH_FIRST, LIST_EVERY = 0.5, 1.0
 
-
-class Lane(Struct):
-    """One GPU of the farm: its free seats and whether its server may take clients."""
-
-    position: int
-    slot: Slot
-    daemon: Daemon | None  # None: no MPS (calibrate's time-sliced runs)
-    seats: list[int]
-    watch: FaultWatch | None = None
-    #: Since when a fault keeps this GPU from taking tasks; None: it takes them.
-    paused_at: float | None = None
-    #: Attempts (by id) the fault hit: once all have exited the server takes clients again.
-    holding: set[int] = field(default_factory=set)
-    resume_at: float = 0.0
-    #: A task failed here since server.log was last read.
-    suspect: bool = False
-    #: K: given, or found as the farm runs (None: as many as the seats).
-    packing: Packing | None = None
-    #: NVML's last reading of the GPU's memory (None: none taken), and the tasks' peaks.
-    reading: Reading | None = None
-    peaks: Peaks = field(default_factory=lambda: Peaks([]))
-    running: int = 0
-
-    @property
-    def k(self) -> int:
-        return self.packing.k if self.packing else self.running + len(self.seats)
-
-    def takes(self, now: float) -> bool:
-        return (
-            bool(self.seats)
-            and self.running < self.k
-            and self.paused_at is None
-            and now >= self.resume_at
-        )
-
-
-class Attempt(Struct):
-    """One run of a task."""
-
-    task: Task
-    number: int
-    lane: Lane
-    seat: int
-    rank: Rank
-    start: float
-    pids: set[int]
-    guard: Guard | None = None
-    check: Verifier | None = None
-    end: float = 0.0
-    code: int = 0
-    #: Running when the farm was told to stop: ended by it, not recorded.
-    stopped: bool = False
-    #: The most GPU memory its processes held at one reading; the least free memory of its
-    #: GPU read while it ran (None: none read).
-    peak: int = 0
-    least_free: int | None = None
-    #: What it held at the last reading, and its peak once a reading showed no growth: a
-    #: task seen between its CUDA context and its first allocation is not yet a peak to go by.
-    held: int = 0
-    steady: int = 0
+#: The client environment of a seat of a lane (``placement.place`` for that GPU).
+ClientEnv = Callable[[Lane, int], Mapping[str, str]]
 
 
 class FarmPlan(Struct, frozen=True):
     """How the farm runs its tasks."""
 
-    retries: int
-    grace: float
-    node: str
+    retries: int = 0
+    grace: float = 10.0
+    node: str = ""
     shield: bool = True
     verify: str | None = None
     verify_timeout: float = 30.0
-
-
-class Counts(Struct):
-    """Where the farm stands, for the progress line, ``farm status`` and the summary."""
-
-    total: int
-    started: float
-    done: int = 0
-    failed: int = 0
-    #: Tasks that ran out of memory on every try.
-    oom: int = 0
-    retried: int = 0
-    #: When each running attempt started: kept equal to the attempts running, whenever the
-    #: set changes, so that a line printed at any moment counts what runs then.
-    since: list[float] = field(default_factory=list)
-    #: Tasks at once: K on each GPU.
-    slots: int = 0
-    #: Seconds the finished attempts took, and how many they are (the ETA's mean).
-    busy: float = 0.0
-    attempts: int = 0
-
-    @property
-    def finished(self) -> int:
-        return self.done + self.failed + self.oom
-
-    @property
-    def running(self) -> int:
-        return len(self.since)
-
-    def count(self, status: str, seconds: float, retried: bool) -> None:
-        """One finished attempt."""
-        self.busy += seconds
-        self.attempts += 1
-        if status == DONE:
-            self.done += 1
-        elif retried:
-            self.retried += 1
-        elif status == OOM:
-            self.oom += 1
-        else:
-            self.failed += 1
-
-
-#: The client environment of a seat of a lane (``placement.place`` for that GPU).
-ClientEnv = Callable[[Lane, int], Mapping[str, str]]
-#: Told of each finished attempt (None: only the counts moved, at each wake).
-Report = Callable[[TaskRecord | None, Counts], None]
-#: NVML's figures of a GPU (``mps.gpu.usage`` of its UUID); None: NVML not asked.
-Usage = Callable[[str], "Mapping[str, object] | None"]
-#: Told of each change of a GPU's K: the lane, its change before, and the new one.
-Repacked = Callable[[Lane, Change, Change], None]
+    #: Seconds an attempt may run (None: no limit).
+    timeout: float | None = None
+    halt: Halt = NEVER
+    #: CPUs for each GPU's tasks: K of CPU-light tasks never goes below them (``sizing``).
+    cpus_per_gpu: int = 1
 
 
 class Farmer:
@@ -205,117 +102,133 @@ class Farmer:
         tasks: Sequence[Task],
         plan: FarmPlan,
         *,
-        farm_dir: FarmDir,
+        recorder: Recorder,
         client_env: ClientEnv,
-        report: Report,
-        ended: Callable[[Outcome], None] | None = None,
         tee: Tee | None = None,
         usage: Usage | None = None,
-        repacked: Repacked | None = None,
     ) -> None:
-        self.lanes, self.plan, self.dir = list(lanes), plan, farm_dir
-        self.client_env, self.report = client_env, report
-        #: The tasks' output, live (``--tag``); None: straight to their log files.
-        self.tee = tee
-        #: Each attempt's outcome, as it ends (the run record; ``outcomes`` keeps them too).
-        self.ended = ended
+        self.lanes, self.plan, self.recorder = list(lanes), plan, recorder
+        self.client_env, self.tee, self.usage = client_env, tee, usage
         self.tasks = list(tasks)
         self.queue: collections.deque[tuple[Task, int]] = collections.deque((t, 1) for t in tasks)
-        self.settled: set[int] = set()  # task numbers done, or failed for good
         self.live: list[Attempt] = []
-        self.ranks: list[Rank] = []  # the live attempts' ranks: watch()'s list
-        self.checks: list[Verifier] = []
+        self.ranks: list[Rank] = []  # the live attempts' ranks: the ladder's list
         self.undecided: list[Attempt] = []
         self.listings = Listings()
-        self.records: list[TaskRecord] = []
-        self.outcomes: list[Outcome] = []
-        self.counts = Counts(len(tasks), time.time(), slots=sum(ln.k for ln in lanes))
-        self.stopping = False
-        self.error: OSError | None = None  # a log or the state that could not be written
-        #: NVML's memory figures of a GPU, read at each wake where a lane's K is auto.
-        self.usage = usage
-        self.repacked = repacked
         self.ooms: collections.Counter[int] = collections.Counter()  # task -> oom attempts
+        self.stopping = self.halting = False
+        self.error: OSError | None = None  # a log or the journal that could not be written
+        self.procs = TaskProcs(
+            [ln.daemon for ln in lanes if ln.daemon is not None],
+            shield=plan.shield,
+            grace=plan.grace,
+        )
+        base = {k: v for k, v in os.environ.items() if k not in PLACE_IN_LAUNCH_VARS}
+        self._base = base  # a task is a process of its own, not a rank of the farm's step
+        self._envs: dict[tuple[int, int], dict[str, str]] = {}
+        #: CPU and wall seconds of each lane's finished attempts (the CPU-light floor of K).
+        self._cpu: dict[int, list[float]] = {ln.position: [0.0, 0.0] for ln in lanes}
+
+    @property
+    def slots(self) -> int:
+        return sum(ln.k for ln in self.lanes)
 
     def run(self, trap: SignalTrap) -> int:
         """0 once every task ran (each record says how), or 128+signal."""
-        for lane in self.lanes:  # K's start, in the journal (``farm status``)
-            if lane.packing is not None:
-                self._repack(lane, lane.packing.last)
-        try:
-            with killed_on_error(self.ranks):
-                code = watch(
-                    self.ranks,
-                    trap,
-                    grace=self.plan.grace,
-                    checks=self.checks,
-                    on_terminate=self._stop,
-                    tick=self._tick,
-                    isolated=True,
-                    more=self._more,
-                    readable=self.tee.fds if self.tee else None,
-                )
-            self._tick()
-            self._decide(time.time(), final=True)
-        finally:
-            for guard in (a.guard for a in self.live):
-                if guard is not None:
-                    guard.release()
-            if self.tee is not None:
-                self.tee.close(TEE_DRAIN)
-                if self.tee.dropped:
-                    log.warning(
-                        "--tag: %d line(s) of the tasks' output not shown: the farm's output "
-                        "did not keep up; the logs in %s have every line",
-                        self.tee.dropped,
-                        self.dir.path / "logs",
-                    )
+        with self.procs:
+            for lane in self.lanes:  # K's start, in the journal
+                if lane.packing is not None:
+                    self.recorder.k(lane, lane.packing.last)
+            try:
+                with killed_on_error(self.ranks):
+                    code = self._loop(trap)
+                self._tick(final=True)
+            finally:
+                self._close_tee()
         if self.error is not None:
             if isinstance(self.error, MpswrapError):
                 raise self.error
             raise LayoutError(
                 "cannot write the farm's files",
-                thing=str(self.dir.path),
+                thing=str(self.recorder.dir.path),
                 cause=self.error.strerror or str(self.error),
             )
         return code
 
-    @property
-    def not_run(self) -> list[Task]:
-        """Tasks that neither succeeded nor failed for good: queued, or ended by a signal."""
-        return [t for t in self.tasks if t.number not in self.settled]
+    def _loop(self, trap: SignalTrap) -> int:
+        stopped_by: int | None = None
+        while True:
+            for sig in trap.pop():
+                if sig in FORWARDED:
+                    _proc.kill_procs([a.rank.ident for a in self.live], sig)
+                elif stopped_by is None:
+                    stopped_by = sig
+                    self._stop(sig)
+            wake = self._tick()
+            if not (self.live or (not self.stopping and (self.queue or self.undecided))):
+                return 128 + stopped_by if stopped_by is not None else 0
+            fds = [a.pidfd for a in self.live]
+            watched = [fd for fd in fds if fd is not None]
+            extra = self.tee.fds() if self.tee else []
+            sleep_on([trap.wake_fd, *watched, *extra], wake if len(watched) == len(fds) else 0.05)
+
+    def _close_tee(self) -> None:
+        if self.tee is None:
+            return
+        self.tee.close(TEE_DRAIN)
+        if self.tee.dropped:
+            log.warning(
+                "--tag: %d line(s) of the tasks' output not shown: the farm's output did not "
+                "keep up; the logs in %s have every line",
+                self.tee.dropped,
+                self.recorder.dir.logs,
+            )
 
     # --- the wake ------------------------------------------------------------------------
-    def _tick(self) -> float:
+    def _tick(self, final: bool = False) -> float:
         now = time.time()
         try:
             if self.tee is not None:
                 self.tee.pump()
-            self._read_memory(now)
             self._reap(now)
-            self._watch_lanes(now)
-            self._decide(now)
-            if not self.stopping:
+            self._watch(now)
+            self._decide(now, final)
+            if not self.stopping and not self.halting:
                 self._fill(now)
-            self.report(None, self.counts)
+            self.recorder.flush()
         except OSError as exc:  # disk full, quota: end the running tasks through the ladder
             if self.error is None:
                 self.error = exc
                 self._stop(signal.SIGTERM, f"cannot write the farm's files ({exc})")
         return TICK
 
-    def _ended(self, outcome: Outcome) -> None:
-        self.outcomes.append(outcome)
-        if self.ended is not None:
-            self.ended(outcome)
+    def _mine(self, lane: Lane) -> list[Attempt]:
+        return [a for a in self.live if a.lane is lane]
 
-    def _more(self) -> bool:
-        return not self.stopping and bool(self.queue or self.undecided or self.live)
+    def _watch(self, now: float) -> None:
+        """Memory, attachment, timeouts and faults of what runs."""
+        for lane in self.lanes:
+            mine = self._mine(lane)
+            if self.usage is not None and lane.packing is not None and lane.packing.auto:
+                read_memory(lane, mine, self.usage, now)
+            self._check_attached(lane, mine, now)
+            waiting = any(a.lane is lane for a in self.undecided)
+            watch_faults(lane, mine, waiting, now)
+        limit = self.plan.timeout
+        if limit is None:
+            return
+        for attempt in self.live:
+            if not attempt.ended_by and now - attempt.start >= limit:
+                log.warning(
+                    "farm: task %d: past --timeout %g s: ending it", attempt.task.number, limit
+                )
+                self.procs.timeout(attempt, now)
+            self.procs.overdue(attempt, now)
 
     def _stop(self, sig: int, why: str = "") -> None:
         self.stopping = True
         for attempt in self.live:
-            attempt.stopped = True
+            attempt.ended_by = attempt.ended_by or "stop"
         # A signal: the run says it was interrupted, once (``job.run``).
         (log.warning if why else log.debug)(
             "farm: %s: ending %d running task(s), starting no more",
@@ -324,99 +237,47 @@ class Farmer:
         )
         end_ranks(self.ranks, sig, self.plan.grace)
 
-    def _live(self, attempts: list[Attempt]) -> None:
-        """The running attempts, and the counts' view of them, changed together."""
-        self.live = attempts
-        self.counts.since = [a.start for a in attempts]
-
     def _reap(self, now: float) -> None:
-        end_leftovers(self.ranks)  # a task's tree ends with it
-        gone = [a for a in self.live if not a.rank.running()]
-        self._live([a for a in self.live if all(a is not g for g in gone)])  # before any shows
-        for attempt in gone:
-            self.ranks.remove(attempt.rank)
-            if attempt.guard is not None:
-                attempt.guard.release()
-            attempt.end = now
-            attempt.code = exit_code(attempt.rank.proc.poll() or 0)
-            if attempt.check is not None:
-                self.checks.remove(attempt.check)
-                attempt.code = VERIFY_FAILED if attempt.check.refused else attempt.code
-            attempt.lane.seats.append(attempt.seat)
-            attempt.lane.running -= 1
-            attempt.lane.holding.discard(id(attempt))
-            self._ended(_outcome(attempt))
-            if attempt.stopped:
-                continue
-            if attempt.code == 0:
-                attempt.lane.peaks.add(attempt.peak)
-                self._record(attempt, DONE)
-                self._finished(attempt.lane, now)
-            else:
-                attempt.lane.suspect = True
-                self.undecided.append(attempt)
-
-    # --- K and memory --------------------------------------------------------------------
-    def _read_memory(self, now: float) -> None:
-        """NVML's reading of each lane's GPU; each running task's peak, and the least free
-        memory its GPU had while it ran."""
-        if self.usage is None:
+        gone = [a for a in self.live if self.procs.reap(a)]
+        if not gone:
             return
-        for lane in self.lanes:
-            lane.reading = Reading.of(self.usage(lane.slot.uuid))
-            reading = lane.reading
-            mine = [a for a in self.live if a.lane is lane]
-            if reading is None or not mine:
-                continue
-            held = _held_by(mine, reading)
-            for attempt in mine:
-                now_held = held.get(id(attempt), 0)
-                attempt.peak = max(attempt.peak, now_held)
-                if now_held and now_held <= attempt.held:
-                    attempt.steady = attempt.peak
-                attempt.held = now_held
-                least = attempt.least_free
-                attempt.least_free = reading.free if least is None else min(least, reading.free)
+        ended = {id(a) for a in gone}
+        self.live = [a for a in self.live if id(a) not in ended]
+        for attempt in gone:
+            self._ended(attempt, now)
+        self.procs.ended(gone, self.live)
 
-    def _expected(self, lane: Lane) -> int | None:
-        return lane.peaks.expected(a.steady for a in self.live if a.lane is lane)
+    def _ended(self, attempt: Attempt, now: float) -> None:
+        lane = attempt.lane
+        self.ranks.remove(attempt.rank)
+        lane.seats.append(attempt.seat)
+        lane.running -= 1
+        lane.holding.discard(id(attempt))
+        attempt.end = now
+        cpu = self._cpu[lane.position]
+        cpu[0], cpu[1] = cpu[0] + attempt.cpu, cpu[1] + attempt.end - attempt.start
+        if attempt.ended_by == "stop":
+            self.recorder.finish(attempt, INTERRUPTED)
+        elif attempt.code == 0 and not attempt.ended_by:
+            lane.peaks.add(attempt.peak)
+            self.recorder.finish(attempt, DONE)
+            self._finished(lane, now)
+        else:
+            lane.suspect = True
+            self.undecided.append(attempt)
 
-    def _admits(self, lane: Lane, now: float) -> bool:
-        """Whether the GPU's free memory takes another task (always, with none running)."""
-        if lane.packing is None or not lane.packing.auto or not lane.running:
-            return True
-        if lane.reading is None:  # NVML gives no memory figures: nothing to go by
-            return True
-        mine = [a for a in self.live if a.lane is lane]
-        expected = self._expected(lane)
-        if lane.peaks.learning(expected, min(a.start for a in mine), now):
-            return False
-        if admits(lane.reading, expected, [a.peak for a in mine]):
-            return True
-        self._repack(lane, lane.packing.memory(now, lane.running))
-        return False
-
+    # --- K -------------------------------------------------------------------------------
     def _finished(self, lane: Lane, now: float) -> None:
-        if lane.packing is not None:
-            waiting = len(self.queue) / len(self.lanes)  # the queue is every lane's
-            self._repack(lane, lane.packing.finished(now, waiting))
+        if lane.packing is None:
+            return
+        cpu, wall = self._cpu[lane.position]
+        lane.packing.floor = cpu_floor(cpu, wall, self.plan.cpus_per_gpu, lane.packing.cap)
+        waiting = len(self.queue) / len(self.lanes)  # the queue is every lane's
+        self._repack(lane, lane.packing.finished(now, waiting))
 
     def _repack(self, lane: Lane, change: Change | None) -> None:
-        if change is None or lane.packing is None:
-            return
-        history = lane.packing.history
-        before = history[-2] if len(history) > 1 else change
-        self.dir.event(
-            "k",
-            gpu=lane.slot.uuid,
-            gpu_index=lane.position,
-            node=self.plan.node,
-            auto=lane.packing.auto,
-            **change.to_json(),
-        )
-        self.counts.slots = sum(ln.k for ln in self.lanes)
-        if self.repacked is not None:
-            self.repacked(lane, before, change)
+        if change is not None and lane.packing is not None:
+            self.recorder.k(lane, change)
 
     def _oom(self, attempt: Attempt) -> bool:
         """Did this failed attempt only run out of memory on a full GPU?"""
@@ -425,79 +286,70 @@ class Farmer:
             return False
         text = "".join(
             read_job_file(path, OOM_TAIL, tail=True) or ""
-            for path in self.dir.log_paths(attempt.task, attempt.number)
+            for path in self.recorder.dir.log_paths(attempt.task, attempt.number)
         )
-        return out_of_memory(text, attempt.least_free, reading.total, self._expected(attempt.lane))
+        peak = expected(attempt.lane, self._mine(attempt.lane))
+        return out_of_memory(text, attempt.least_free, reading.total, peak)
 
-    def _watch_lanes(self, now: float) -> None:
-        """server.log is read where a task failed or a fault is being handled; a fault stops
-        its GPU taking tasks until its server recovers."""
-        for lane in self.lanes:
-            waiting = any(a.lane is lane for a in self.undecided)
-            if lane.watch is None or not (lane.suspect or waiting or lane.paused_at is not None):
-                continue
-            lane.suspect = False
-            new = lane.watch.refresh()
-            if new:
-                named = set().union(*(f.pids for f in new))
-                mine = [a for a in self.live if a.lane is lane]
-                hit = [a for a in mine if {p.pid for p in a.rank.tree()} & named]
-                lane.holding = {id(a) for a in hit or mine}  # a shell's client is its child
-                lane.paused_at = lane.paused_at or now
-                log.warning(
-                    "farm: gpu %d: fatal GPU fault: its tasks are retried; no new task "
-                    "there until its server recovers",
-                    lane.position,
-                )
-            if lane.paused_at is not None and self._recovered(lane, now):
-                for fault in lane.watch.unrecovered():
-                    fault.recovered_at = now
-                lane.paused_at, lane.holding = None, set()
-                lane.resume_at = now + RECOVER_WAIT
-
-    def _recovered(self, lane: Lane, now: float) -> bool:
-        assert lane.watch is not None
-        assert lane.paused_at is not None
-        if not lane.holding or all(f.logged_recovery for f in lane.watch.unrecovered()):
-            return True
-        if now - lane.paused_at < HOLD_MAX:
-            return False
-        log.warning(
-            "farm: gpu %d: no recovery from the fault after %g s: taking tasks again",
-            lane.position,
-            HOLD_MAX,
-        )
-        return True
-
-    def _decide(self, now: float, final: bool = False) -> None:
-        """Failed attempts: a fault's victims are retried (while retries are left), the rest
-        recorded as failed once their server had time to log a fault."""
+    # --- failures ------------------------------------------------------------------------
+    def _decide(self, now: float, final: bool) -> None:
+        """Failed attempts: what ended each (a fault, out of memory, a timeout, itself), once
+        its server had time to log a fault; whether its task runs again."""
         for attempt in list(self.undecided):
-            watch_ = attempt.lane.watch
-            faults = list(watch_.seen.values()) if watch_ is not None else []
-            if is_victim(attempt.pids, attempt.start, attempt.end, faults):
-                self.undecided.remove(attempt)
-                retry = attempt.number <= self.plan.retries and not final and not self.stopping
-                self._record(attempt, FAULT, retried=retry)
-                if retry:
-                    self.queue.appendleft((attempt.task, attempt.number + 1))
-            elif self._oom(attempt):
-                self.undecided.remove(attempt)
+            status = self._verdict(attempt, now, final)
+            if status is None:
+                continue
+            self.undecided.remove(attempt)
+            lane = attempt.lane
+            if status == OOM:
                 self.ooms[attempt.task.number] += 1
-                tries = self.ooms[attempt.task.number] < OOM_TRIES
-                retry = tries and not final and not self.stopping
-                self._record(attempt, OOM, retried=retry)
-                if retry:
-                    self.queue.appendleft((attempt.task, attempt.number + 1))
-                if attempt.lane.packing is not None:
-                    change = attempt.lane.packing.oom(now, attempt.lane.running + 1)
-                    self._repack(attempt.lane, change)
-            elif final or watch_ is None or now - attempt.end >= FAULT_SETTLE:
-                self.undecided.remove(attempt)
-                attempt.lane.peaks.add(attempt.peak)
-                self._record(attempt, FAILED)
-                self._finished(attempt.lane, now)
+                if lane.packing is not None:
+                    self._repack(lane, lane.packing.oom(now, lane.running + 1))
+            ooms = self.ooms[attempt.task.number]
+            retry = retry_left(status, attempt.number, ooms, self.plan.retries)
+            retry = retry and not final and not self.stopping and not self.halting
+            self.recorder.finish(attempt, status, retried=retry)
+            if retry:
+                self.queue.appendleft((attempt.task, attempt.number + 1))
+            if status in (FAILED, TIMEOUT):
+                lane.peaks.add(attempt.peak)
+                self._finished(lane, now)
+        self._halt()
 
+    def _verdict(self, attempt: Attempt, now: float, final: bool) -> str | None:
+        """FAULT, OOM, TIMEOUT or FAILED; None while its server may still log a fault."""
+        watch = attempt.lane.watch
+        faults = list(watch.seen.values()) if watch is not None else []
+        pids = {attempt.rank.ident.pid}
+        if is_victim(pids, attempt.start, attempt.end, faults):
+            return FAULT
+        if attempt.ended_by == "timeout":
+            return TIMEOUT
+        if self._oom(attempt):
+            return OOM
+        if final or watch is None or now - attempt.end >= FAULT_SETTLE:
+            if attempt.ended_by == "refused":
+                attempt.code = VERIFY_FAILED
+            return FAILED
+        return None
+
+    def _halt(self) -> None:
+        """``--halt``: enough tasks failed for good: no new task (soon), or none running
+        either (now)."""
+        tally, halt = self.recorder.tally, self.plan.halt
+        if self.halting or not halt.reached(tally.failed, tally.total):
+            return
+        self.halting = True
+        log.warning(
+            "farm: --halt %s: %d task(s) failed: %s",
+            halt,
+            tally.failed,
+            "ending the running ones" if halt.when == "now" else "starting no more",
+        )
+        if halt.when == "now":
+            self._stop(signal.SIGTERM, f"--halt {halt}")
+
+    # --- starting ------------------------------------------------------------------------
     def _fill(self, now: float) -> None:
         full: set[int] = set()  # lanes whose memory takes no more now
         for lane in self.lanes:
@@ -508,76 +360,50 @@ class Farmer:
             if not open_lanes:
                 return
             lane = max(open_lanes, key=lambda ln: (ln.k - ln.running, -ln.position))
-            if not self._admits(lane, now):
+            takes, change = admits_now(lane, self._mine(lane))
+            self._repack(lane, change)
+            if not takes:
                 full.add(lane.position)
                 continue
             task, number = self.queue.popleft()
             lane.seats.sort()
-            self._start(task, number, lane, lane.seats.pop(0))
+            self._start(task, number, lane, lane.seats.pop(0), now)
             if lane.packing is not None and lane.running:
                 lane.packing.running(now, lane.running)
 
-    # --- one attempt ---------------------------------------------------------------------
-    def _start(self, task: Task, number: int, lane: Lane, seat: int) -> None:
-        out, err = self._outputs(task, number)
-        # A process of its own, not a rank of the step that runs the farm.
-        env = {k: v for k, v in os.environ.items() if k not in PLACE_IN_LAUNCH_VARS}
-        env.update(self.client_env(lane, seat))
-        env.update({TASK_VAR: str(task.number), ATTEMPT_VAR: str(number)})
-        start = time.time()
+    def _env(self, lane: Lane, seat: int) -> dict[str, str]:
+        key = (lane.position, seat)
+        if key not in self._envs:
+            self._envs[key] = {**self._base, **self.client_env(lane, seat)}
+        return self._envs[key]
+
+    def _start(self, task: Task, number: int, lane: Lane, seat: int, now: float) -> None:
+        outputs = self._outputs(task, number)
         try:
-            rank = spawn_rank(
-                task.argv,
-                env,
-                lane.daemon,
-                shield=self.plan.shield,
-                name=f"task {task.number}",
-                stdout=out,
-                stderr=err,
-                stdin=_proc.DEVNULL,
-            )
-        except OSError as exc:  # not found, not executable: a failure of this task alone
+            rank, fd = self.procs.spawn(task, number, self._env(lane, seat), lane.daemon, outputs)
+        except OSError as exc:  # fork failed, the shell missing: a failure of this task alone
             text = exc.render() if isinstance(exc, MpswrapError) else str(exc)
-            os.write(err, f"{text}\n".encode())
+            os.write(outputs[1], f"{text}\n".encode())
             lane.seats.append(seat)
             code = getattr(exc, "exit_code", 126)
-            self._record_parts(
-                task, number, lane, status=FAILED, span=(start, time.time()), code=code
+            self.recorder.record(
+                task, number, lane, status=FAILED, code=code, span=(now, time.time())
             )
-            self._ended(Outcome(code, None, 0, start))  # counted as a shell counts it
             return
         finally:
-            os.close(out)
-            os.close(err)
-        attempt = Attempt(task, number, lane, seat, rank, start, {rank.ident.pid})
-        if self.plan.verify not in (None, "off") and lane.daemon is not None:
-            attempt.check = Verifier(
-                rank, lane.daemon, self.plan.verify_timeout, str(self.plan.verify), self.listings
-            )
-            self.checks.append(attempt.check)
+            os.close(outputs[0])
+            os.close(outputs[1])
+        attempt = Attempt(task, number, lane, seat, rank, now, fd)
         if lane.reading is not None:
             attempt.least_free = lane.reading.free
         lane.running += 1
-        self._live([*self.live, attempt])
-        self.ranks.append(rank)  # before its guard: a failed fork still ends it, by the ladder
-        attempt.guard = guard_ranks([rank], self.plan.grace)
-        # Once it is watched: a journal that cannot be written stops the farm, through the
-        # ladder for this task too.
-        self.dir.event(
-            "start",
-            task=task.number,
-            key=task.key,
-            line=task.line,
-            attempt=number,
-            node=self.plan.node,
-            gpu=lane.slot.uuid,
-            gpu_index=lane.position,
-            time=start,
-        )
+        self.live.append(attempt)
+        self.ranks.append(rank)  # before the journal: a journal that cannot be written ends it
+        self.recorder.start(attempt)
 
     def _outputs(self, task: Task, number: int) -> tuple[int, int]:
         """The task's stdout and stderr: its log files, or (``--tag``) pipes to them."""
-        logs = self.dir.open_logs(task, number)
+        logs = self.recorder.dir.open_logs(task, number)
         if self.tee is None:
             return logs
         try:
@@ -586,66 +412,40 @@ class Farmer:
             os.close(logs[0])
             os.close(logs[1])
 
-    def _record(self, attempt: Attempt, status: str, retried: bool = False) -> None:
-        self._record_parts(
-            attempt.task,
-            attempt.number,
-            attempt.lane,
-            status=status,
-            code=attempt.code,
-            span=(attempt.start, attempt.end),
-            retried=retried,
+    # --- attachment ----------------------------------------------------------------------
+    def _check_attached(self, lane: Lane, mine: list[Attempt], now: float) -> None:
+        """Its server's client list, for the tasks not seen there yet (module's text)."""
+        mode = self.plan.verify
+        if mode in (None, "off") or lane.daemon is None or now - lane.listed_at < LIST_EVERY:
+            return
+        unseen = {
+            a.rank.ident.pid: a
+            for a in mine
+            if a.attached is None and not a.ended_by and now - a.start >= ATTACH_FIRST
+        }
+        if not unseen:
+            return
+        lane.listed_at = now
+        for client in self.listings.clients(lane.daemon):
+            owner = next((unseen[p] for p in _proc.lineage(client) if p in unseen), None)
+            if owner is not None:
+                owner.attached = True
+        for attempt in unseen.values():
+            if attempt.attached is None and now - attempt.start >= self.plan.verify_timeout:
+                self._unattached(attempt)
+
+    def _unattached(self, attempt: Attempt) -> None:
+        attempt.attached = False
+        error = MpswrapError(
+            f"task {attempt.task.number} is not an MPS client",
+            thing=f"pid {attempt.rank.ident.pid}",
+            cause=f"not among its GPU server's clients after {self.plan.verify_timeout:g} s",
+            hint="it runs without MPS: does it (or a wrapper script) set "
+            "CUDA_MPS_PIPE_DIRECTORY? raise --verify-timeout if CUDA starts late",
         )
-
-    def _record_parts(
-        self,
-        task: Task,
-        number: int,
-        lane: Lane,
-        *,
-        status: str,
-        code: int,
-        span: tuple[float, float],
-        retried: bool = False,
-    ) -> None:
-        out, err = self.dir.log_paths(task, number)
-        record = TaskRecord(
-            task.number,
-            task.key,
-            task.command,
-            number,
-            status,
-            code,
-            self.plan.node,
-            lane.slot.uuid,
-            lane.position,
-            span[0],
-            span[1],
-            str(out),
-            str(err),
-            retried,
-        )
-        self.dir.append(record)
-        self.records.append(record)
-        if not retried:
-            self.settled.add(task.number)
-        self.counts.count(status, record.seconds, retried)
-        self.report(record, self.counts)
-
-
-def _held_by(attempts: Sequence[Attempt], reading: Reading) -> dict[int, int]:
-    """id(attempt) -> the GPU memory its processes hold (a shell's client is its child)."""
-    roots = {a.rank.ident.pid: id(a) for a in attempts}
-    out: dict[int, int] = {}
-    for pid, size in reading.processes.items():
-        owner = next((roots[p] for p in _proc.lineage(pid) if p in roots), None)
-        if owner is not None:
-            out[owner] = out.get(owner, 0) + size
-    return out
-
-
-def _outcome(attempt: Attempt) -> Outcome:
-    """For the node's summary line."""
-    check = attempt.check
-    listed = None if check is None else check.listed or attempt.rank.ended > 0
-    return Outcome(attempt.code, listed, attempt.rank.ended, attempt.start)
+        if self.plan.verify != "fail":
+            log.warning("%s; hint: %s", error.line(), error.hint)
+            return
+        log.error("%s: ending it", error.line())
+        attempt.ended_by = "refused"
+        end_ranks([attempt.rank], signal.SIGTERM, min(self.plan.grace, VERIFY_GRACE))

@@ -1,5 +1,6 @@
 """How many tasks a farm runs at once on a GPU before it has measured anything: the most auto
-goes to (``auto_cap``), where it starts (``default_per_gpu``), and ``--per-gpu``'s value."""
+goes to (``auto_cap``), where it starts (``default_per_gpu``), the fewest it lowers to for
+CPU-light tasks (``cpu_floor``), and ``--per-gpu``'s value."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from .. import values
 from ..errors import UsageError
 from .packing import start_k
 
-__all__ = ["auto_cap", "default_per_gpu", "per_gpu_value"]
+__all__ = ["CPU_LIGHT", "auto_cap", "cpu_floor", "default_per_gpu", "per_gpu_value"]
+
+#: Tasks that keep less than this share of a CPU busy while they run are CPU-light: their
+#: throughput is the GPU's, and fewer of them at once than the CPUs allow saves nothing.
+CPU_LIGHT = 0.5
 
 
 def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
@@ -32,3 +37,13 @@ def per_gpu_value(value: int | str | None) -> int | None:
         raise UsageError(
             "bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more"
         ) from None
+
+
+def cpu_floor(cpu_s: float, wall_s: float, cpus_per_gpu: int, cap: int) -> int:
+    """The fewest K auto lowers to: a CPU per task (at most the cap) where the finished tasks
+    were CPU-light (``cpu_s`` CPU seconds over ``wall_s`` seconds run, below ``CPU_LIGHT``),
+    else 1. Measured from the tasks' own CPU time (``wait4``), so a task that mostly waits on
+    its GPU is known as such."""
+    if wall_s <= 0 or cpu_s / wall_s >= CPU_LIGHT:
+        return 1
+    return max(1, min(cap, cpus_per_gpu))

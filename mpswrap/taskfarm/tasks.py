@@ -1,75 +1,45 @@
-"""A task farm's tasks and its record: the task list, each task's logs, and the state file.
+"""A task farm's tasks: the task list, read and checked whole before anything starts, and the
+share of it one farm runs.
 
 A task list has one command per line; blank lines and lines starting with ``#`` are not
 tasks. Tasks are numbered from 0 in file order (``MPSWRAP_TASK``). Every line is a shell
 command line and runs as ``/bin/sh -c LINE`` (as GNU parallel runs its lines): ``exit 5``
 exits 5, a missing program exits 127 with the shell's "not found". The task's program is then
-a child of that shell, found as a descendant of the task (``supervise.Rank.tree``) when its
-clients are checked and ended. The list is read and checked whole before anything starts: a
-line with a NUL byte, one that is not UTF-8, or one longer than ``LINE_LIMIT`` bytes is a
-UsageError naming it (``tasks.txt:3: ...``).
+a child of that shell. A line with a NUL byte, one that is not UTF-8, or one longer than
+``LINE_LIMIT`` bytes is a UsageError naming it (``tasks.txt:3: ...``).
 
-Everything a farm writes lives in its directory (``--dir``, default ``<TASKS>.farm`` beside
-the task list): ``logs/NNNN-HASH.out`` and ``.err`` for attempt 1 (the task's number and
-its command's hash), ``NNNN-HASH.A.out`` for attempt A; and one state file per share of the
-tasks (``state.jsonl``, or ``state-IofN.jsonl`` for share I of N), a JSON line per finished
-attempt, appended with one write each, and the farm's events (``event``: ``farm`` when a farm
-begins, ``start`` for each attempt it starts, ``end`` when it ends), which ``farm status``
-reads; a lock file per share, held while a farm runs. A task
-whose command has a ``done`` line in any state file of the directory is not run again: the
-key is the command's text (and which occurrence of it), so an edited line runs again and
-reordering lines runs nothing twice.
+The list is a file someone wrote: it is read up to ``LIST_LIMIT`` bytes, from a regular file
+or a pipe (``-``, ``<(...)``); anything else (``/dev/zero``, a directory, a socket) is refused
+before a byte is read.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shlex
+import stat
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .._struct import Struct
-from ..errors import LayoutError, UsageError
-from ..paths import list_dir, read_job_file
+from ..errors import UsageError
 
-__all__ = [
-    "FarmDir",
-    "Share",
-    "Task",
-    "TaskRecord",
-    "parse_share",
-    "parse_tasks",
-    "read_journal",
-    "read_tasks",
-    "record_of",
-    "task_lines",
-]
+__all__ = ["WHOLE", "Share", "Task", "parse_share", "parse_tasks", "read_tasks", "task_lines"]
 
-#: Statuses of a finished attempt: exit 0; a failure of its own; ended by a fatal GPU fault
-#: of its server (retried while retries are left); out of GPU memory while its GPU was full
-#: (retried up to ``OOM_TRIES`` runs in all).
-DONE, FAILED, FAULT, OOM = "done", "failed", "fault", "oom"
-#: Runs of a task that keeps running out of memory, the first one included.
-OOM_TRIES = 3
-#: A state line longer than this was not written by a farm.
-RECORD_LIMIT = 1 << 16
 #: A task line longer than this (bytes) is refused: no command line is that long on purpose,
 #: and the kernel refuses an argument past 128 KiB (MAX_ARG_STRLEN) anyway.
 LINE_LIMIT = 1 << 16
-#: ``farm status`` reads a state file up to this size (a record is a few hundred bytes).
-STATE_LIMIT = 64 << 20
+#: A task list longer than this is refused: a million tasks of a hundred bytes fit.
+LIST_LIMIT = 256 << 20
 _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
-# Task and TaskRecord are dataclasses, not Structs: a farm's result (entry/farm.FarmResult)
-# holds them, and callers' dataclasses.asdict of it must give plain data.
+# Task is a dataclass, not a Struct: a farm's result (entry/farm.FarmResult) holds them, and
+# callers' dataclasses.asdict of it must give plain data.
 @dataclass(frozen=True)
 class Task:
     """One line of the task list."""
@@ -158,13 +128,52 @@ def task_lines(data: bytes, source: str) -> list[str]:
 
 def read_tasks(source: str) -> list[Task]:
     """The tasks of a file, or of standard input for ``-``, checked before anything starts."""
+    name = "stdin" if source == "-" else source
     if source == "-":
-        return parse_tasks(task_lines(sys.stdin.buffer.read(), "stdin"), "stdin")
-    try:
-        data = Path(source).read_bytes()
-    except OSError as exc:
-        raise UsageError("cannot read the task list", thing=source, cause=exc.strerror) from None
-    return parse_tasks(task_lines(data, source), source)
+        data = _read_list(sys.stdin.buffer.fileno(), name)
+    else:
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise UsageError(
+                "cannot read the task list", thing=source, cause=exc.strerror
+            ) from None
+        try:
+            data = _read_list(fd, name)
+        finally:
+            os.close(fd)
+    return parse_tasks(task_lines(data, name), name)
+
+
+def _read_list(fd: int, name: str) -> bytes:
+    """At most ``LIST_LIMIT`` bytes of a regular file or a pipe; anything else, or more, is a
+    UsageError (a character device such as ``/dev/zero`` would never end)."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise UsageError(
+            "cannot read the task list",
+            thing=name,
+            cause="not a regular file or a pipe",
+            hint="give a file with one command per line, or - for standard input",
+        )
+    os.set_blocking(fd, True)  # a pipe is read to its end, as `cat` would
+    chunks: list[bytes] = []
+    size = 0
+    while size <= LIST_LIMIT:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except OSError as exc:
+            raise UsageError("cannot read the task list", thing=name, cause=exc.strerror) from None
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    raise UsageError(
+        "cannot read the task list",
+        thing=name,
+        cause=f"larger than {LIST_LIMIT >> 20} MiB",
+        hint="split it over several farms (--dir) or shares (--share I/N)",
+    )
 
 
 class Share(Struct, frozen=True):
@@ -178,8 +187,13 @@ class Share(Struct, frozen=True):
         return task.number % self.count == self.index
 
     @property
+    def suffix(self) -> str:
+        """What names this share's files: empty for the whole list, ``-IofN`` else."""
+        return "" if self.count == 1 else f"-{self.index}of{self.count}"
+
+    @property
     def state_name(self) -> str:
-        return "state.jsonl" if self.count == 1 else f"state-{self.index}of{self.count}.jsonl"
+        return f"state{self.suffix}.jsonl"
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
@@ -195,148 +209,3 @@ def parse_share(text: str) -> Share:
     if not match or int(match[1]) >= int(match[2]):
         raise UsageError("bad --share", thing=text, hint="use I/N with 0 <= I < N, e.g. 0/4")
     return Share(int(match[1]), int(match[2]))
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    """One finished attempt: a line of the state file."""
-
-    task: int
-    key: str
-    command: str
-    attempt: int
-    status: str  # DONE, FAILED, FAULT or OOM
-    code: int
-    node: str
-    gpu: str  # UUID
-    gpu_index: int
-    start: float
-    end: float
-    stdout: str
-    stderr: str
-    #: A fault's or oom's attempt whose task went back to the queue (not settled by it).
-    retried: bool = False
-
-    @property
-    def seconds(self) -> float:
-        return max(0.0, self.end - self.start)
-
-
-class FarmDir:
-    """A farm's directory: its logs and its state files (see the module's text)."""
-
-    def __init__(self, path: str | os.PathLike[str], share: Share = WHOLE) -> None:
-        self.path = Path(path)
-        self.share = share
-        self.logs = self.path / "logs"
-
-    def create(self) -> FarmDir:
-        try:
-            self.logs.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LayoutError(
-                "cannot create the farm directory", thing=str(self.logs), cause=exc.strerror
-            ) from None
-        return self
-
-    @property
-    def lock_path(self) -> Path:
-        return self.path / f".{self.share.state_name}.lock"
-
-    def log_paths(self, task: Task, attempt: int) -> tuple[Path, Path]:
-        stem = task.log_stem + ("" if attempt == 1 else f".{attempt}")
-        return self.logs / f"{stem}.out", self.logs / f"{stem}.err"
-
-    def open_logs(self, task: Task, attempt: int) -> tuple[int, int]:
-        """Descriptors of the attempt's two logs, created or truncated."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        out, err = self.log_paths(task, attempt)
-        try:
-            first = os.open(out, flags, 0o644)
-        except OSError as exc:
-            raise LayoutError(
-                "cannot write a task log", thing=str(out), cause=exc.strerror
-            ) from None
-        try:
-            return first, os.open(err, flags, 0o644)
-        except OSError as exc:
-            os.close(first)
-            raise LayoutError(
-                "cannot write a task log", thing=str(err), cause=exc.strerror
-            ) from None
-
-    def append(self, record: TaskRecord) -> None:
-        """One line, one write, so that a farm ended at any moment leaves whole lines."""
-        self._append(asdict(record))
-
-    def event(self, kind: str, **fields: Any) -> None:
-        """One of the farm's events (``farm``, ``start``, ``end``), a line of the state file."""
-        self._append({"event": kind, **fields})
-
-    def _append(self, data: dict[str, Any]) -> None:
-        line = json.dumps(data, sort_keys=True) + "\n"
-        path = self.path / self.share.state_name
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
-    def records(self) -> Iterator[TaskRecord]:
-        """Every attempt in every state file of the directory; lines that are not records
-        (events, lines cut short or edited by hand) are passed over."""
-        names = sorted(p for p in self.path.glob("state*.jsonl") if p.is_file())
-        for path in names:
-            with open(path, errors="replace") as lines:
-                for line in lines:
-                    record = _record(line)
-                    if record is not None:
-                        yield record
-
-    def finished(self) -> set[str]:
-        """Keys of the tasks with a ``done`` attempt."""
-        return {r.key for r in self.records() if r.status == DONE}
-
-
-def read_journal(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each state file of a farm's directory (by name), its lines in order, as ``farm status``
-    reads them from any shell: the directory as named (its links followed, as ``cd`` would),
-    the files in it through ``paths.read_job_file`` (no link, no FIFO, at most
-    ``STATE_LIMIT`` bytes). A LayoutError when it is no directory or a state file is refused;
-    an empty mapping when it has no state file."""
-    real = Path(os.path.realpath(directory))
-    names = list_dir(real, "cannot read the farm directory")
-    if names is None:
-        raise LayoutError("no such farm directory", thing=str(directory))
-    journal: dict[str, list[dict[str, Any]]] = {}
-    for name in sorted(n for n in names if re.fullmatch(r"state(-\d+of\d+)?\.jsonl", n)):
-        text = read_job_file(real / name, STATE_LIMIT)
-        if text is None:
-            raise LayoutError("cannot read the farm's state file", thing=str(real / name))
-        journal[name] = [d for d in map(_line, text.splitlines()) if d is not None]
-    return journal
-
-
-def _line(line: str) -> dict[str, Any] | None:
-    if len(line) > RECORD_LIMIT:
-        return None
-    try:
-        data = json.loads(line)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _record(line: str) -> TaskRecord | None:
-    data = _line(line)
-    return record_of(data) if data is not None else None
-
-
-def record_of(data: dict[str, Any]) -> TaskRecord | None:
-    """A finished attempt from a state line's data; None for an event or a stray line."""
-    if "event" in data:
-        return None
-    try:
-        return TaskRecord(**data)
-    except TypeError:
-        return None
