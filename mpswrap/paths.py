@@ -430,19 +430,14 @@ def write_job_file(path: Path, text: str, uid: int, gid: int, mode: int = 0o644)
             raise
 
 
-#: Where a user's farm profile lives (``taskfarm.profile``): a file of theirs, or ``off``.
-PROFILE_VAR = "MPSWRAP_FARM_PROFILE"
-
-
-def farm_profile(env: dict[str, str] | None = None) -> Path | None:
-    """The caller's farm profile: ``MPSWRAP_FARM_PROFILE`` (``off``: none), else
-    ``$XDG_CACHE_HOME/mpswrap/farm-profile.json`` (``~/.cache`` without it); None for
-    ``off`` or without a home."""
-    env = dict(os.environ) if env is None else env
-    given = env.get(PROFILE_VAR, "")
-    if given == "off":
+def farm_profile(setting: str, env: dict[str, str] | None = None) -> Path | None:
+    """The caller's farm profile (``taskfarm.profile``) for the ``farm_profile`` setting: its
+    file, or for ``auto`` ``$XDG_CACHE_HOME/mpswrap/farm-profile.json`` (``~/.cache``
+    without it); None for ``off``, or ``auto`` without a home."""
+    if setting == "off":
         return None
-    if given:
-        return Path(given)
+    if setting != "auto":
+        return Path(setting)
+    env = dict(os.environ) if env is None else env
     cache = env.get("XDG_CACHE_HOME") or (env["HOME"] + "/.cache" if env.get("HOME") else "")
     return Path(cache) / "mpswrap" / "farm-profile.json" if cache else None

@@ -257,7 +257,7 @@ def _run(
 ) -> FarmResult:
     quiet = _quiet()
     view = show.progress(farm_opts, quiet)
-    profile = Profile(farm_profile())
+    profile = Profile(farm_profile(planned.settings.farm_profile))
     engines: list[Farmer] = []
 
     def body(run: Started) -> int:
@@ -312,12 +312,12 @@ def _finish(
     result.not_run = [t for t in todo if t.number not in settled]
     failed = bool(tally.failed or result.not_run)
     result.code = code if code else (1 if failed else 0)
+    until = time.time()  # the summary's end is the journal's: its fold says the same
     if not _quiet() or failed:
-        until = time.time()
         for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
             show.line(line)
     try:
-        farmer.recorder.dir.write({"event": "end", "time": time.time(), "code": result.code})
+        farmer.recorder.dir.write({"event": "end", "time": until, "code": result.code})
     finally:
         farmer.recorder.close()
     _learn(profile, farmer, tally)

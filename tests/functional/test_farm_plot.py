@@ -27,7 +27,7 @@ DRIVER = """
 import json, os, sys
 if os.environ.get("HIDE_MATPLOTLIB"):
     sys.modules["matplotlib"] = None
-from mpswrap.report import farmstatus
+from mpswrap.taskfarm import status as farmstatus
 from mpswrap.cli.main import main
 real = farmstatus.status_json
 forged = json.loads(os.environ["FORGED_PACKING"])
