@@ -165,7 +165,8 @@ class Farmer:
                     stopped_by = sig
                     self._stop(sig)
             wake = self._tick()
-            if not (self.live or (not self.stopping and (self.queue or self.undecided))):
+            starting = not self.stopping and not self.halting
+            if not (self.live or self.undecided or (starting and self.queue)):
                 return 128 + stopped_by if stopped_by is not None else 0
             fds = [a.pidfd for a in self.live]
             watched = [fd for fd in fds if fd is not None]
@@ -190,6 +191,10 @@ class Farmer:
         try:
             if self.tee is not None:
                 self.tee.pump()
+            for lane in self.lanes:
+                # Before the reap: a task that just failed is seen on its GPU as it was (full?)
+                if self.usage is not None:
+                    read_memory(lane, self._mine(lane), self.usage, now)
             self._reap(now)
             self._watch(now)
             self._decide(now, final)
@@ -209,8 +214,6 @@ class Farmer:
         """Memory, attachment, timeouts and faults of what runs."""
         for lane in self.lanes:
             mine = self._mine(lane)
-            if self.usage is not None and lane.packing is not None and lane.packing.auto:
-                read_memory(lane, mine, self.usage, now)
             self._check_attached(lane, mine, now)
             waiting = any(a.lane is lane for a in self.undecided)
             watch_faults(lane, mine, waiting, now)
@@ -272,6 +275,7 @@ class Farmer:
             return
         cpu, wall = self._cpu[lane.position]
         lane.packing.floor = cpu_floor(cpu, wall, self.plan.cpus_per_gpu, lane.packing.cap)
+        log.debug("farm: gpu %d: tasks' CPU %.1f s over %.1f s", lane.position, cpu, wall)
         waiting = len(self.queue) / len(self.lanes)  # the queue is every lane's
         self._repack(lane, lane.packing.finished(now, waiting))
 

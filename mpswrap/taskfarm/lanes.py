@@ -4,10 +4,9 @@ K, its free memory, a fault of its server), and what the farm learns there.
 K is the lane's ``Packing`` (given, or found as the farm runs: ``packing``). Under auto, the
 GPU's memory is read through NVML at most every ``READ_EVERY`` seconds while tasks run there
 (``usage``): a GPU takes another task only while its free memory covers the peak its tasks are
-expected to need (``admission``). Before any peak is known, it still admits by memory: one task
-per reading, while its free memory covers the most any running task holds plus the margin, so
-each start's growth is seen before the next (a farm of large tasks no longer runs its first
-one alone; one that allocates late is caught by the out-of-memory retry). A GPU whose server
+expected to need (``admission``). Before any peak is known, the first task runs alone until a
+reading shows its memory steady (two readings without growth: then admission goes by it), a
+task finished, or ``admission.LEARN_S`` passed. A GPU whose server
 faulted takes no new task until server.log says it recovered, or the tasks the fault named
 have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more.
 """
@@ -23,7 +22,7 @@ from .._struct import Struct, field
 from ..job.placement import Slot
 from ..job.supervise import Rank
 from ..mps.daemon import Daemon
-from .admission import Peaks, Reading, admits, margin
+from .admission import LEARN_S, Peaks, Reading, admits
 from .faultwatch import FaultWatch
 from .packing import Change, Packing
 from .tasks import Task
@@ -37,8 +36,9 @@ RECOVER_WAIT = 0.5
 #: Seconds a GPU waits at most for its server to recover from a fault (a client that never
 #: exits keeps it in FAULT): then it takes tasks again, which a server still in FAULT refuses.
 HOLD_MAX = 60.0
-#: Seconds between two readings of a GPU's memory (NVML's own figures refresh about as often).
-READ_EVERY = 0.25
+#: Seconds between two readings of a GPU's memory at most: a short task that fails for want of
+#: memory must be seen on its full GPU while it lives.
+READ_EVERY = 0.05
 #: NVML's figures of a GPU (``mps.gpu.usage`` of its UUID); None: NVML not asked.
 Usage = Callable[[str], "Mapping[str, Any] | None"]
 
@@ -119,9 +119,10 @@ class Attempt(Struct):
 
 
 def read_memory(lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float) -> None:
-    """NVML's reading of the lane's GPU (at most every ``READ_EVERY`` s while it runs tasks);
-    each running task's peak, and the least free memory its GPU had while it ran."""
-    if not mine or now - lane.read_at < READ_EVERY:
+    """NVML's reading of the lane's GPU (at most every ``READ_EVERY`` s; also idle: the first
+    task's start is judged on one); each running task's peak, and the least free memory its
+    GPU had while it ran."""
+    if now - lane.read_at < READ_EVERY:
         return
     lane.read_at = now
     lane.reading = reading = Reading.of(usage(lane.slot.uuid))
@@ -150,13 +151,9 @@ def admits_now(lane: Lane, mine: Sequence[Attempt]) -> tuple[bool, Change | None
     if packing is None or not packing.auto or not mine or reading is None:
         return True, None
     peak = expected(lane, mine)
-    if peak is None:  # learning: by the most a running task holds, one start per reading
-        most = max((a.held for a in mine), default=0)
-        fits = reading.free >= most + margin(reading.total)
-        if fits and lane.admitted_on != lane.read_at:
-            lane.admitted_on = lane.read_at
-            return True, None
-        return False, None
+    if peak is None:  # learning: until a task's memory is steady, one finished, or LEARN_S
+        first = min(a.start for a in mine)
+        return lane.peaks.finished > 0 or lane.read_at - first >= LEARN_S, None
     if admits(reading, peak, [a.peak for a in mine]):
         return True, None
     return False, packing.memory(lane.read_at, lane.running)

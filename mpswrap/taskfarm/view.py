@@ -140,7 +140,9 @@ class Progress(View):
             return
         now = time.time()
         for record in records:
-            if self._shows(record):
+            if self._shows(record) and self.mode == "quiet":
+                self._line(attempt_line(record))
+            elif self._shows(record):
                 self._line(f"{attempt_line(record)} [{state_words(tally, now)}]")
         beat = self.heartbeat > 0 and time.monotonic() - self.said >= self.heartbeat
         if self.mode == "lines" and beat:

@@ -82,7 +82,7 @@ def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -
         (2, "done", False),
     ]
     halted, farm_dir = node.root / "halt.txt", node.root / "h"
-    halted.write_text("exit 1\nexit 2\n" + "sleep 0.3\n" * 8)
+    halted.write_text("exit 1\nexit 2\n" + "sleep 1\n" * 8)
     args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=2", "--dir", str(farm_dir))
     res = node.run(*args, str(halted), timeout=60)
     assert res.returncode == 1
