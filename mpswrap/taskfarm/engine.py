@@ -425,15 +425,19 @@ class Farmer:
         unseen = {
             a.rank.ident.pid: a
             for a in mine
-            if a.attached is None and not a.ended_by and now - a.start >= ATTACH_FIRST
+            if a.attached is None and not a.ended_by and now - a.start >= _first_check(a)
         }
         if not unseen:
             return
         lane.listed_at = now
-        for client in self.listings.clients(lane.daemon):
+        clients = self.listings.clients(lane.daemon)
+        for client in clients:
             owner = next((unseen[p] for p in _proc.lineage(client) if p in unseen), None)
             if owner is not None:
                 owner.attached = True
+        for attempt in unseen.values():  # a container started outside the task's tree
+            if attempt.rank.detached and clients & {p.pid for p in attempt.rank.tree()}:
+                attempt.attached = True
         for attempt in unseen.values():
             if attempt.attached is None and now - attempt.start >= self.plan.verify_timeout:
                 self._unattached(attempt)
@@ -453,3 +457,9 @@ class Farmer:
         log.error("%s: ending it", error.line())
         attempt.ended_by = "refused"
         end_ranks([attempt.rank], signal.SIGTERM, min(self.plan.grace, VERIFY_GRACE))
+
+
+def _first_check(attempt: Attempt) -> float:
+    """How long a task runs before its GPU's clients are listed for it: at once for a
+    container runtime that starts its container outside the task's tree and may return."""
+    return 0.0 if attempt.rank.detached else ATTACH_FIRST

