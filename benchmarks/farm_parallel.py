@@ -13,9 +13,10 @@ simulated GPU):
 
 GNU parallel: ``apt-get install -y parallel``; HyperQueue: ``pip install hyperqueue`` (its
 wheel carries a local server and worker, ``hyperqueue.LocalCluster``; no ``hq`` binary comes
-from a registry here). A tool that is not there is recorded as missing.
+from a registry here), in its own venv given by ``--hq-python``. A tool that is not there is
+recorded as missing.
 
-    python benchmarks/farm_parallel.py --out /tmp/farm-parallel.json
+    python benchmarks/farm_parallel.py --out /tmp/farm-parallel.json --hq-python /tmp/hq/bin/python
     python benchmarks/farm_parallel.py --quick --out F   # 50 and 200 tasks (the test suite)
 """
 
@@ -101,12 +102,18 @@ print(time.monotonic() - start)
 """
 
 
+#: The interpreter that has HyperQueue's wheel (``--hq-python``; its own venv, say).
+HQ_PYTHON = [sys.executable]
+
+
 def run_hyperqueue(n: int, jobs: int, tmp: Path) -> dict[str, Any] | None:
-    """HyperQueue's LocalCluster (its Python wheel), where installed; None where not."""
-    probe = subprocess.run([sys.executable, "-c", "import hyperqueue"], capture_output=True)
+    """HyperQueue's LocalCluster (its Python wheel), where installed; None where not. Its
+    time includes the local server's and worker's start, as the farm's includes its daemon's."""
+    python = HQ_PYTHON[0]
+    probe = subprocess.run([python, "-c", "import hyperqueue"], capture_output=True, check=False)
     if probe.returncode:
         return None
-    took, code, _ = _timed([sys.executable, "-c", HQ_SCRIPT, str(n), str(jobs)], cwd=tmp)
+    took, code, _ = _timed([python, "-c", HQ_SCRIPT, str(n), str(jobs)], cwd=tmp)
     return {"seconds": round(took, 3), "exit_code": code}
 
 
@@ -116,37 +123,64 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=500)
     ap.add_argument("--big", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="50 and 200 tasks")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each tool, interleaved")
+    ap.add_argument("--quick", action="store_true", help="50 and 200 tasks, one run each")
+    ap.add_argument("--hq-python", default=sys.executable, help="a Python with hyperqueue")
     args = ap.parse_args()
+    HQ_PYTHON[0] = args.hq_python
     small, big = (50, 200) if args.quick else (args.tasks, args.big)
+    repeats = 1 if args.quick else args.repeats
     tmp = Path(tempfile.mkdtemp(prefix="farmpar-"))
+    runners = {"parallel": run_parallel, "farm": run_farm, "hyperqueue": run_hyperqueue}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     try:
-        tools = {
-            "parallel": run_parallel(small, args.jobs, tmp),
-            "farm": run_farm(small, args.jobs, tmp),
-            "hyperqueue": run_hyperqueue(small, args.jobs, tmp),
-        }
+        for _ in range(repeats):  # interleaved: a machine's drift falls on every tool alike
+            for name, runner in runners.items():
+                run = runner(small, args.jobs, tmp)
+                if run is not None:
+                    runs[name].append(run)
         flat = run_farm(big, args.jobs, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    base = (tools["parallel"] or {}).get("seconds")
+    tools = {name: _median(found) for name, found in runs.items()}
+    farm, base = runs["farm"], tools["parallel"]
+    if not farm:
+        raise SystemExit("farm_parallel: the farm did not run")
     data = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs, {os.uname().release}",
         "tasks": small,
         "jobs": args.jobs,
+        "repeats": repeats,
         "true": tools,
-        "farm_over_parallel": round(tools["farm"]["seconds"] / base, 2) if base else None,
-        "flat": {"tasks": big, **flat, "rss_small_kib": tools["farm"]["peak_rss_kib"]},
+        "runs": runs,
+        "farm_over_parallel": _ratio(tools["farm"], base),
+        "flat": {"tasks": big, **flat, "rss_small_kib": max(r["peak_rss_kib"] for r in farm)},
     }
     args.out.write_text(json.dumps(data, indent=1))
     print(render(data))
-    failed = tools["farm"]["exit_code"] or flat["exit_code"] or tools["farm"]["left"]
+    failed = any(r["exit_code"] or r["left"] for r in [*farm, flat])
     return 1 if failed else 0
 
 
+def _ratio(farm: dict[str, Any] | None, base: dict[str, Any] | None) -> float | None:
+    if not farm or not base or not base["seconds"]:
+        return None
+    return round(float(farm["seconds"]) / float(base["seconds"]), 2)
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run of median time (None: the tool is not installed)."""
+    if not runs:
+        return None
+    return sorted(runs, key=lambda r: float(r["seconds"]))[len(runs) // 2]
+
+
 def render(data: dict[str, Any]) -> str:
-    lines = [f"{data['tasks']} x true at -j {data['jobs']} ({data['date']}, {data['machine']}):"]
+    lines = [
+        f"{data['tasks']} x true at -j {data['jobs']}, median of {data['repeats']} "
+        f"({data['date']}, {data['machine']}):"
+    ]
     for name, run in data["true"].items():
         lines.append(f"  {name:<11} " + (f"{run['seconds']:.2f} s" if run else "not installed"))
     lines.append(f"  farm / parallel: {data['farm_over_parallel']}")

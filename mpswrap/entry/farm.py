@@ -308,7 +308,7 @@ def _finish(
     """The summary (``show``), the journal's ``end``, the profile, and the exit code."""
     tally = farmer.recorder.tally
     result.records = list(tally.records or [])
-    settled = {t for t, r in tally.settled.items() if r.status != INTERRUPTED}
+    settled = {t for t, status in tally.settled.items() if status != INTERRUPTED}
     result.not_run = [t for t in todo if t.number not in settled]
     failed = bool(tally.failed or result.not_run)
     result.code = code if code else (1 if failed else 0)
@@ -316,10 +316,7 @@ def _finish(
     if not _quiet() or failed:
         for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
             show.line(line)
-    try:
-        farmer.recorder.dir.write({"event": "end", "time": until, "code": result.code})
-    finally:
-        farmer.recorder.close()
+    farmer.recorder.end(result.code, until)
     _learn(profile, farmer, tally)
     return result
 

@@ -200,7 +200,7 @@ class Farmer:
             self._decide(now, final)
             if not self.stopping and not self.halting:
                 self._fill(now)
-            self.recorder.flush()
+            self.recorder.flush(final)
         except OSError as exc:  # disk full, quota: end the running tasks through the ladder
             if self.error is None:
                 self.error = exc

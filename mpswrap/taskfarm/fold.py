@@ -63,8 +63,10 @@ class Tally(Struct):
     code: int | None = None
     ended: float | None = None
     running: dict[tuple[int, int], Running] = field(default_factory=dict)
-    #: The last record of each task that settled it (its task not retried), by task number.
-    settled: dict[int, TaskRecord] = field(default_factory=dict)
+    #: The status of each task's last record that settled it (its task not retried), by task
+    #: number; the record itself only where it failed (a long farm's memory stays flat).
+    settled: dict[int, str] = field(default_factory=dict)
+    failed_records: dict[int, TaskRecord] = field(default_factory=dict)
     statuses: Counter[str] = field(default_factory=Counter)
     retried: int = 0
     #: Finished attempts and the seconds they took (the ETA's mean).
@@ -111,9 +113,13 @@ class Tally(Struct):
         else:
             old = self.settled.get(record.task)
             if old is not None:
-                self.statuses[old.status] -= 1
-            self.settled[record.task] = record
+                self.statuses[old] -= 1
+            self.settled[record.task] = record.status
             self.statuses[record.status] += 1
+            if record.status in (DONE, INTERRUPTED):
+                self.failed_records.pop(record.task, None)
+            else:
+                self.failed_records[record.task] = record
         if self.records is not None:
             self.records.append(record)
 
@@ -151,7 +157,7 @@ class Tally(Struct):
 
     def failures(self) -> list[TaskRecord]:
         """The tasks that failed for good, by task number."""
-        return [r for _, r in sorted(self.settled.items()) if r.status not in (DONE, INTERRUPTED)]
+        return [r for _, r in sorted(self.failed_records.items())]
 
     def attached_count(self) -> Counter[bool | None]:
         out: Counter[bool | None] = Counter()

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 def _typed(record: TaskRecord) -> bool:
-    values = asdict(record)
+    values = vars(record)  # a flat record: no copy needed
     if any(isinstance(values[k], bool) or not isinstance(values[k], t) for k, t in _TYPES.items()):
         return False
     finite = all(abs(values[k]) < 1e12 for k in ("start", "end"))
@@ -228,5 +228,6 @@ def _typed(record: TaskRecord) -> bool:
 
 
 def as_line(record: TaskRecord) -> dict[str, Any]:
-    """A record as its journal line."""
-    return asdict(record)
+    """A record as its journal line (its fields are plain values: ``asdict`` without the
+    deep copy)."""
+    return dict(vars(record))

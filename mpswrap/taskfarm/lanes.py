@@ -22,7 +22,7 @@ from .._struct import Struct, field
 from ..job.placement import Slot
 from ..job.supervise import Rank
 from ..mps.daemon import Daemon
-from .admission import LEARN_S, Peaks, Reading, admits
+from .admission import Peaks, Reading, admits
 from .faultwatch import FaultWatch
 from .packing import Change, Packing
 from .tasks import Task
@@ -153,7 +153,7 @@ def admits_now(lane: Lane, mine: Sequence[Attempt]) -> tuple[bool, Change | None
     peak = expected(lane, mine)
     if peak is None:  # learning: until a task's memory is steady, one finished, or LEARN_S
         first = min(a.start for a in mine)
-        return lane.peaks.finished > 0 or lane.read_at - first >= LEARN_S, None
+        return not lane.peaks.learning(peak, first, lane.read_at), None
     if admits(reading, peak, [a.peak for a in mine]):
         return True, None
     return False, packing.memory(lane.read_at, lane.running)

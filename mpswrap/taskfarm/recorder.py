@@ -4,8 +4,8 @@ it through the fold of those lines (``fold.Tally``), never from a count of its o
 The recorder writes a line (``journal.FarmDir.write``), folds the same line into the farm's
 tally, writes the attempt's joblog line (``joblog``), and at the end of each wake of the engine
 (``flush``) shows what finished in that wake with the counts as they are then, the tasks just
-started included (``view.Progress``), and hands the attempts' outcomes to the run record in
-one write (``job.run.Started.ended``: ``mpswrap status`` and ``metrics`` read it).
+started included (``view.Progress``), and hands the attempts' outcomes to the run record, one
+write a second at most (``job.run.Started.ended``: ``mpswrap status`` and ``metrics`` read it).
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ from .packing import Change
 from .tasks import Task
 
 __all__ = ["Recorder", "View"]
+
+#: Seconds between two writes to the run record (one file each: ``mpswrap status`` and
+#: ``metrics`` read it while the farm runs).
+RECORD_EVERY = 1.0
 
 
 class View:
@@ -57,6 +61,8 @@ class Recorder:
         self.tally = Tally(records=[] if keep_records else None)
         self.joblog: Joblog | None = None
         self._new: list[TaskRecord] = []
+        self._unsaved: list[TaskRecord] = []
+        self._saved_at = 0.0
 
     def _write(self, data: dict[str, Any]) -> None:
         self.dir.write(data)
@@ -167,18 +173,23 @@ class Recorder:
         self._new.append(record)
         return record
 
-    def flush(self) -> None:
-        """The end of a wake: the views, and the run record, told what finished in it."""
+    def flush(self, final: bool = False) -> None:
+        """The end of a wake: the views told what finished in it; the run record, at most
+        every ``RECORD_EVERY`` seconds (``final``: now), what finished since it was told."""
         new, self._new = self._new, []
         self.view.report(new, self.tally)
-        if self.ended is not None and new:
-            self.ended(*(outcome_of(r) for r in new))
+        self._unsaved += new
+        now = time.monotonic()
+        if self.ended is not None and self._unsaved and (final or now >= self._saved_at):
+            self.ended(*(outcome_of(r) for r in self._unsaved))
+            self._unsaved, self._saved_at = [], now + RECORD_EVERY
 
-    def end(self, code: int) -> None:
-        """The ``end`` event; the journal and the joblog closed."""
-        self.flush()
-        self._write({"event": "end", "time": time.time(), "code": code})
-        self.close()
+    def end(self, code: int, when: float) -> None:
+        """The ``end`` event (``when``: the summary's end); the journal and joblog closed."""
+        try:
+            self._write({"event": "end", "time": when, "code": code})
+        finally:
+            self.close()
 
     def close(self) -> None:
         self.dir.close()
