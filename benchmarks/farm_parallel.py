@@ -37,6 +37,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(HERE))
+from revision import revision  # noqa: E402
+
 from tests.simenv import finish_sim_node, make_sim_node  # noqa: E402
 
 #: Runs a command and says, last on stderr, its wall time and its own peak RSS (its children's
@@ -149,6 +152,7 @@ def main() -> int:
     data = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs, {os.uname().release}",
+        **revision(),
         "tasks": small,
         "jobs": args.jobs,
         "repeats": repeats,
