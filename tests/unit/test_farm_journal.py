@@ -170,3 +170,34 @@ def test_k_of_cpu_light_tasks_never_falls_below_the_cpus() -> None:
     assert packing.k == 8
     packing.judge(2.0, 10.0)
     assert packing.k == 8 and packing.settled
+
+
+class _Tty:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_bar_ends_its_line_and_quiet_shows_failures_only() -> None:
+    from mpswrap.taskfarm.view import Progress
+
+    tally = fold(_farm(2, as_line(_record(0, "done")), as_line(_record(1, "failed", code=3))))
+    tty = _Tty()
+    bar = Progress("auto", stream=tty)  # type: ignore[arg-type]
+    bar.drawn = 0.0
+    bar.report([], tally)
+    assert tty.text.startswith("\rmpswrap: farm: 2/2 finished") and not tty.text.endswith("\n")
+    bar.close()
+    assert tty.text.endswith("\n")  # what follows (the summary) starts a line of its own
+    shown = _Tty()
+    quiet = Progress("quiet", stream=shown)  # type: ignore[arg-type]
+    quiet.report([_record(0, "done"), _record(1, "failed", code=3)], tally)
+    assert shown.text == "mpswrap: farm: task 1 failed (exit 3) (gpu 0, 2.5 s, log e1)\n"

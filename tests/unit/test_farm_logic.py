@@ -369,3 +369,23 @@ def test_status_shows_what_the_journal_says_as_words_and_refuses_odd_numbers() -
     text = "\n".join(lines)
     assert "\x1b" not in text and "\x07" not in text and "\nforged line" not in text
     assert all(t.since == 0.0 or t.since < 1e300 for t in status.tally.running.values())
+
+
+def test_calibrate_says_where_mps_loses_to_time_slicing_and_recommends_no_mps() -> None:
+    from mpswrap.entry.calibrate import _advice
+
+    best = Calibration(4, "mps-200/n", [2.0], 0)  # 2 copies/s
+    won = _advice(best, {1: 0.5, 4: 1.0})
+    assert won.startswith("recommended: mpswrap farm --per-gpu 4 --threads oversubscribe")
+    lost = _advice(best, {1: 1.0, 4: 2.5})
+    assert lost.startswith("recommended: no MPS: 4 copies at once time-sliced did 2.500")
+    assert "(0.80x: MPS loses here)" in lost and "without mpswrap" in lost
+
+
+@pytest.mark.parametrize("job", ["1;reboot", "", "12 34", "-1", "x"])
+def test_slurm_is_asked_of_a_job_id_only(job: str) -> None:
+    """farm status asks scontrol by the journal's job id: anything else never reaches it."""
+    from mpswrap.jobenv import JobEnv
+    from mpswrap.slurm.scontrol import job_state
+
+    assert job_state(JobEnv({"PATH": "/nonexistent"}), job) is None
