@@ -40,11 +40,14 @@ def per_gpu_value(value: int | str | None) -> int | None:
         ) from None
 
 
-def cpu_floor(cpu_s: float, wall_s: float, cpus_per_gpu: int, cap: int) -> int:
+def cpu_floor(
+    cpu_s: float, wall_s: float, cpus_per_gpu: int, cap: int, *, saturated: bool = False
+) -> int:
     """The fewest K auto lowers to: a CPU per task (at most the cap) where the finished tasks
     were CPU-light (``cpu_s`` CPU seconds over ``wall_s`` seconds run, below ``CPU_LIGHT``),
     else 1. Measured from the tasks' own CPU time (``wait4``), so a task that mostly waits on
-    its GPU is known as such."""
-    if wall_s <= 0 or cpu_s / wall_s >= CPU_LIGHT:
+    its GPU is known as such; not on ``saturated`` CPUs (a load average at their count),
+    where a CPU-bound task waits for a CPU and would look light."""
+    if saturated or wall_s <= 0 or cpu_s / wall_s >= CPU_LIGHT:
         return 1
     return max(1, min(cap, cpus_per_gpu))
