@@ -29,10 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _proc
 from .._lock import file_lock
 from .._struct import Struct
-from ..errors import LayoutError, LockTimeout, MpswrapError, UsageError
+from ..errors import LayoutError, LockTimeout, UsageError
 from ..job.job import Released
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..jobenv import JobEnv
@@ -40,12 +39,10 @@ from ..mps.gpu import usage
 from ..paths import farm_profile
 from ..report import plots
 from ..report.summary import emit, node_summary
-from ..slurm.scontrol import job_state
 from ..taskfarm import status as farmstatus
 from ..taskfarm.controls import parse_halt
 from ..taskfarm.engine import Farmer, FarmPlan
 from ..taskfarm.faultwatch import FaultWatch
-from ..taskfarm.fold import Tally
 from ..taskfarm.journal import (
     DONE,
     FAILED,
@@ -58,13 +55,14 @@ from ..taskfarm.journal import (
     read_journal,
 )
 from ..taskfarm.lanes import Lane
-from ..taskfarm.packing import Change, Packing, start_k
+from ..taskfarm.packing import Packing, start_k
 from ..taskfarm.profile import Profile
 from ..taskfarm.recorder import Recorder, outcomes
 from ..taskfarm.sizing import auto_cap, per_gpu_value
 from ..taskfarm.tasks import WHOLE, Share, Task, parse_share, parse_tasks, read_tasks
 from ..taskfarm.tee import Tee
-from ..taskfarm.view import HEARTBEAT, Progress, summary_lines
+from ..taskfarm.view import HEARTBEAT, Progress
+from ..taskfarm.words import summary_lines
 
 __all__ = ["FarmOptions", "FarmResult", "farm", "farm_status", "run_farm"]
 
@@ -317,21 +315,8 @@ def _finish(
         for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
             show.line(line)
     farmer.recorder.end(result.code, until)
-    _learn(profile, farmer, tally)
+    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     return result
-
-
-def _learn(profile: Profile, farmer: Farmer, tally: Tally) -> None:
-    """What the farm taught of its commands, into the user's profile."""
-    if not farmer.lanes or all(ln.packing is None or not ln.packing.auto for ln in farmer.lanes):
-        return
-    ks = [ln.packing.k for ln in farmer.lanes if ln.packing and ln.packing.settled]
-    peaks = [p for ln in farmer.lanes for p in ln.peaks.seen]
-    took = [s for row in tally.gpus.values() for s in row.done_s]
-    commands = {t.command for t in farmer.tasks}
-    for command in list(commands)[:64]:
-        profile.learn(command, peaks, took, min(ks) if ks else 0)
-    profile.save()
 
 
 @contextmanager
@@ -385,7 +370,7 @@ def _farmer(
         packing = Packing.start(now, seats, farm_opts.per_gpu)
         lane = Lane(i, slot, daemon, list(range(seats)), FaultWatch(daemon), packing=packing)
         if known is not None:
-            _known_start(lane, known.peak, known.k, now)
+            known.start(lane, now)
         lanes.append(lane)
     log.info(
         "farm: %d task(s), %s on each of %d GPU(s), logs in %s",
@@ -407,17 +392,6 @@ def _farmer(
         tee=Tee(sys.stdout, sys.stderr) if farm_opts.tag else None,
         usage=lambda uuid: usage(uuid, settings.gpu_inventory),
     )
-
-
-def _known_start(lane: Lane, peak: int, k: int, now: float) -> None:
-    """Tasks the profile knows: their peak goes by from the first task, their K is where K
-    starts (within the cap)."""
-    assert lane.packing is not None
-    if peak > 0:
-        lane.peaks.seen.append(peak)
-    if 0 < k != lane.packing.k:
-        lane.packing.k = min(lane.packing.ceiling, k)
-        lane.packing.history.append(Change(now, lane.packing.k, None, "profile"))
 
 
 def _k_words(given: int | None, seats: int) -> str:
@@ -477,7 +451,7 @@ def farm_status(
     paths = _status_dirs(directory)
     if plot and len(paths) > 1:
         raise UsageError("farm status --plot: one farm at a time", hint=_STATUS_HINT)
-    alive = _liveness(JobEnv.current())
+    alive = farmstatus.liveness(JobEnv.current())
     now, records, lines = time.time(), [], []
     for path in paths:
         shares = [farmstatus.share_status(n, j, alive) for n, j in _journal(path).items()]
@@ -502,28 +476,6 @@ def _journal(path: str) -> dict[str, list[dict[str, Any]]]:
     if not journal:
         raise UsageError("not a farm directory (no state file)", thing=path, hint=_STATUS_HINT)
     return journal
-
-
-def _liveness(env: JobEnv) -> farmstatus.Liveness:
-    """Whether the farm a journal names runs: its process where it runs here; elsewhere, the
-    state Slurm gives the job it recorded; else None (cannot be told here)."""
-
-    def alive(head: dict[str, Any]) -> tuple[bool | None, str]:
-        pid, start = head.get("pid"), head.get("pid_start")
-        if head.get("node") == env.node and type(pid) is int and isinstance(start, int | float):
-            return _proc.is_alive(_proc.ProcId(pid, float(start))), ""
-        job = head.get("job")
-        if not isinstance(job, str) or not env.job_id:
-            return None, ""
-        try:
-            state = job_state(env, job)
-        except MpswrapError:
-            state = None
-        if state is None:
-            return None, ""
-        return state in ("RUNNING", "COMPLETING", "SUSPENDED"), f"Slurm job {job} is {state}"
-
-    return alive
 
 
 _STATUS_HINT = "give the farm's directory (--dir, default <TASKS>.farm) or its task list"

@@ -22,12 +22,16 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._struct import Struct
 from ..paths import read_job_file
+from .fold import Tally
+from .lanes import Lane
+from .packing import Change
+from .tasks import Task
 
 __all__ = ["Known", "Profile", "command_key"]
 
@@ -63,6 +67,18 @@ class Known(Struct, frozen=True):
         if not all(0 <= v < 1e15 for v in numbers):  # type: ignore[operator]
             return None
         return cls(int(peak), float(seconds), int(k), float(seen))  # type: ignore[arg-type]
+
+    def start(self, lane: Lane, now: float) -> None:
+        """A GPU of a farm of known tasks: their peak goes by from the first task, their K is
+        where K starts (within the cap; the journal says why: ``profile``)."""
+        packing = lane.packing
+        if packing is None:
+            return
+        if self.peak > 0:
+            lane.peaks.seen.append(self.peak)
+        if 0 < self.k != packing.k:
+            packing.k = min(packing.ceiling, self.k)
+            packing.history.append(Change(now, packing.k, None, "profile"))
 
 
 class Profile:
@@ -107,6 +123,18 @@ class Profile:
             k or (old.k if old else 0),
             time.time(),
         )
+
+    def learn_farm(self, lanes: Sequence[Lane], tasks: Sequence[Task], tally: Tally) -> None:
+        """What an auto farm taught of its commands (their peaks on each GPU, the seconds of
+        its done attempts, the K its GPUs settled at), saved."""
+        if all(ln.packing is None or not ln.packing.auto for ln in lanes):
+            return
+        ks = [ln.packing.k for ln in lanes if ln.packing and ln.packing.settled]
+        peaks = [p for ln in lanes for p in ln.peaks.seen]
+        took = [s for row in tally.gpus.values() for s in row.done_s]
+        for command in list(dict.fromkeys(t.command for t in tasks))[:ENTRIES]:
+            self.learn(command, peaks, took, min(ks) if ks else 0)
+        self.save()
 
     def save(self) -> None:
         """Written whole (a temporary file renamed over it); a failure is logged, no more."""

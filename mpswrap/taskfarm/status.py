@@ -16,13 +16,27 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _proc
 from .._struct import Struct
-from ..errors import shown
+from ..errors import MpswrapError, shown
+from ..jobenv import JobEnv
+from ..slurm.scontrol import job_state
 from .fold import Tally, fold
-from .view import ETA_RULE, counts_words, duration, eta, failure_words, k_path
+from .view import ETA_RULE, duration, eta
+from .words import counts_words, failure_words, k_path
 
-__all__ = ["Liveness", "ShareStatus", "failed_lines", "share_status", "status_json", "status_lines"]
+__all__ = [
+    "Liveness",
+    "ShareStatus",
+    "failed_lines",
+    "liveness",
+    "share_status",
+    "status_json",
+    "status_lines",
+]
 
+#: Slurm's states of a job whose farm may still run.
+SLURM_RUNNING = ("RUNNING", "COMPLETING", "SUSPENDED")
 #: Whether the farm a journal's ``farm`` event names still runs: True, False, or None where it
 #: cannot be told here; and the words of how that was told (``Slurm job 12 is RUNNING``).
 Liveness = Callable[[dict[str, Any]], "tuple[bool | None, str]"]
@@ -46,6 +60,29 @@ class ShareStatus(Struct):
     @property
     def live(self) -> bool:
         return self.state in ("running", "elsewhere")
+
+
+def liveness(env: JobEnv) -> Liveness:
+    """Whether the farm a journal names runs: its process where it ran on this node; elsewhere
+    the state Slurm gives the job it recorded (asked only from inside a Slurm job); else None
+    (cannot be told here)."""
+
+    def alive(head: dict[str, Any]) -> tuple[bool | None, str]:
+        pid, start = head.get("pid"), head.get("pid_start")
+        if head.get("node") == env.node and type(pid) is int and isinstance(start, int | float):
+            return _proc.is_alive(_proc.ProcId(pid, float(start))), ""
+        job = head.get("job")
+        if not isinstance(job, str) or not env.job_id:
+            return None, ""
+        try:
+            state = job_state(env, job)
+        except MpswrapError:
+            state = None
+        if state is None:
+            return None, ""
+        return state in SLURM_RUNNING, f"Slurm job {job} is {state}"
+
+    return alive
 
 
 def share_status(name: str, lines: Sequence[dict[str, Any]], alive: Liveness) -> ShareStatus:

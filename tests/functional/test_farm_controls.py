@@ -18,7 +18,7 @@ import pytest
 from mpswrap.taskfarm.fold import fold
 from mpswrap.taskfarm.journal import read_journal
 from mpswrap.taskfarm.tasks import read_tasks
-from mpswrap.taskfarm.view import summary_lines
+from mpswrap.taskfarm.words import summary_lines
 from tests.simenv import SimNode
 
 pytestmark = pytest.mark.functional

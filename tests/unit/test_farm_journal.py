@@ -17,7 +17,8 @@ from mpswrap.taskfarm.journal import TaskRecord, as_line, record_of
 from mpswrap.taskfarm.packing import Packing
 from mpswrap.taskfarm.profile import Profile, command_key
 from mpswrap.taskfarm.sizing import cpu_floor
-from mpswrap.taskfarm.view import state_words, summary_lines
+from mpswrap.taskfarm.view import state_words
+from mpswrap.taskfarm.words import summary_lines
 
 
 def _record(task: int, status: str, *, attempt: int = 1, code: int = 0, **kw: object) -> TaskRecord:
