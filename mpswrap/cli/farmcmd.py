@@ -77,7 +77,8 @@ def _status_dir_after_options(parser: Any) -> None:
 
 
 def cmd_farm(args: argparse.Namespace, opts: LaunchOptions) -> int:
-    from ..entry.farm import FarmOptions, farm_status, run_farm
+    from ..entry.farm import FarmOptions, run_farm
+    from ..entry.farmstatus import farm_status
 
     if args.tasks == STATUS:
         if args.status_dir is not None and args.farm_dir is not None:

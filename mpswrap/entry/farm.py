@@ -13,13 +13,11 @@ recorded as interrupted).
 
 The command prints its summary on stdout (``-q``: only where something failed or did not run);
 ``mpswrap.farm()`` prints nothing: it returns the records and sends the same lines to the
-``mpswrap.entry.farm`` logger. ``farm_status`` is ``mpswrap farm status``: what the farms'
-journals say (``taskfarm.status``).
+``mpswrap.entry.farm`` logger. ``mpswrap farm status``: ``entry.farmstatus``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -27,19 +25,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from .._lock import file_lock
 from .._struct import Struct
-from ..errors import LayoutError, LockTimeout, UsageError
+from ..errors import LockTimeout, UsageError
 from ..job.job import Released
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
 from ..jobenv import JobEnv
 from ..mps.gpu import usage
 from ..paths import farm_profile
-from ..report import plots
 from ..report.summary import emit, node_summary
-from ..taskfarm import status as farmstatus
 from ..taskfarm.controls import parse_halt
 from ..taskfarm.engine import Farmer, FarmPlan
 from ..taskfarm.faultwatch import FaultWatch
@@ -52,7 +47,6 @@ from ..taskfarm.journal import (
     TIMEOUT,
     FarmDir,
     TaskRecord,
-    read_journal,
 )
 from ..taskfarm.lanes import Lane
 from ..taskfarm.packing import Packing, start_k
@@ -64,7 +58,7 @@ from ..taskfarm.tee import Tee
 from ..taskfarm.view import HEARTBEAT, Progress
 from ..taskfarm.words import summary_lines
 
-__all__ = ["FarmOptions", "FarmResult", "farm", "farm_status", "run_farm"]
+__all__ = ["FarmOptions", "FarmResult", "farm", "run_farm", "task_list_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +99,7 @@ def _share(given: str | None, env: JobEnv) -> Share:
     return WHOLE if task is None else Share(*task)
 
 
-def _directory(given: str | None, source: str) -> str:
+def task_list_dir(given: str | None, source: str) -> str:
     """``--dir``, else ``<TASKS>.farm`` beside the task list (``stdin.farm`` here for ``-``):
     two task lists never share one by default."""
     if given:
@@ -116,7 +110,7 @@ def _directory(given: str | None, source: str) -> str:
 def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
     """``mpswrap farm``: the exit code; the summary on stdout."""
     _check(farm_opts)  # bad options before a missing task list
-    directory = _directory(farm_opts.directory, source)
+    directory = task_list_dir(farm_opts.directory, source)
     return farm_tasks(opts, farm_opts, read_tasks(source), directory, _SHOW).code
 
 
@@ -436,56 +430,3 @@ def _print_plan(
         f"farm: {len(todo)} task(s) would run, {_k_words(given, seats)} on each of "
         f"{len(planned.slots)} GPU(s); logs and journal in {directory}"
     )
-
-
-# --- farm status ----------------------------------------------------------------------------
-def farm_status(
-    directory: str | None, as_json: bool, plot: str | None = None, failed: bool = False
-) -> int:
-    """``mpswrap farm status [DIR]``: what the farms' journals say, from any shell. DIR: a
-    farm's directory, or its task list (``<TASKS>.farm``); none: every ``*.farm`` here.
-    ``failed``: only the failed tasks, one a line. ``plot``: also save K and throughput over
-    time there (``report.plots``; one farm directory)."""
-    if plot:
-        plots.pyplot()  # refused before anything is read or printed
-    paths = _status_dirs(directory)
-    if plot and len(paths) > 1:
-        raise UsageError("farm status --plot: one farm at a time", hint=_STATUS_HINT)
-    alive = farmstatus.liveness(JobEnv.current())
-    now, records, lines = time.time(), [], []
-    for path in paths:
-        shares = [farmstatus.share_status(n, j, alive) for n, j in _journal(path).items()]
-        records.append(farmstatus.status_json(path, shares, now))
-        lines += farmstatus.failed_lines(shares) if failed else []
-        lines += [] if failed else farmstatus.status_lines(path, shares, now)
-    if as_json:
-        print(json.dumps(records[0] if directory else {"farms": records}, indent=1))
-    elif lines:
-        print("\n".join(lines))
-    if plot:
-        plots.plot_packing(records[0], plot, title=f"farm {paths[0]}")
-        print(f"farm status: plot saved to {plot}", file=sys.stderr if as_json else sys.stdout)
-    return 0
-
-
-def _journal(path: str) -> dict[str, list[dict[str, Any]]]:
-    try:
-        journal = read_journal(path)
-    except LayoutError as exc:
-        raise UsageError(exc.what, thing=exc.thing, cause=exc.cause, hint=_STATUS_HINT) from None
-    if not journal:
-        raise UsageError("not a farm directory (no state file)", thing=path, hint=_STATUS_HINT)
-    return journal
-
-
-_STATUS_HINT = "give the farm's directory (--dir, default <TASKS>.farm) or its task list"
-
-
-def _status_dirs(given: str | None) -> list[str]:
-    """The directory asked about, or every ``*.farm`` here (a UsageError where none is)."""
-    if given is not None:
-        return [given if not os.path.isfile(given) else _directory(None, given)]
-    here = sorted(n for n in os.listdir(".") if n.endswith(".farm") and os.path.isdir(n))
-    if not here:
-        raise UsageError("no farm here", cause="no *.farm directory", hint=_STATUS_HINT)
-    return here

@@ -82,7 +82,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "status",
     ),
     "report": ("summary", "metrics", "status", "plots"),
-    "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
+    "entry": ("hooks", "launch", "local", "farm", "farmstatus", "calibrate", "session"),
     "cli": (
         "options",
         "helptext",
