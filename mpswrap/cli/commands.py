@@ -206,7 +206,7 @@ def _farm_status(parser: Any) -> None:
         nargs="?",
         metavar="DIR",
         type=path,
-        help="the farm's directory, or its task list (default: the one *.farm here)",
+        help="the farm's directory, or its task list (default: every *.farm here)",
     )
 
 
@@ -306,9 +306,9 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "farm status",
         "how a farm is doing, from any shell",
-        "Show how the farm of DIR (a farm directory or its task list; default: the one *.farm "
-        "here) is doing: tasks done, failed, running and left, K per GPU, throughput. It "
-        "reads the farm's journal only, while the farm runs or after.",
+        "Show how the farm of DIR (a farm directory or its task list; default: every *.farm "
+        "here) is doing: tasks done, failed, running and left, K per GPU, throughput, and "
+        "which tasks failed. It reads the farm's journal only, while the farm runs or after.",
         ("mpswrap farm status results", "mpswrap farm status --json tasks.txt"),
         "cli.farmcmd:cmd_farm_status",
         ("0", "2"),

@@ -22,14 +22,18 @@ def cmd_farm(args: argparse.Namespace) -> int:
         share=args.share,
         progress=args.progress,
         tag=args.tag,
+        timeout=args.timeout,
+        halt=args.halt,
+        skip_failed=args.skip_failed,
+        heartbeat=args.heartbeat,
     )
     return run_farm(LaunchOptions.of(args), farm_opts, args.tasks)
 
 
 def cmd_farm_status(args: argparse.Namespace) -> int:
-    from ..entry.farm import farm_status
+    from ..entry.farmstatus import farm_status
 
-    return farm_status(args.farm_dir, args.json, args.plot)
+    return farm_status(args.farm_dir, args.json, args.plot, args.failed)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

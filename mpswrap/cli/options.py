@@ -171,8 +171,21 @@ FARM_OPTIONS: Options = (
     (("--per-gpu",), {"type": k_or_auto, "metavar": "auto|K", "help": "tasks at once on each "
                       "GPU; auto: found as the farm runs, by throughput and GPU memory "
                       "(default: auto)"}),
-    (("--retries",), {"type": int, "default": 1, "metavar": "N",
-                      "help": "runs more of a task a fatal GPU fault ended (default: 1)"}),
+    (("--retries",), {"type": int, "default": 0, "metavar": "N",
+                      "help": "runs more of a task that fails, whatever the way (default: 0); "
+                      "a task a fatal GPU fault ended runs again at least once, one that ran "
+                      "out of GPU memory up to 3 times in all"}),
+    (("--timeout",), {"type": seconds(), "metavar": "S", "help": "seconds a task may run: "
+                      "then it is ended through MPS terminate_client, then a signal, and "
+                      "recorded as timed out (default: no limit)"}),
+    (("--halt",), {"metavar": "WHEN", "default": "never", "help": "stop after failures, as GNU "
+                   "parallel: soon,fail=N (no new task once N failed), now,fail=N (the "
+                   "running ones ended too), fail=P%% of the tasks (default: never)"}),
+    (("--skip-failed",), {"action": "store_true", "help": "run again: tasks that failed in "
+                          "the directory before are not run again (default: they are)"}),
+    (("--heartbeat",), {"type": seconds(0, above=False), "default": 60.0, "metavar": "S",
+                        "help": "without a terminal, a line of where the farm stands after S "
+                        "seconds without one; 0: none (default: 60)"}),
     (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "type": path, "help": "logs and state "
                   "(default: <TASKS>.farm here); running again skips tasks done there"}),
     (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
@@ -188,6 +201,8 @@ FARM_OPTIONS: Options = (
 #: ``mpswrap farm status``'s options.
 FARM_STATUS_OPTIONS: Options = (
     (("--json",), {"action": "store_true", "help": "print it as JSON"}),
+    (("--failed",), {"action": "store_true", "help": "only the failed tasks, one a line "
+                     "(code, command, log)"}),
     (("--plot",), {"metavar": "FILE", "type": path, "help": "also save K per GPU and "
                    "throughput over time (matplotlib) (default: none)"}),
 )

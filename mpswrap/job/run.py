@@ -363,14 +363,17 @@ class Started(Struct):
     def daemon(self, slot: Slot) -> Daemon:
         return self.att.daemons.daemon(slot.key)
 
-    def ended(self, outcome: Outcome) -> None:
-        """One program of the run ended: into the job's run record at once where the run
-        holds its job (user mode: ``status`` shows it while the run goes on, and the last
-        owner's summary collects it), else kept for the summary of this owner alone."""
-        if self.att.ref is not None and records.save(self.att.layout, [outcome]):
-            self.recorded.append(outcome)
+    def ended(self, *outcomes: Outcome) -> None:
+        """Programs of the run ended: into the job's run record at once (one file for them
+        all) where the run holds its job (user mode: ``status`` shows them while the run goes
+        on, and the last owner's summary collects them), else kept for the summary of this
+        owner alone."""
+        if not outcomes:
+            return
+        if self.att.ref is not None and records.save(self.att.layout, outcomes):
+            self.recorded.extend(outcomes)
         else:
-            self.outcomes.append(outcome)
+            self.outcomes.extend(outcomes)
 
 
 def execute(

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._struct import Struct, asdict
-from ..errors import GpuChoiceError, GpuError
+from ..errors import GpuChoiceError, GpuError, LayoutError
 from ..jobenv import UUID_RE, parse_int_list
+from ..paths import list_dir, read_job_file
 from . import inventory_cache
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -332,10 +333,10 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver
     has it). Each figure on its own (None where NVML cannot give it, e.g. utilisation on MIG);
-    None where NVML does not answer at all. A file inventory's GPUs are the simulator's: their
-    memory is its ledger (``sim.memory``), None for a file that is not there."""
+    None where NVML does not answer at all. A file inventory gives the same figures from its
+    memory folder (``MEMORY_DIR_SUFFIX``)."""
     if source != "nvml":
-        return _simulated(uuid, source)
+        return _file_usage(uuid, source)
     try:
         nvml = init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -358,18 +359,56 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     }
 
 
-def _simulated(uuid: str, source: str) -> dict[str, Any] | None:
-    if not os.path.isfile(source):
-        return None
-    from ..sim import memory  # the simulator's NVML: its memory model, stdlib only
+#: A file inventory's memory figures: a directory beside the file (``<FILE>.mem``), one folder
+#: per GPU UUID, one entry per process that holds memory there, named by its PID, holding
+#: ``<bytes> <start>`` (``<start>``: field 22 of ``/proc/<PID>/stat``, so that an entry whose
+#: process is gone, or whose PID was reused, counts for nothing, as the driver frees the memory
+#: of a process that exits). The simulator's clients write it (``sim.memory``); the processes
+#: of every user write there, so each entry is read as hostile input: no link, a few bytes.
+MEMORY_DIR_SUFFIX = ".mem"
+ENTRY_LIMIT = 64
+#: Entries of one GPU read at most (a GPU has at most 60 MPS clients per server).
+ENTRIES_LIMIT = 4096
 
-    used, total, processes = memory.usage(source, uuid)
+
+def _file_usage(uuid: str, source: str) -> dict[str, Any] | None:
+    """A file inventory's GPU as NVML would give it: its ``memory_total`` and the memory its
+    entries hold (above); None for a file that is not there or a GPU it does not list."""
+    try:
+        gpu = load_inventory(source).by_uuid(uuid)
+    except GpuError:
+        return None
+    held = _file_held(Path(f"{source}{MEMORY_DIR_SUFFIX}") / uuid)
     return {
-        "memory_used_bytes": used,
-        "memory_total_bytes": total,
+        "memory_used_bytes": sum(held.values()),
+        "memory_total_bytes": gpu.memory_total or None,
         "utilization_percent": None,
-        "processes": processes,
+        "processes": held,
     }
+
+
+def _file_held(folder: Path) -> dict[int, int]:
+    """PID -> bytes of the live processes a GPU's memory folder names."""
+    try:
+        names = list_dir(folder) or []
+    except LayoutError:
+        return {}
+    held: dict[int, int] = {}
+    for name in [n for n in names if n.isdigit() and len(n) < 11][:ENTRIES_LIMIT]:
+        words = (read_job_file(folder / name, ENTRY_LIMIT) or "").split()
+        if len(words) == 2 and words[0].isdigit() and _started(int(name)) == words[1]:
+            held[int(name)] = int(words[0])
+    return held
+
+
+def _started(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (its start, in clock ticks after boot); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        return data[data.rindex(b")") + 2 :].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _asked(query: Any) -> Any:

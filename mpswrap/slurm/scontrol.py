@@ -23,6 +23,7 @@ __all__ = [
     "holds_part_of_node",
     "is_launcher_daemon_step",
     "job_opted_in",
+    "job_state",
     "node_share",
     "os_cpus",
     "scontrol",
@@ -117,6 +118,20 @@ def _job_id(env: JobEnv) -> str | None:
 def scontrol_job(env: JobEnv) -> dict[str, str]:
     job = _job_id(env)
     return _scontrol(env, "job", job) if job else {}
+
+
+#: A job id a farm's journal may name (digits; an array task's ``_N``): nothing else reaches
+#: scontrol's argv.
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+
+
+def job_state(env: JobEnv, job: str) -> str | None:
+    """Slurm's state of job ``job`` (``RUNNING``, ``COMPLETED``, ...); None where the id is no
+    job id or Slurm does not answer (a job long over is forgotten)."""
+    if not _JOB_ID.fullmatch(job):
+        return None
+    state = _scontrol(env, "job", job).get("JobState")
+    return state if state and state.isalpha() and state.isupper() else None
 
 
 def is_launcher_daemon_step(env: JobEnv, daemons: Sequence[str]) -> bool:

@@ -147,6 +147,12 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
          "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
     _bad("farm status", "--plot", "", "argument --plot: invalid value '': expected a path"),
+    _bad("farm", "--timeout", "0", f"argument --timeout: invalid value '0': {_SECONDS_0}",
+         "tasks.txt"),
+    _bad("farm", "--heartbeat", "-1", "argument --heartbeat: invalid value '-1': expected "
+         "seconds 0 or more", "tasks.txt"),
+    _bad("farm", "--halt", "soon", "bad --halt (soon)", "tasks.txt",
+         hint="\nhint: use never, now,fail=N, soon,fail=N or soon,fail=P% (N >= 1, P 1-100)"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "

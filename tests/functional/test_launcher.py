@@ -470,8 +470,8 @@ def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -
 
 # --- saying what happened: a rank without MPS, and the summary line -------------------------
 SUMMARY = re.compile(
-    r"^mpswrap: summary: node (\S+): (\d+) ranks?, (.+?), exit codes (.+?), (\d+) ended by "
-    r"terminate_client, teardown (.+?), (\d+\.\d\d) s$",
+    r"^mpswrap: summary: node (\S+): (\d+) (?:ranks?|tasks?), (.+?), exit codes (.+?), "
+    r"(\d+) ended by terminate_client, teardown (.+?), (\d+\.\d\d) s$",
     re.M,
 )
 

@@ -50,7 +50,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "containers",
         "launchers",
         "launchargs",
-        "tasks",
         "placement",
         "verify",
         "outcomes",
@@ -60,15 +59,41 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "attached",
         "exclusive",
         "watchdog",
-        "faultwatch",
-        "tee",
-        "packing",
-        "gpumemory",
-        "farmer",
         "run",
     ),
-    "report": ("summary", "farmview", "farmstatus", "metrics", "status", "plots"),
-    "entry": ("hooks", "launch", "local", "farm", "calibrate", "session", "manage", "demo"),
+    # The task farm: its tasks, K, memory admission, the journal and its views.
+    "taskfarm": (
+        "tasks",
+        "journal",
+        "joblog",
+        "faultwatch",
+        "packing",
+        "fold",
+        "admission",
+        "sizing",
+        "controls",
+        "tee",
+        "lanes",
+        "profile",
+        "taskproc",
+        "recorder",
+        "words",
+        "view",
+        "engine",
+        "status",
+    ),
+    "report": ("summary", "metrics", "status", "plots"),
+    "entry": (
+        "hooks",
+        "launch",
+        "local",
+        "farm",
+        "farmstatus",
+        "calibrate",
+        "session",
+        "manage",
+        "demo",
+    ),
     "cli": ("options", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
 }
 #: The package's faces, its entrances: they may import any layer (``session``, ``main``),
@@ -162,6 +187,21 @@ def test_the_simulator_stands_alone() -> None:
         outside = [i for i in _imports(name, path) if i.startswith("mpswrap.")]
         outside = [i for i in outside if not i.startswith("mpswrap.sim")]
         assert not outside, f"{path} imports {outside}"
+
+
+#: The one module of the layers that knows the simulator: ``mpswrap demo`` installs it.
+SIMULATOR_USERS = {"entry.demo"}
+
+
+def test_production_code_does_not_know_the_simulator() -> None:
+    """The simulator stands behind the interfaces the real driver has (the control program,
+    the inventory file and its memory folder, NVML's figures): only the demo installs it."""
+    knowing = {
+        name
+        for name, path in _modules().items()
+        if any(i.startswith("mpswrap.sim") for i in _imports(name, path))
+    }
+    assert knowing == SIMULATOR_USERS
 
 
 def test_no_module_or_function_holds_two_concepts() -> None:
