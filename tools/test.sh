@@ -35,8 +35,9 @@ log() { echo "tools/test.sh: $*" >&2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
       libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap
-      prometheus environment-modules man-db groff-base podman crun uidmap bubblewrap)
+      prometheus environment-modules man-db groff-base podman crun uidmap bubblewrap systemd)
 # promtool checks the metrics; modules: the admin guide's module; man: the man page renders;
+# systemd: systemd-analyze checks the metrics timer of docs/howto-metrics.md;
 # podman, crun, uidmap, bubblewrap: containerised ranks (tests/containers.py)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done

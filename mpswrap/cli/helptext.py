@@ -62,7 +62,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, str]]] = {
     "metrics": (
         "Print the daemons, servers and clients of your jobs (root: every job) in "
         "Prometheus's text format, or keep them for node_exporter's textfile collector.",
-        ("mpswrap metrics", "mpswrap metrics --all --textfile /var/lib/node_exporter"),
+        (
+            "mpswrap metrics",
+            "mpswrap metrics --all --textfile /var/lib/prometheus/node-exporter",
+        ),
     ),
     "container-args": (
         "Print the flags a container runtime needs so that a rank's client inside reaches its "
