@@ -105,6 +105,14 @@ COMMANDS: dict[str, tuple[str, tuple[str, str]]] = {
         "Remove the Slurm hook shims (root); refused while slurm.conf still names them.",
         ("mpswrap uninstall-hooks", "mpswrap uninstall-hooks --force"),
     ),
+    "sim": (
+        "Run the built-in MPS simulator's commands with mpswrap's own interpreter: "
+        "install-bin DIR writes a simulated nvidia-cuda-mps-control and mps-sim-client (a "
+        "stand-in for a CUDA program), inventory FILE a fake list of GPUs; set "
+        "control_binary and gpu_inventory to them to use mpswrap without a GPU "
+        "(docs/tutorial.md).",
+        ("mpswrap sim install-bin ~/mps-sim", "mpswrap sim inventory ~/mps-sim/gpus.json --gpus 2"),
+    ),
     "completion": (
         "Print the bash completion script for mpswrap (made from this parser). Source it, or "
         "save it where bash-completion looks.",

@@ -257,6 +257,9 @@ def _admin_commands(sub: Any) -> None:
     p = sub.add_parser("uninstall-hooks", help="remove the Slurm hook shims (root)")
     install.add_uninstall_arguments(p)
     _common(p, config=False)
+    from .simcmd import add_parser
+
+    add_parser(sub)
     p = sub.add_parser("completion", help="print the bash completion script")
     p.add_argument(
         "shell", nargs="?", choices=("bash",), default="bash", help="the shell (default: bash)"
@@ -401,6 +404,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import cli
 
     return cli(args)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from .simcmd import cmd_sim
+
+    return cmd_sim(args)
 
 
 def _cmd_hook(args: argparse.Namespace) -> int:
@@ -590,6 +599,7 @@ def _cmd_completion(args: argparse.Namespace) -> int:
 
 HANDLERS["help"] = _cmd_help
 HANDLERS["completion"] = _cmd_completion
+HANDLERS["sim"] = _cmd_sim
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ _mpswrap() {
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks sim completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
         start) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json" ;;
         stop) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json" ;;
         status) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json --watch --all" ;;
@@ -44,8 +44,9 @@ _mpswrap() {
         version) words="-h --help -v --verbose -q --quiet --debug" ;;
         install-hooks) words="-h --help --python --config --dest --spank --modulefile -v --verbose -q --quiet --debug" ;;
         uninstall-hooks) words="-h --help --dest --modulefile --force -v --verbose -q --quiet --debug" ;;
+        sim) words="-h --help"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
         completion) words="-h --help"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
+        help) words="-h --help --man-path"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks sim completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

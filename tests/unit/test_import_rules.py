@@ -76,6 +76,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "manage",
         "demo",
         "farmcmd",
+        "simcmd",
         "completion",
         "manpage",
         "main",
