@@ -140,6 +140,9 @@ with tarfile.open(sdist) as tar:
     in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
 missing = [f"wheel: {n}" for n in need if n not in in_wheel]
 missing += ["wheel: LICENSE"] * (not any(n.endswith(".dist-info/licenses/LICENSE") for n in in_wheel))
+# The man page and completion where an installation puts them (pyproject's data-files).
+for data in ("share/man/man1/mpswrap.1", "share/bash-completion/completions/mpswrap.bash"):
+    missing += [f"wheel: {data}"] * (not any(n.endswith(f".data/data/{data}") for n in in_wheel))
 missing += [f"sdist: {n}" for n in [*need, "LICENSE"] if n not in in_sdist]
 if missing:
     sys.exit("tools/test.sh: missing from the built distributions: " + ", ".join(missing))

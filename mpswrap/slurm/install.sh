@@ -11,8 +11,9 @@
 # filled in, root-owned, mode 0755, and prints the slurm.conf lines.  It does not edit slurm.conf.
 # Missing directories of DEST are made root's, mode 0755, below a level only root can change.
 # --modulefile DIR also writes the environment module DIR/mpswrap/VERSION (Tcl: Lmod and
-# Environment Modules both read it) that puts DEST/bin/mpswrap on users' PATH and sets
-# MPSWRAP_CONFIG when the config file is not at its default path.
+# Environment Modules both read it) that puts DEST/bin/mpswrap on users' PATH, sets
+# MPSWRAP_CONFIG when the config file is not at its default path, puts the man page the wheel
+# installs (<prefix>/share/man) on MANPATH and loads its bash completion.
 # --spank also builds the SPANK plugin (mpswrap_spank.c: sbatch/salloc/srun --mps[=POLICY])
 # with $CC (default cc, else gcc) against the installed Slurm's slurm/spank.h (found under
 # --slurm-include DIR, /usr/include or /usr/local/include) into DEST/mpswrap_spank.so, and
@@ -24,7 +25,7 @@ set -euo pipefail
 
 die() { echo "install.sh: ERROR: $*" >&2; exit 1; }
 warn() { echo "install.sh: warning: $*" >&2; }
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 DEFAULT_CONFIG=/etc/mpswrap/mpswrap.conf  # where mpswrap looks without MPSWRAP_CONFIG
@@ -240,7 +241,46 @@ install_file() {  # install_file MODE PATH: stdin to PATH, root's, atomically
   tmp=$(mktemp "$(dirname "$2")/.${2##*/}.XXXXXX")
   cat >"$tmp"; chown root:root "$tmp"; chmod "$1" "$tmp"; mv -f "$tmp" "$2"
 }
+# The man page and the bash completion script that the wheel installs under the environment's
+# share/ (pyproject's data-files), for the module. DATA: the environment's prefix for them.
+shared_file() {  # shared_file PATH WHAT: PATH if it is there (else a warning), checked as a module's
+  if [ ! -f "$1" ]; then
+    warn "$1 is missing (mpswrap installed from its wheel puts it there): the module $2"
+    return 0
+  fi
+  [[ $1 =~ ^[A-Za-z0-9/._+-]+$ ]] || die "'$1' has characters other than A-Z a-z 0-9 / . _ + -"
+  check_level "the module's $(basename "$1")" "$1" lenient
+  echo "$1"
+}
+module_manpath() {  # the modulefile's MANPATH lines, or nothing
+  local page
+  page=$(shared_file "$DATA/share/man/man1/mpswrap.1" "sets no MANPATH")
+  [ -n "$page" ] || return 0
+  # The empty element keeps man's own search path where MANPATH was unset (man-db: an empty
+  # element is the default path); Environment Modules and Lmod both keep one of it.
+  printf '%s\n' "prepend-path MANPATH $DATA/share/man" "append-path MANPATH {}"
+}
+module_completion() {  # the modulefile's completion lines, or nothing
+  local script spec func
+  script=$(shared_file "$DATA/share/bash-completion/completions/mpswrap.bash" "loads no completion")
+  [ -n "$script" ] || return 0
+  # The script's own last line says how bash completes mpswrap: the module says the same,
+  # with a loader function of that name that reads the script at the first <Tab>.
+  spec=$(sed -n 's/^complete \(.*\) mpswrap$/\1/p' "$script")
+  func=$(sed -n 's/.*-F \([A-Za-z0-9_]*\).*/\1/p' <<<"$spec")
+  [[ $spec =~ ^[A-Za-z0-9_\ -]+$ && -n $func ]] || die "$script has no 'complete ... -F FUNCTION mpswrap' line"
+  # 'complete' is a modulefile command of Environment Modules 5.1+ and Lmod 8.6.15+; older
+  # releases skip the completion (and still load the rest).
+  cat <<END
+if {[info commands complete] ne {} && [info commands set-function] ne {}} {
+    set-function $func {unset -f $func; . '$script' && $func "\$@"}
+    complete bash mpswrap {$spec}
+}
+END
+}
 if [ -n "$MODULES" ]; then
+  DATA=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
+    'import sysconfig; print(sysconfig.get_path("data"))')
   version=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
     'import mpswrap; print(mpswrap.__version__)')
   [[ $version =~ ^[A-Za-z0-9._+-]+$ ]] || die "mpswrap's version '$version' cannot name a module"
@@ -255,18 +295,23 @@ END
   ensure_dir "the modulefiles' directory" "$MODULES/mpswrap" lenient
   setenv=""
   [ "$CONFIG" = "$DEFAULT_CONFIG" ] || setenv="setenv MPSWRAP_CONFIG $CONFIG"
+  manpath=$(module_manpath) completion=$(module_completion)
   install_file 0644 "$MODULES/mpswrap/$version" <<END
 #%Module1.0
 # mpswrap module: written by mpswrap install-hooks --modulefile; replaced when it runs again.
 module-whatis "mpswrap $version: many CUDA processes on one GPU through NVIDIA MPS"
 proc ModulesHelp { } {
-    puts stderr "mpswrap $version: 'mpswrap help' lists its commands and options."
+    puts stderr "mpswrap $version: 'mpswrap help' lists its commands and options; man mpswrap."
 }
 conflict mpswrap
 prepend-path PATH $DEST/bin
 $setenv
+$manpath
+$completion
 END
-  echo "install.sh: wrote the module $MODULES/mpswrap/$version ('module load mpswrap' puts $DEST/bin/mpswrap on PATH${setenv:+ and sets MPSWRAP_CONFIG=$CONFIG})"
+  did="puts $DEST/bin/mpswrap on PATH${setenv:+, sets MPSWRAP_CONFIG=$CONFIG}"
+  did+="${manpath:+, puts mpswrap(1) on MANPATH}${completion:+, loads the bash completion}"
+  echo "install.sh: wrote the module $MODULES/mpswrap/$version ('module load mpswrap' $did)"
 fi
 
 if [ "$SPANK" = 1 ]; then

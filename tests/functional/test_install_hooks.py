@@ -19,6 +19,7 @@ from mpswrap import __version__
 from mpswrap.config import DEFAULT_CONFIG_FILE
 from tests.tree import PACKAGE
 from tests.users import ensure_test_user, run_as
+from tests.wheel import wheel_under_test
 
 #: Environment Modules' shell setup (Debian: environment-modules).
 MODULES_INIT = Path("/usr/share/modules/init/bash")
@@ -347,3 +348,92 @@ def test_the_interpreters_environment_another_user_can_change_is_refused(
     again = _install(shared, str(python), config, dest=shared / "again")
     assert again.returncode != 0, again.stdout
     assert str(changed) in again.stderr and "other than root" in again.stderr, again.stderr
+
+
+def _venv_from_the_wheel(root: Path, wheel: Path) -> Path:
+    """A fresh venv with the wheel under test installed by its own pip (psutil, filelock and
+    pynvml through a .pth file: no index here); its python."""
+    import filelock
+    import psutil
+    import pynvml
+
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, str(wheel)], check=True, timeout=120)
+    deps = root / "deps"
+    for module in (psutil, filelock):
+        shutil.copytree(Path(str(module.__file__)).parent, deps / module.__name__)
+    shutil.copy(str(pynvml.__file__), deps / "pynvml.py")
+    (next(venv.glob("lib/python3*/site-packages")) / "deps.pth").write_text(f"{deps}\n")
+    subprocess.run(["chmod", "-R", "go-w,a+rX", str(root)], check=True)
+    return venv / "bin" / "python"
+
+
+#: What a user's login shell does with the module (the README: ``module use DIR`` where DIR is
+#: not on their MODULEPATH), then with it unloaded again.
+_USER_SESSION = """
+set -e
+module use "$1"
+module load mpswrap
+man -w mpswrap
+man mpswrap | head -n 4
+complete -p mpswrap
+COMP_WORDS=(mpswrap sta); COMP_CWORD=1; _mpswrap; echo "offered: ${COMPREPLY[*]}"
+man -w ls
+module unload mpswrap
+complete -p mpswrap 2>/dev/null || echo "no completion"
+man -w mpswrap 2>/dev/null || echo "no page"
+"""
+
+
+@pytest.mark.skipif(not MODULES_INIT.exists(), reason=f"needs {MODULES_INIT} (environment-modules)")
+@pytest.mark.timeout(600)
+def test_the_module_gives_a_login_shell_the_man_page_and_completion(
+    shared: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The wheel installs share/man/man1/mpswrap.1 and the completion script into a fresh venv;
+    ``install-hooks --modulefile`` writes a module that a job user's login shell loads:
+    ``man mpswrap`` finds and renders the page (and ``man ls`` still works), ``complete -p``
+    shows the completion, which completes; unloaded, both are gone."""
+    python = _venv_from_the_wheel(shared, wheel_under_test(tmp_path_factory.mktemp("wheel")))
+    data = python.parent.parent
+    assert (data / "share" / "man" / "man1" / "mpswrap.1").is_file()
+    assert (data / "share" / "bash-completion" / "completions" / "mpswrap.bash").is_file()
+    config, modules = shared / "mpswrap.conf", shared / "modulefiles"
+    config.write_text("prolog_mode = opt-in\n")
+    config.chmod(0o644)
+    argv = [str(python.parent / "mpswrap"), "install-hooks", "--python", str(python)]
+    argv += ["--config", str(config), "--dest", str(shared / "hooks")]
+    res = subprocess.run(
+        [*argv, "--modulefile", str(modules)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert not _warnings(res), res.stderr
+    assert ", puts mpswrap(1) on MANPATH, loads the bash completion)" in res.stdout, res.stdout
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "MANWIDTH": "80"}
+    ran = run_as(ensure_test_user(), ["bash", "-l", "-c", _USER_SESSION, "bash", str(modules)], env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.splitlines() == [
+        str(data / "share" / "man" / "man1" / "mpswrap.1"),  # man -w
+        f"MPSWRAP(1){' ' * 23}User Commands{' ' * 22}MPSWRAP(1)",  # man mpswrap | head
+        "",
+        "NAME",
+        "       mpswrap  - run many CUDA processes per GPU through NVIDIA MPS, on Slurm",
+        "complete -o default -F _mpswrap mpswrap",
+        "offered: start status",  # the loader read the script and completed
+        "/usr/share/man/man1/ls.1.gz",  # the system's pages are still found
+        "no completion",  # unloaded
+        "no page",
+    ], ran.stdout
+    # No module: the venv's bin on PATH, or the README's links (here under a prefix of its own).
+    local = shared / "local"
+    for link in ("bin/mpswrap", "share/man/man1/mpswrap.1"):
+        (local / link).parent.mkdir(parents=True, exist_ok=True)
+        (local / link).symlink_to(data / link)
+    found = [
+        run_as(ensure_test_user(), ["man", "-w", "mpswrap"], {**env, "PATH": f"{bin_dir}:/bin"})
+        for bin_dir in (data / "bin", local / "bin")
+    ]
+    # man-db names a linked page by where the link leads.
+    assert [f.stdout for f in found] == [f"{data}/share/man/man1/mpswrap.1\n"] * 2, found

@@ -22,11 +22,8 @@ carry ``Features=mps`` as the guide tells admins to set for ``feature:mps``.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +40,7 @@ from tests.integration.harness import (
     why_not_runnable,
 )
 from tests.tree import REPO
+from tests.wheel import wheel_under_test
 
 GUIDE = REPO / "slurm" / "README.md"
 #: The guide's settings (its first block) and what the test puts there instead.
@@ -70,16 +68,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel CI built (``MPS_TEST_WHEEL``), or one built from this tree."""
-    given = os.environ.get("MPS_TEST_WHEEL")
-    if given:
-        return Path(given).resolve()
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    return next(out.glob("mpswrap-*.whl"))
+    return wheel_under_test(tmp_path_factory.mktemp("wheel"))
 
 
 def _settings_block(block: Block, values: dict[str, str]) -> tuple[Block, dict[str, str]]:
