@@ -246,6 +246,12 @@ def _uninstall(parser: Any) -> None:
     add_uninstall_arguments(parser)
 
 
+def _sim(parser: Any) -> None:
+    from .simcmd import add_arguments
+
+    add_arguments(parser)
+
+
 def _completion(parser: Any) -> None:
     parser.add_argument(
         "shell", nargs="?", choices=("bash",), default="bash", help="the shell (default: bash)"
@@ -376,7 +382,7 @@ COMMANDS: tuple[Command, ...] = (
         "daemons, servers, clients in Prometheus text format",
         "Print the daemons, servers and clients of your jobs (root: every job) in "
         "Prometheus's text format, or keep them for node_exporter's textfile collector.",
-        ("mpswrap metrics", "mpswrap metrics --all --textfile /var/lib/node_exporter"),
+        ("mpswrap metrics", "mpswrap metrics --all --textfile /var/lib/prometheus/node-exporter"),
         "entry.manage:cmd_metrics",
         ("0", "2"),
         _metrics,
@@ -460,6 +466,20 @@ COMMANDS: tuple[Command, ...] = (
         "slurm.install:uninstall",
         ("0", "1", "2"),
         _uninstall,
+        config=False,
+    ),
+    Command(
+        "sim",
+        "the built-in MPS simulator: its programs, a fake GPU list",
+        "Run the built-in MPS simulator's commands with mpswrap's own interpreter: "
+        "install-bin DIR writes a simulated nvidia-cuda-mps-control and mps-sim-client (a "
+        "stand-in for a CUDA program), inventory FILE a fake list of GPUs; set "
+        "control_binary and gpu_inventory to them to use mpswrap without a GPU "
+        "(docs/tutorial.md).",
+        ("mpswrap sim install-bin ~/mps-sim", "mpswrap sim inventory ~/mps-sim/gpus.json --gpus 2"),
+        "cli.simcmd:cmd_sim",
+        ("0", "2"),
+        _sim,
         config=False,
     ),
     Command(

@@ -32,7 +32,7 @@ _mpswrap() {
         'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks version completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
         run) words="-h --help -n --np --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug" ;;
         farm) words="-h --help --per-gpu --retries --timeout --halt --skip-failed --heartbeat --dir --share --progress --tag --gpus --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "status" -- "$cur")); return; } ;;
         'farm status') words="-h --help --json --failed --plot -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -d -- "$cur")); return; } ;;
@@ -50,9 +50,10 @@ _mpswrap() {
         epilog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
         install-hooks) words="-h --help --python --config --dest --spank --modulefile -v --verbose -q --quiet --debug" ;;
         uninstall-hooks) words="-h --help --dest --modulefile --force -v --verbose -q --quiet --debug" ;;
+        sim) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
         version) words="-h --help -v --verbose -q --quiet --debug" ;;
         completion) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks version completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
+        help) words="-h --help --man-path -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

@@ -42,6 +42,10 @@ def _file(text: str, name: str = "tasks.txt") -> Setup:
     return setup
 
 
+def _in_node(name: str) -> Setup:
+    return lambda node: [str(node.root / name)]
+
+
 def _started(node: SimNode) -> list[str]:
     res = node.mpswrap("start", "--gpus", "0", *JOB)
     assert res.returncode == 0, res
@@ -161,6 +165,10 @@ CASES: dict[str, dict[str, tuple[Setup, tuple[str, ...], tuple[str, ...], dict[s
         "0": (_none, ("uninstall-hooks", "--dest", "/nonexistent/hooks"), (), {}),
         "1": (_file("x", "afile"), ("uninstall-hooks", "--dest"), (), {}),
         "2": (_none, ("uninstall-hooks", "--force=yes"), (), {}),
+    },
+    "sim": {
+        "0": (_in_node("gpus.json"), ("sim", "inventory"), ("--gpus", "2"), {}),
+        "2": (_none, ("sim", "no-such-command"), (), {}),
     },
     "version": {"0": (_none, ("version",), (), {})},
     "completion": {

@@ -23,6 +23,7 @@ MINIMAL = {
     "calibrate": ["--", "true"],
     "report": ["1"],
     "container-args": ["podman"],
+    "sim": ["install-bin", "/nonexistent"],
 }
 
 

@@ -94,7 +94,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "manage",
         "demo",
     ),
-    "cli": ("options", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
+    "cli": ("options", "simcmd", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
 }
 #: The package's faces, its entrances: they may import any layer (``session``, ``main``),
 #: nothing imports them.
@@ -190,7 +190,7 @@ def test_the_simulator_stands_alone() -> None:
 
 
 #: The one module of the layers that knows the simulator: ``mpswrap demo`` installs it.
-SIMULATOR_USERS = {"entry.demo"}
+SIMULATOR_USERS = {"entry.demo", "cli.simcmd"}
 
 
 def test_production_code_does_not_know_the_simulator() -> None:
