@@ -114,6 +114,11 @@ class Backend:
             assert time.monotonic() < deadline, "no server started"
             time.sleep(0.05)
 
+    def recovered(self) -> bool:
+        """The server is ACTIVE again (or gone, to be restarted by the next client)."""
+        servers = self.control().server_list()
+        return not servers or self.control().server_status(servers[0]) == "ACTIVE"
+
     def server_log(self) -> str:
         path = self.log / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""
