@@ -44,7 +44,6 @@ from .supervise import (
     Rank,
     end_leftovers,
     end_ranks,
-    exit_code,
     guard_ranks,
     killed_on_error,
     spawn_rank,
@@ -338,7 +337,7 @@ class Farmer:
             if attempt.guard is not None:
                 attempt.guard.release()
             attempt.end = now
-            attempt.code = exit_code(attempt.rank.proc.poll() or 0)
+            attempt.code = attempt.rank.code()
             if attempt.check is not None:
                 self.checks.remove(attempt.check)
                 attempt.code = VERIFY_FAILED if attempt.check.refused else attempt.code
