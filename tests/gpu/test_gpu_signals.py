@@ -79,6 +79,7 @@ def test_sigterm_to_a_rank_with_a_busy_client_and_a_child_ends_it_at_once_and_ha
     left = leftovers(shared_tmp, mps_baseline)  # waits for the daemon to stop (log archived)
     logs = "".join(p.read_text() for p in archive.glob("*-server.log"))
     print(logs[-3000:])
+    assert "Client termination succeeded" in logs  # the archived server.log, read
     assert "fatal GPU error" not in logs
     assert left == []
     assert not gpu_processes()
