@@ -7,11 +7,11 @@ process group; the supervisor catches those signals and runs the ladder: ``termi
 through the rank's daemon for the rank and its descendants, then the signal to each of them as
 it would take it without the shield (a handler the program installed gets it; a process that
 ignores it only through the shield gets its default action, by SIGKILL), then SIGKILL after
-the grace period. SIGUSR1/SIGUSR2 are forwarded
-untouched. Exit code: the rank's, or 128+signal when it died of one or was ended because of
-one; never 0 because a signal arrived. A rank's tree ends with it: what it left running
-(which inherited the shield) is ended through the ladder once it exits, and anything that
-survives that makes the exit code 1 where it would have been 0.
+the grace period. SIGUSR1/SIGUSR2 are forwarded untouched. Exit code: the rank's, or
+128+signal when it died of one or was ended because of one; never 0 because a signal arrived.
+A rank's tree ends with it: what it left running (which inherited the shield) is ended
+through the ladder once it exits, and anything that survives that makes the exit code 1 where
+it would have been 0.
 
 ``watch`` is the one wait loop, for one rank (``srun mpswrap ./app``), N ranks
 (``mpswrap run -n N``) and a launcher (``mpswrap srun ...``).
