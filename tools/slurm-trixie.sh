@@ -21,7 +21,7 @@ ROOT=${ROOT:-/opt/mpswrap-ci/trixie}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 PKGS=(slurmctld slurmd slurm-client munge libslurm-dev gcc libc6-dev python3 python3-venv
       python3-mpi4py openmpi-bin libpmix-dev procps util-linux passwd ca-certificates
-      environment-modules)
+      environment-modules man-db)
 log() { echo "tools/slurm-trixie.sh: $*" >&2; }
 
 [ "$(id -u)" = 0 ] || { log "run as root"; exit 2; }

@@ -348,13 +348,11 @@ def test_roots_status_prints_no_escape_sequence_of_a_clients_command_line(
 ) -> None:
     pids = _prolog(node, gpus="0")
     g0 = admin_job(node) / "g0"
-    # Its argv[0] holds a terminal's title and clear-screen sequences.
-    program = (
-        f'exec -a "$(printf "\\033]0;owned\\007\\033[2J")" {sys.executable} -m mpswrap.sim.client'
-    )
+    # Its command line holds a terminal's title and clear-screen sequences.
+    program = f"{sys.executable} -m mpswrap.sim.client --seconds 60"
     client = spawn_as(
         _user(),
-        ["/bin/bash", "-c", f"{program} --seconds 60"],
+        ["/bin/bash", "-c", f'exec {program} --tag "$(printf "\\033]0;owned\\007\\033[2J")"'],
         CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"),
         CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"),
         PYTHONPATH=node.env()["PYTHONPATH"],
