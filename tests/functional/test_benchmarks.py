@@ -130,6 +130,35 @@ def test_every_mode_runs_as_many_workers_on_each_of_two_gpus(tmp_path: Path) -> 
         _check_workers(two, runs)
 
 
+@pytest.mark.timeout(300)
+def test_multigpu_benchmark_runs_each_part_for_the_gpu_counts_the_node_has(tmp_path: Path) -> None:
+    """benchmarks/multigpu.py on two simulated GPUs, the tasks as CPU stand-ins: the hooks of
+    jobs of 1 and 2 GPUs (4 left out: the node has 2), the farm each way and every task done;
+    a second call runs nothing again; ``--report`` prints both tables."""
+    out = tmp_path / "multigpu.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "multigpu.py"), "--out", str(out)]
+    argv += ["--simulate", "--counts", "1,2,4", "--repeats", "1", "--tasks-per-gpu", "3"]
+    argv += ["--per-gpu", "2", "--steps", "100"]
+    with sim_node(gpus=2) as two:
+        path = f"{two.bin}:{os.environ['PATH']}"
+        env = two.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
+        for _ in range(2):
+            res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "counts [4] left out" in res.stdout
+    runs = {r["key"]: r for r in json.loads(out.read_text())["runs"]}
+    farm = {f"farm/gpus{g}/{m}/r0" for g in (1, 2) for m in ("rawmps", "mpswrap")}
+    assert set(runs) == {"hooks/gpus1", "hooks/gpus2", *farm}, "the second call ran again"
+    for key in farm:
+        assert (runs[key]["tasks"], runs[key]["failed"]) == (3 * runs[key]["gpus"], 0), runs[key]
+    for g in (1, 2):
+        hooks = runs[f"hooks/gpus{g}"]
+        assert all(0 < hooks[h]["min_ms"] <= hooks[h]["max_ms"] for h in ("prolog", "epilog"))
+    report = [sys.executable, str(REPO / "benchmarks" / "multigpu.py"), "--report", str(out)]
+    shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "| 2 | 6 (2) |" in shown and "prolog / 1 GPU" in shown, shown
+
+
 @pytest.mark.timeout(120)
 def test_start_trace_profiles_a_rank_up_to_its_programs_spawn() -> None:
     """The diagnosis of the supervisor's start runs on the simulator: it stops at the spawn,
