@@ -50,15 +50,19 @@ def ended(proc: P, timeout: float = 120) -> Iterator[P]:
     """``proc`` for the block; after it, even after a failed assertion, a run still going
     gets SIGTERM on its whole tree (as scancel sends it), SIGKILL ``timeout`` seconds later,
     and its pipes are closed: a test that fails leaves no run behind, and no unclosed file
-    (a ResourceWarning, an error under ``filterwarnings = error``)."""
+    (a ResourceWarning, an error under ``filterwarnings = error``). After a failure, what the
+    run wrote to its pipes is printed (a test reports it with its failure)."""
+    failed = True
     try:
         yield proc
+        failed = False
     finally:
         if proc.poll() is None:
             with suppress(psutil.Error):
                 signal_tree(proc, signal.SIGTERM)
+        said: tuple[Any, Any] = (None, None)
         try:  # reading as it waits: a run blocked on a full pipe must not hold it up
-            proc.communicate(timeout=timeout)
+            said = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             with suppress(psutil.Error):
                 signal_tree(proc, signal.SIGKILL)
@@ -66,3 +70,6 @@ def ended(proc: P, timeout: float = 120) -> Iterator[P]:
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:  # closed already after a whole communicate: harmless
                 stream.close()
+        if failed:
+            for name, text in zip(("stdout", "stderr"), said, strict=True):
+                print(f"--- the run's {name}, its last 3000 characters:\n{str(text)[-3000:]}")
