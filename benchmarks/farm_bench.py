@@ -1,6 +1,11 @@
-"""The task farm against hand-written waves, and --per-gpu auto against fixed K (issue 33).
+"""The task farm against hand-written waves, and --per-gpu auto against fixed K (issues 33, 44).
 
-Everything side by side in one visit to the GPU machine.
+Everything side by side in one visit to the GPU machine. Issue 44's run (auto against the fixed
+K around the best, on the three sets; ratios and OOM counts at the end), resumable with the same
+``--out`` where one 10-minute call does not finish it:
+
+    python benchmarks/farm_bench.py --out benchmarks/results/DATE-h100-farm-auto-44.json \
+        --parts light,hetero,memory --modes auto,fixed --fixed-k 8,16 --mem-k 3,16 --repeats 3
 
 Three task sets on GPU 0, each run every way in ``--modes``, ``--repeats`` times, the order
 rotated each repeat (interleaved), makespan from the command's start to its end (the daemon's
@@ -251,16 +256,22 @@ def calibrated_k(res: Results) -> int | None:
 
 def today_default_k() -> int:
     """K of ``mpswrap farm`` without ``--per-gpu`` before auto: entry/farm.py's rule."""
-    from mpswrap.entry.farm import default_per_gpu
+    from mpswrap.taskfarm.sizing import default_per_gpu
 
     return int(default_per_gpu(CLIENT_LIMIT, 1, len(os.sched_getaffinity(0))))
 
 
 def variants(
-    name: str, modes: list[str], best: int, default: int, mem_ks: list[int]
+    name: str,
+    modes: list[str],
+    best: int,
+    default: int,
+    mem_ks: list[int],
+    fixed_ks: list[int] | None = None,
 ) -> list[tuple[str, int | None]]:
-    """(mode, K) pairs of a set; ``default`` where it is a fixed K already is run once."""
-    fixed = mem_ks if name == "memory" else [best]
+    """(mode, K) pairs of a set; ``default`` where it is a fixed K already is run once.
+    ``fixed_ks``: the fixed K of light and hetero (``--fixed-k``; default: the best K)."""
+    fixed = mem_ks if name == "memory" else (fixed_ks or [best])
     out: list[tuple[str, int | None]] = []
     for mode in modes:
         if mode == "auto":
@@ -369,6 +380,7 @@ def _part(res: Results, part: str, args: argparse.Namespace, sizes: Sizes, clock
         best, source = best_k(res, args.best_k)
         default = args.default_k or today_default_k()
         mem_ks = [int(x) for x in args.mem_k.split(",")]
+        fixed_ks = [int(x) for x in args.fixed_k.split(",")] if args.fixed_k else None
         res.data["meta"].update(best_k=best, best_k_from=source, default_k=default, mem_k=mem_ks)
         res.data["meta"]["sizes"] = asdict(sizes)
         plot = args.plot_dir / f"farm-auto-{part}.png" if part in args.plot_sets else None
@@ -376,7 +388,7 @@ def _part(res: Results, part: str, args: argparse.Namespace, sizes: Sizes, clock
         plan = SetPlan(
             part,
             task_set(part, sizes),
-            variants(part, modes, best, default, mem_ks),
+            variants(part, modes, best, default, mem_ks, fixed_ks),
             args.repeats,
             plot,
         )
@@ -400,6 +412,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--best-k", type=int, default=None, help="fixed K for light and hetero")
     ap.add_argument("--default-k", type=int, default=None, help="today's default (computed)")
     ap.add_argument("--mem-k", default="3", help="fixed K for the memory set (e.g. 2,3)")
+    ap.add_argument("--fixed-k", default=None, help="fixed K for light and hetero (e.g. 8,16)")
     ap.add_argument("--plot-dir", type=Path, default=None, help="default: --out's directory")
     ap.add_argument("--plot-sets", default="hetero", help="sets whose first auto farm is plotted")
     ap.add_argument("--tasks", type=int, default=48, help="compare/serial: tasks")

@@ -159,6 +159,14 @@ def verdict_memory(found: list[Way]) -> list[str]:
         f"auto / best non-failing fixed K ({best.label}) makespan: {ratio:.3f} "
         f"(target <= {MAKESPAN_TARGET}): {met}"
     )
+    tput = statistics.median(auto.throughputs()) / statistics.median(best.throughputs())
+    met = "met" if tput >= THROUGHPUT_TARGET and auto.clean() else "NOT met"
+    lines.append(
+        f"auto / best non-failing fixed K throughput: {tput:.3f} (issue 44: >= "
+        f"{THROUGHPUT_TARGET} with 0 oom): {met}"
+    )
+    failing = [f"{w.label} {w.oom()} oom, {w.failed()} failed" for w in found if not w.clean()]
+    lines += [f"fixed K that lost tasks: {'; '.join(failing)}"] if failing else []
     return lines + _few(found)
 
 

@@ -1,19 +1,19 @@
 """``python -m mpswrap``: the same as the ``mpswrap`` command.
 
 The Slurm hooks' shims run ``python -I -m mpswrap <hook>`` for every job on every node: that
-exact form goes straight to the hook, without building the CLI's parser or importing what only
-the commands need (docs/benchmarks.md, the prolog's start).
+exact form runs the hook's row of the command table straight away, without building a parser
+or importing what only the other commands need (docs/benchmarks.md, the prolog's start).
 """
 
 import sys
 
-from .cli.options import HOOK_COMMANDS
+from .cli.commands import HOOKS, invoke
 
-if len(sys.argv) == 2 and sys.argv[1] in HOOK_COMMANDS:
+if len(sys.argv) == 2 and sys.argv[1] in HOOKS:
+    from types import SimpleNamespace
+
     try:
-        from .entry.hooks import run_hook
-
-        code = run_hook(sys.argv[1])
+        code = invoke(sys.argv[1], SimpleNamespace(command=sys.argv[1], config=None))
     except KeyboardInterrupt:
         code = 130
     except Exception as exc:  # e.g. a broken install: one line, as ``main()`` prints it

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "Adopted",
     "Popen",
     "ProcId",
     "Result",
@@ -570,3 +571,67 @@ def procs_with_env(name: str, *more: str) -> list[tuple[ProcId, dict[str, str]]]
         except (psutil.Error, OSError):
             continue
     return found
+
+
+# --- a farm's children ------------------------------------------------------------------
+def reap(proc: Popen[str]) -> tuple[int, float] | None:
+    """(returncode, CPU seconds it and its waited-for descendants used) of a spawned child
+    that has exited, reaping it (``wait4``); None while it runs. ``proc.poll()`` then gives
+    the same returncode."""
+    if proc.returncode is not None:
+        return proc.returncode, 0.0
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: Popen's own wait has the code
+        return (proc.poll() or 0), 0.0
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+class Adopted(Struct):
+    """A process that became our child when its parent exited (``adopt_orphans``)."""
+
+    pid: int
+    code: int | None = None
+
+    def poll(self) -> int | None:
+        """Its exit code once it has exited, reaping it; else None (a ``Child``)."""
+        if self.code is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.code = 0
+            else:
+                self.code = os.waitstatus_to_exitcode(status) if pid else None
+        return self.code
+
+
+def own_children() -> set[int]:
+    """The PIDs of this process's children, from the kernel's list of each of its threads
+    (cheap: no walk of every process); empty where the kernel does not keep that list."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(f"/proc/self/task/{tid}/children", "rb") as handle,
+            ):
+                found.update(int(p) for p in handle.read().split())
+    return found
+
+
+def tagged(pids: Iterable[int], name: str, prefix: str) -> dict[int, str]:
+    """Of ``pids``, those whose variable ``name`` starts with ``prefix``, with its value."""
+    import psutil
+
+    out: dict[int, str] = {}
+    for pid in pids:
+        try:
+            value = psutil.Process(pid).environ().get(name, "")
+        except (psutil.Error, OSError):
+            continue
+        if value.startswith(prefix):
+            out[pid] = value
+    return out

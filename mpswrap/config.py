@@ -27,6 +27,7 @@ from .values import (
     choice,
     clients,
     days,
+    farm_profile,
     inventory,
     mem_size,
     optional,
@@ -57,6 +58,7 @@ _NOT_SETTINGS = {
     "MPSWRAP_JOB",
     "MPSWRAP_DEBUG",
     "MPSWRAP_TREE",
+    "MPSWRAP_RANK_VARS",
 }
 
 
@@ -202,6 +204,13 @@ FIELDS: tuple[Field, ...] = (
     Field("health_check", boolean, "no", "epilog: run a GPU health check after teardown"),
     Field("syslog", boolean, "yes", "hooks: log to syslog as well as stderr"),
     Field("log_level", choice("debug", "info", "warning", "error"), "info", "log level"),
+    Field(
+        "farm_profile",
+        farm_profile,
+        "auto",
+        "what farms learned of known commands, per user: auto ($XDG_CACHE_HOME/mpswrap/"
+        "farm-profile.json), off, or a file",
+    ),
 )
 _BY_NAME = {f.name: f for f in FIELDS}
 
@@ -316,6 +325,7 @@ class Settings(Struct, frozen=True):
     health_check: bool
     syslog: bool
     log_level: str
+    farm_profile: str
     #: Where each value came from: ``default``, ``file PATH``, ``env VAR`` or ``argument``.
     sources: Mapping[str, str]
 

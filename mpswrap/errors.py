@@ -204,4 +204,6 @@ class DaemonError(MpswrapError, RuntimeError):
 
 
 class CapacityError(MpswrapError, RuntimeError):
-    """More clients were asked for than a GPU's MPS server accepts."""
+    """More clients were asked for than a GPU's MPS server accepts: a request over a limit."""
+
+    exit_code = 2

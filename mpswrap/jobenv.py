@@ -55,6 +55,9 @@ LOCAL_RANK_VARS = (
     "SLURM_LOCALID",
     "LOCAL_RANK",
 )
+#: Set by ``mpswrap LAUNCHER ...`` for its ranks: ``LOCAL_RANK_NAME,LOCAL_SIZE_NAME`` of that
+#: launcher (``job.launchers``), read before every other rank variable.
+RANK_VARS_VAR = "MPSWRAP_RANK_VARS"
 #: What srun itself sets as a task's rank (its own, and its PMI-2 and PMIx plugins').
 SRUN_RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "PMIX_RANK")
 LOCAL_SIZE_VARS = (
@@ -393,11 +396,29 @@ class JobEnv(Struct, frozen=True):
     # --- ranks -----------------------------------------------------------------------
     @property
     def local_rank(self) -> int | None:
-        return self._first_int(LOCAL_RANK_VARS)[0]
+        own, *rest = LOCAL_RANK_VARS  # mpswrap's own (``mpswrap run``) always first
+        return self._first_int((own, *self._launched_by(0, LOCAL_RANK_VARS), *rest))[0]
+
+    def _launched_by(self, which: int, known: tuple[str, ...]) -> tuple[str, ...]:
+        """The rank variable (``which`` 0: local rank, 1: local size) of the launcher that
+        ``mpswrap LAUNCHER ...`` started this rank under (``MPSWRAP_RANK_VARS``, set for its
+        ranks): the innermost launcher's, first. Inside a Slurm job every rank inherits
+        ``SLURM_LOCALID`` of the step that ran the launcher (torchrun's workers all 0)."""
+        names = (self._get(RANK_VARS_VAR) or "").split(",")
+        name = names[which] if len(names) == 2 else ""
+        return (name,) if name in known else ()
+
+    @property
+    def gpus_per_task(self) -> int | None:
+        """``--gpus-per-task`` of the step (``SLURM_GPUS_PER_TASK``), None where not given or
+        not a whole number."""
+        found, _ = self._first_int(("SLURM_GPUS_PER_TASK",))
+        return found
 
     @property
     def local_size(self) -> int | None:
-        value, _ = self._first_int(LOCAL_SIZE_VARS)
+        own, *rest = LOCAL_SIZE_VARS
+        value, _ = self._first_int((own, *self._launched_by(1, LOCAL_SIZE_VARS), *rest))
         if value is not None:
             return value
         text = self._get("SLURM_STEP_TASKS_PER_NODE") or self._get("SLURM_TASKS_PER_NODE")

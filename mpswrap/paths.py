@@ -428,3 +428,16 @@ def write_job_file(path: Path, text: str, uid: int, gid: int, mode: int = 0o644)
             with contextlib.suppress(OSError):
                 _unlink(tmp)
             raise
+
+
+def farm_profile(setting: str, env: dict[str, str] | None = None) -> Path | None:
+    """The caller's farm profile (``taskfarm.profile``) for the ``farm_profile`` setting: its
+    file, or for ``auto`` ``$XDG_CACHE_HOME/mpswrap/farm-profile.json`` (``~/.cache``
+    without it); None for ``off``, or ``auto`` without a home."""
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return Path(setting)
+    env = dict(os.environ) if env is None else env
+    cache = env.get("XDG_CACHE_HOME") or (env["HOME"] + "/.cache" if env.get("HOME") else "")
+    return Path(cache) / "mpswrap" / "farm-profile.json" if cache else None

@@ -132,6 +132,11 @@ def cgroup_root(text: str) -> str:
     return text if text in ("auto", "none") else abs_path(text)
 
 
+def farm_profile(text: str) -> str:
+    """``auto`` (the user's cache directory), ``off``, or the profile file's absolute path."""
+    return text if text in ("auto", "off") else abs_path(text)
+
+
 def program(text: str) -> str:
     """A program name looked up in a fixed PATH, or an absolute path (never a relative one:
     root runs it, from whatever directory)."""

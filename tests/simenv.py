@@ -117,6 +117,8 @@ class SimNode(SimFiles):
             MPSWRAP_USER_RUN_DIR=str(self.user_run_dir),
             MPSWRAP_START_TIMEOUT="10",
             MPSWRAP_TERMINATE_TIMEOUT="3",
+            # A farm profile of the node's own: farms of other tests never teach this one.
+            MPSWRAP_FARM_PROFILE=str(self.root / "farm-profile.json"),
             MPSWRAP_QUIT_TIMEOUT="2",
             MPSWRAP_COMMAND_TIMEOUT="3",
             # The mpswrap under test, whatever the working directory (the node's own: what a

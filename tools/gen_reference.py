@@ -116,10 +116,8 @@ def _common_flags() -> set[str]:
 
 
 def launchers() -> tuple[str, ...]:
-    try:  # the launcher words moved from cli.main to cli.options; either is the one table
-        from mpswrap.cli.options import LAUNCHERS
-    except ImportError:
-        from mpswrap.cli.main import LAUNCHERS  # type: ignore[attr-defined]
+    from mpswrap.cli.options import LAUNCHERS
+
     return tuple(LAUNCHERS)
 
 
@@ -132,10 +130,6 @@ def _own(actions: list[argparse.Action]) -> list[argparse.Action]:
 def _options_table(actions: list[argparse.Action]) -> list[str]:
     rows = _option_rows(actions)
     return _table(("option", "default", "meaning"), rows) if rows else ["(no options)"]
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
@@ -156,21 +150,24 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 # --- the sections -------------------------------------------------------------------------------
 def commands() -> list[str]:
-    from mpswrap.cli.main import build_parser
+    from mpswrap.cli.commands import COMMANDS
+    from mpswrap.cli.main import parsers
 
-    parser = build_parser()
-    sub = _subparsers(parser)
-    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    parser_of = parsers()
     out = _table(
         ("command", "what it does"),
-        [(_code(f"mpswrap {name}"), _cell(helps.get(name, ""))) for name in sub.choices],
+        [(_code(f"mpswrap {c.name}"), _cell(c.summary)) for c in COMMANDS],
     )
-    for name, cmd in sub.choices.items():
-        out += ["", f"### `mpswrap {name}`", "", _cell(cmd.description or helps.get(name, ""))]
+    for c in COMMANDS:
+        name, cmd = c.name, parser_of[c.name]
+        out += ["", f"### `mpswrap {name}`", "", _cell(c.description)]
         out += ["", "```", _usage(cmd), "```", ""]
         out += _options_table(_own(cmd._actions))
-        examples = [e.strip() for e in (cmd.epilog or "").split("\n")[1:]]
+        text, _, status = (cmd.epilog or "").partition("\n\n")
+        examples = [e.strip() for e in text.split("\n")[1:]]
         out += ["", "Examples:", "", "```", *examples, "```"] if examples else []
+        codes = status.split(" (")[0].removeprefix("exit status: ")
+        out += ["", f"Exit status: {codes} ([exit codes](#exit-codes))."] if status else []
     return out
 
 
@@ -327,12 +324,12 @@ def shipped() -> dict[Path, str]:
     """The files the wheel ships that are made from the parser: the man page and the bash
     completion script, each path with the text it must have."""
     from mpswrap.cli import completion, manpage
-    from mpswrap.cli.main import build_parser
+    from mpswrap.cli.main import parsers
 
     folder = REPO / "mpswrap" / "cli"
     return {
-        folder / manpage.SHIPPED: manpage.roff(build_parser()),
-        folder / completion.SHIPPED: completion.bash(build_parser()),
+        folder / manpage.SHIPPED: manpage.roff(parsers()),
+        folder / completion.SHIPPED: completion.bash(parsers()),
     }
 
 

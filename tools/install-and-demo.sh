@@ -25,12 +25,21 @@ rc=0
 "$VENV/bin/mpswrap" demo "$@" || rc=$?
 # The venv's bin is not on PATH, and putting all of it there would put its python and pip
 # before the system's: a link to the one command is enough.
-if [ "$(id -u)" = 0 ]; then links=/usr/local/bin; else links=$HOME/.local/bin; fi
+# The wheel puts the man page and the completion under $VENV/share: man-db finds the page from
+# a PATH entry's ../share/man, bash-completion 2.12+ the completion from the command's real
+# path; with the link, man and older bash-completion need links of their own.
+if [ "$(id -u)" = 0 ]; then links=/usr/local; else links=$HOME/.local; fi
+comp=share/bash-completion/completions
 cat <<EOF
 
 mpswrap is installed in $VENV/bin, which is not on PATH. To run it as 'mpswrap':
-  ln -s $VENV/bin/mpswrap $links/mpswrap     # once, for every shell
+  ln -s $VENV/bin/mpswrap $links/bin/mpswrap     # once, for every shell
   export PATH="$VENV/bin:\$PATH"              # or: this shell only
+Its man page and bash completion are in $VENV/share: man finds the page while $VENV/bin
+is on PATH, bash-completion 2.12+ finds the completion either way; else link them:
+  mkdir -p $links/share/man/man1 $links/$comp
+  ln -s $VENV/share/man/man1/mpswrap.1 $links/share/man/man1/
+  ln -s $VENV/$comp/mpswrap.bash $links/$comp/
 On a Slurm cluster, users get it with 'module load mpswrap' (slurm/README.md, Install).
 EOF
 exit "$rc"

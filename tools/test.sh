@@ -35,8 +35,9 @@ log() { echo "tools/test.sh: $*" >&2; }
 
 PKGS=(python3 python3-venv python3-mpi4py openmpi-bin slurmctld slurmd slurm-client munge
       libpmix-dev libslurm-dev gcc libc6-dev shellcheck util-linux procps passwd patchelf debootstrap
-      prometheus environment-modules man-db groff-base podman crun uidmap bubblewrap)
+      prometheus environment-modules man-db groff-base podman crun uidmap bubblewrap systemd)
 # promtool checks the metrics; modules: the admin guide's module; man: the man page renders;
+# systemd: systemd-analyze checks the metrics timer of docs/howto-metrics.md;
 # podman, crun, uidmap, bubblewrap: containerised ranks (tests/containers.py)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
@@ -139,6 +140,9 @@ with tarfile.open(sdist) as tar:
     in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
 missing = [f"wheel: {n}" for n in need if n not in in_wheel]
 missing += ["wheel: LICENSE"] * (not any(n.endswith(".dist-info/licenses/LICENSE") for n in in_wheel))
+# The man page and completion where an installation puts them (pyproject's data-files).
+for data in ("share/man/man1/mpswrap.1", "share/bash-completion/completions/mpswrap.bash"):
+    missing += [f"wheel: {data}"] * (not any(n.endswith(f".data/data/{data}") for n in in_wheel))
 missing += [f"sdist: {n}" for n in [*need, "LICENSE"] if n not in in_sdist]
 if missing:
     sys.exit("tools/test.sh: missing from the built distributions: " + ", ".join(missing))

@@ -1,7 +1,8 @@
-"""Bash completion, generated from the one parser: the command words and launchers, each
-command's options, and the values of options that have a fixed set (``--policy``) or name a
-file or directory. ``mpswrap completion bash`` prints it; the wheel ships the same text as
-``mpswrap/cli/mpswrap.bash`` (tools/gen_reference.py writes it, a test compares)."""
+"""Bash completion, generated from the command table's parsers: the command words (``farm
+status`` too) and launchers, each command's options, and the values of options that have a
+fixed set (``--policy``) or name a file or directory. ``mpswrap completion bash`` prints it;
+the wheel ships the same text as ``mpswrap/cli/mpswrap.bash`` (tools/gen_reference.py writes
+it, a test compares)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,6 @@ SHIPPED = "mpswrap.bash"
 _WORD = re.compile(r"^[\w@%+=:,./-]+$")
 #: What a value is, by its metavar, where it has no fixed choices.
 _FILES, _DIRS = {"FILE", "TASKS", "PATH"}, {"DIR"}
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def _words(words: list[str]) -> str:
@@ -80,25 +74,31 @@ def _value_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str
 
 
 def _command_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str]) -> list[str]:
-    """``case $cmd`` arms: each command's options, or its positional's values."""
+    """``case $cmd`` arms: each command's options, or its positional's values (and the words
+    of its own commands, ``farm``'s ``status``)."""
     arms = []
     for name, parser in parsers.items():
         if not name:
             continue
         positional = [a for a in parser._actions if not a.option_strings]
         kind = _value_kind(positional[0], commands) if positional else None
+        more = [n.split()[1] for n in parsers if n.startswith(f"{name} ")]
         words = f'words="{_words(_options(parser))}"'
         if kind:
-            words += f"; [[ $cur == -* ]] || {{ {_reply(kind)}; return; }}"
+            reply = _reply(kind)
+            if more:
+                reply = reply[:-1] + f' $(compgen -W "{_words(more)}" -- "$cur"))'
+            words += f"; [[ $cur == -* ]] || {{ {reply}; return; }}"
         arms.append(f"        {shlex.quote(name)}) {words} ;;")
     return arms
 
 
-def bash(parser: argparse.ArgumentParser) -> str:
-    """The completion script for ``parser`` (``cli.main.build_parser()``)."""
-    sub = _subparsers(parser)
-    commands = [*sub, *LAUNCHERS]
-    parsers = {"": parser, **sub}
+def bash(parsers: dict[str, argparse.ArgumentParser]) -> str:
+    """The completion script for ``parsers`` (``cli.main.parsers()``: the launch modes' at
+    ``""``, then each command's)."""
+    parser = parsers[""]
+    commands = [*(n for n in parsers if n and " " not in n), *LAUNCHERS]
+    pairs = "|".join(shlex.quote(n) for n in parsers if " " in n)
     skip = "|".join(_valued(parser))
     lines = [
         "# bash completion for mpswrap, generated from its parser: mpswrap completion bash",
@@ -115,6 +115,12 @@ def bash(parser: argparse.ArgumentParser) -> str:
         "        esac",
         "        i=$((i + 1))",
         "    done",
+        "    # a command of two words (farm status)",
+        '    if [ $((i + 1)) -lt "$COMP_CWORD" ]; then',
+        '        case "$cmd ${COMP_WORDS[i+1]}" in',
+        f'            {pairs}) cmd="$cmd ${{COMP_WORDS[i+1]}}"; i=$((i + 1)) ;;',
+        "        esac",
+        "    fi",
         "    # after a -- (run, calibrate) the words are the program's",
         '    while [ $((i += 1)) -lt "$COMP_CWORD" ]; do',
         '        [ "${COMP_WORDS[i]}" = -- ] && cmd=--',

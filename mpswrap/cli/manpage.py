@@ -1,5 +1,5 @@
-"""The man page mpswrap(1), generated from the one parser (modes, options, every command
-with its description and examples), the exit codes and the settings. The wheel ships it as
+"""The man page mpswrap(1), generated from the command table's parsers (modes, options, every
+command with its description and examples), the exit codes and the settings. The wheel ships it as
 ``mpswrap/cli/mpswrap.1`` (tools/gen_reference.py writes it, a test compares);
 ``mpswrap help --man-path`` prints where it is: ``man -l "$(mpswrap help --man-path)"``."""
 
@@ -69,15 +69,19 @@ def _command(name: str, parser: argparse.ArgumentParser, common: set[str]) -> li
     out += _block([usage.replace("%(prog)s", f"mpswrap {name}")])
     own = [a for a in parser._actions if not set(a.option_strings) & common]
     out += _options([a for a in own if not isinstance(a, argparse._HelpAction)])
-    examples = (parser.epilog or "").split("\n")[1:]
+    text, _, status = (parser.epilog or "").partition("\n\n")
+    examples = text.split("\n")[1:]
     if examples:
         out += [".PP", "Examples:", *_block([e.strip() for e in examples])]
+    if status:
+        out += [".PP", _text(status.split(" (")[0].capitalize() + ".")]
     return out
 
 
-def roff(parser: argparse.ArgumentParser) -> str:
-    """The page for ``parser`` (``cli.main.build_parser()``)."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+def roff(parsers: dict[str, argparse.ArgumentParser]) -> str:
+    """The page for ``parsers`` (``cli.main.parsers()``: the launch modes' at ``""``, then
+    each command's)."""
+    parser = parsers[""]
     output = next(g for g in parser._action_groups if g.title == "output")
     common = {f for a in output._group_actions for f in a.option_strings}
     out = [
@@ -97,8 +101,9 @@ def roff(parser: argparse.ArgumentParser) -> str:
             title = "OTHER OPTIONS" if group.title in ("options", "optional arguments") else ""
             out += [f'.SH "{title or _text(str(group.title).upper())}"', *_options(actions)]
     out += [".SH COMMANDS", "Every command also takes the output options."]
-    for name, command in sub.choices.items():
-        out += _command(name, command, common)
+    for name, command in parsers.items():
+        if name:
+            out += _command(name, command, common)
     out += [".SH EXIT STATUS"]
     for code, text in EXIT_CODES:
         out += [".TP", f"\\fB{code}\\fR", _text(" ".join(text.replace("`", "").split()))]

@@ -6,46 +6,54 @@ _mpswrap() {
     while [ "$i" -lt "$COMP_CWORD" ]; do
         case ${COMP_WORDS[i]} in
             --) cmd=--; break ;;
-            --gpus|--policy|--threads|--mem-limit|--priority|--verify-attach|--verify-timeout|--grace|--job) i=$((i + 2)); continue ;;
+            --gpus|--policy|--threads|--mem-limit|--priority|--verify-attach|--verify-timeout|--grace|--job|--gpus-per-rank) i=$((i + 2)); continue ;;
             -*) ;;
             *) cmd=${COMP_WORDS[i]}; break ;;
         esac
         i=$((i + 1))
     done
+    # a command of two words (farm status)
+    if [ $((i + 1)) -lt "$COMP_CWORD" ]; then
+        case "$cmd ${COMP_WORDS[i+1]}" in
+            'farm status') cmd="$cmd ${COMP_WORDS[i+1]}"; i=$((i + 1)) ;;
+        esac
+    fi
     # after a -- (run, calibrate) the words are the program's
     while [ $((i += 1)) -lt "$COMP_CWORD" ]; do
         [ "${COMP_WORDS[i]}" = -- ] && cmd=--
     done
     case "$cmd $prev" in
-        ' --policy'|'run --policy'|'farm --policy'|'calibrate --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
-        ' --priority'|'start --priority'|'run --priority'|'farm --priority'|'calibrate --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
-        ' --verify-attach'|'run --verify-attach'|'farm --verify-attach'|'calibrate --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;
-        'start --config'|'stop --config'|'status --config'|'config --config'|'demo --config'|'farm --plot'|'calibrate --plot'|'report --config'|'metrics --config'|'container-args --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
-        'start --run-dir'|'stop --run-dir'|'status --run-dir'|'farm --dir'|'calibrate --dir'|'metrics --run-dir'|'metrics --textfile'|'install-hooks --dest'|'install-hooks --modulefile'|'uninstall-hooks --dest'|'uninstall-hooks --modulefile') COMPREPLY=($(compgen -d -- "$cur")); return ;;
-        'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
+        ' --policy'|'run --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
+        ' --priority'|'run --priority'|'farm --priority'|'calibrate --priority'|'start --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
+        ' --verify-attach'|'run --verify-attach'|'farm --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;
+        'farm --dir'|'calibrate --dir'|'start --run-dir'|'stop --run-dir'|'status --run-dir'|'metrics --run-dir'|'metrics --textfile'|'install-hooks --dest'|'install-hooks --modulefile'|'uninstall-hooks --dest'|'uninstall-hooks --modulefile') COMPREPLY=($(compgen -d -- "$cur")); return ;;
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
+        'farm status --plot'|'calibrate --plot'|'start --config'|'stop --config'|'status --config'|'report --config'|'metrics --config'|'config --config'|'container-args --config'|'demo --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; else words="start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun"; fi ;;
-        start) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json" ;;
-        stop) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json" ;;
-        status) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --json --watch --all" ;;
-        config) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
-        demo) words="-h --help -v --verbose -q --quiet --debug --config --clients --simulate" ;;
-        run) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug -n --np" ;;
-        farm) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --per-gpu --retries --dir --share --progress --tag --json --plot"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
-        calibrate) words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug --max --counts --repeats --plot --json --dir" ;;
-        report) words="-h --help -v --verbose -q --quiet --debug --config --json" ;;
-        metrics) words="-h --help -v --verbose -q --quiet --debug --config --job --node --run-dir --all --textfile --process-labels" ;;
-        container-args) words="-h --help -v --verbose -q --quiet --debug --config --job"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;
-        prolog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
-        task-prolog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
-        epilog) words="-h --help -v --verbose -q --quiet --debug --config" ;;
-        version) words="-h --help -v --verbose -q --quiet --debug" ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
+        run) words="-h --help -n --np --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug" ;;
+        farm) words="-h --help --per-gpu --retries --timeout --halt --skip-failed --heartbeat --dir --share --progress --tag --gpus --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "status" -- "$cur")); return; } ;;
+        'farm status') words="-h --help --json --failed --plot -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -d -- "$cur")); return; } ;;
+        calibrate) words="-h --help --max --counts --repeats --plot --json --dir --gpus --mem-limit --priority --grace --dry-run --job -v --verbose -q --quiet --debug" ;;
+        start) words="-h --help --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json --config -v --verbose -q --quiet --debug" ;;
+        stop) words="-h --help --job --node --run-dir --json --config -v --verbose -q --quiet --debug" ;;
+        status) words="-h --help --job --node --run-dir --json --watch --all --config -v --verbose -q --quiet --debug" ;;
+        report) words="-h --help --json --config -v --verbose -q --quiet --debug" ;;
+        metrics) words="-h --help --job --node --run-dir --all --textfile --process-labels --config -v --verbose -q --quiet --debug" ;;
+        config) words="-h --help --json --config -v --verbose -q --quiet --debug" ;;
+        container-args) words="-h --help --job --config -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;
+        demo) words="-h --help --clients --simulate --config -v --verbose -q --quiet --debug" ;;
+        prolog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
+        task-prolog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
+        epilog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
         install-hooks) words="-h --help --python --config --dest --spank --modulefile -v --verbose -q --quiet --debug" ;;
         uninstall-hooks) words="-h --help --dest --modulefile --force -v --verbose -q --quiet --debug" ;;
-        completion) words="-h --help"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "start stop status config demo run farm calibrate report metrics container-args prolog task-prolog epilog version install-hooks uninstall-hooks completion help srun mpirun mpiexec orterun" -- "$cur")); return; } ;;
+        sim) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
+        version) words="-h --help -v --verbose -q --quiet --debug" ;;
+        completion) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
+        help) words="-h --help --man-path -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

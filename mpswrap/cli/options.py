@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from .. import values
 from ..errors import MpswrapError
+from ..job import launchers
 from ..paths import validate_name
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -18,13 +19,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "CALIBRATE_OPTIONS",
     "FARM_OPTIONS",
-    "HOOK_COMMANDS",
+    "FARM_STATUS_OPTIONS",
     "LAUNCHERS",
     "MODES",
     "RUN_OPTIONS",
     "VERBOSITY",
     "WRAPPER_OPTIONS",
     "Options",
+    "add",
     "at_least",
     "job_id",
     "k_or_auto",
@@ -37,7 +39,8 @@ __all__ = [
 # --- values: what an option accepts, checked as it is parsed (a bad one exits 2, naming it) --
 def _refused(message: str) -> Exception:
     """The parser's error for a bad value: ``argument FLAG: message``. argparse is imported
-    here, not at the top: the hooks read this module's HOOK_COMMANDS and load no parser."""
+    here, not at the top: the hooks read the command table, which reads this module, and load
+    no parser."""
     import argparse
 
     return argparse.ArgumentTypeError(message)
@@ -103,9 +106,6 @@ def path(text: str) -> str:
     return text
 
 
-#: The Slurm hooks, as commands (the shims run ``python -I -m mpswrap <hook>``).
-HOOK_COMMANDS = ("prolog", "task-prolog", "epilog")
-
 Options = tuple[tuple[tuple[str, ...], dict[str, "Any"]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
 # fmt: off
@@ -138,6 +138,10 @@ WRAPPER_OPTIONS: Options = (
                       "help": "print what would run (or refuse as the run would); start nothing"}),
     (("--job",), {"metavar": "ID", "type": job_id,
                   "help": "job id for the per-job state (default: Slurm's)"}),
+    (("--gpus-per-rank",), {"type": at_least(1), "metavar": "N",
+                            "help": "GPUs each rank uses (a JAX process, model parallelism): "
+                            "the GPUs taken N at a time, one MPS daemon over each group, "
+                            "whose ranks see its N GPUs (default: 1)"}),
 )
 #: Output options, accepted before and after a command word.
 VERBOSITY: Options = (
@@ -167,8 +171,21 @@ FARM_OPTIONS: Options = (
     (("--per-gpu",), {"type": k_or_auto, "metavar": "auto|K", "help": "tasks at once on each "
                       "GPU; auto: found as the farm runs, by throughput and GPU memory "
                       "(default: auto)"}),
-    (("--retries",), {"type": int, "default": 1, "metavar": "N",
-                      "help": "runs more of a task a fatal GPU fault ended (default: 1)"}),
+    (("--retries",), {"type": int, "default": 0, "metavar": "N",
+                      "help": "runs more of a task that fails, whatever the way (default: 0); "
+                      "a task a fatal GPU fault ended runs again at least once, one that ran "
+                      "out of GPU memory up to 3 times in all"}),
+    (("--timeout",), {"type": seconds(), "metavar": "S", "help": "seconds a task may run: "
+                      "then it is ended through MPS terminate_client, then a signal, and "
+                      "recorded as timed out (default: no limit)"}),
+    (("--halt",), {"metavar": "WHEN", "default": "never", "help": "stop after failures, as GNU "
+                   "parallel: soon,fail=N (no new task once N failed), now,fail=N (the "
+                   "running ones ended too), fail=P%% of the tasks (default: never)"}),
+    (("--skip-failed",), {"action": "store_true", "help": "run again: tasks that failed in "
+                          "the directory before are not run again (default: they are)"}),
+    (("--heartbeat",), {"type": seconds(0, above=False), "default": 60.0, "metavar": "S",
+                        "help": "without a terminal, a line of where the farm stands after S "
+                        "seconds without one; 0: none (default: 60)"}),
     (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "type": path, "help": "logs and state "
                   "(default: <TASKS>.farm here); running again skips tasks done there"}),
     (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
@@ -180,9 +197,14 @@ FARM_OPTIONS: Options = (
                   "help": "show each task's output live, whole lines, each prefixed by "
                   "the task's number and a tab (stdout to stdout, stderr to stderr), as "
                   "parallel --tag --line-buffer; the logs are written as without it"}),
-    (("--json",), {"action": "store_true", "help": "farm status: print it as JSON"}),
-    (("--plot",), {"metavar": "FILE", "type": path, "help": "farm status: also save K per GPU "
-                   "and throughput over time (matplotlib) (default: none)"}),
+)
+#: ``mpswrap farm status``'s options.
+FARM_STATUS_OPTIONS: Options = (
+    (("--json",), {"action": "store_true", "help": "print it as JSON"}),
+    (("--failed",), {"action": "store_true", "help": "only the failed tasks, one a line "
+                     "(code, command, log)"}),
+    (("--plot",), {"metavar": "FILE", "type": path, "help": "also save K per GPU and "
+                   "throughput over time (matplotlib) (default: none)"}),
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (
@@ -207,9 +229,10 @@ MODES = """\
 Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.
 
 modes:
-  mpswrap [options] srun|mpirun|mpiexec|orterun ...
+  mpswrap [options] srun|mpirun|mpiexec|orterun|prun|torchrun ...
                         prefix a launcher: every rank it starts is wrapped
-                        (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app)
+                        (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app,
+                        mpswrap torchrun --nproc-per-node 8 train.py)
   mpswrap [options] [--] PROGRAM ...
                         per-rank: this process's rank of a launch becomes an MPS
                         client (srun mpswrap ./app); after -- always a program
@@ -221,4 +244,11 @@ modes:
                         how many copies per GPU, with which thread policy
   mpswrap COMMAND ...   manage daemons, show settings, the Slurm hooks (below)"""
 
-LAUNCHERS = ("srun", "mpirun", "mpiexec", "orterun")
+#: The launchers' command names, from the launcher table (``job.launchers``).
+LAUNCHERS = tuple(name for row in launchers.LAUNCHERS for name in row.names)
+
+
+def add(parser: Any, options: Options) -> None:
+    """Add an options table to ``parser`` (or an argument group of it)."""
+    for flags, kwargs in options:
+        parser.add_argument(*flags, **kwargs)

@@ -5,7 +5,7 @@ client limit, a CPU per copy and 16 at most, by default), each count three ways:
 (no MPS: the copies get a pipe directory no daemon listens on), under MPS with no thread
 limit, and under MPS with ``oversubscribe`` (each copy min(100, 200/N) % of the threads).
 Throughput is copies per second of makespan; the median of ``--repeats`` runs. The copies run
-through the task farm's engine (``job.farmer``), so they are started, checked and ended as the
+through the task farm's engine (``farm.engine``), so they are started, checked and ended as the
 farm's tasks are, and their logs are kept under ``--dir`` when one fails.
 
 It recommends the count and policy with the best throughput, i.e. ``mpswrap farm --per-gpu K
@@ -31,14 +31,16 @@ from typing import Any
 from .._signals import SignalTrap
 from .._struct import Struct, asdict, field
 from ..errors import UsageError
-from ..job.farmer import Farmer, FarmPlan, Lane
-from ..job.packing import MARGIN, Packing, converge
 from ..job.placement import Slot
 from ..job.run import LaunchOptions, Started, execute, plan
-from ..job.tasks import DONE, FarmDir, parse_tasks
-from ..report.farmview import Progress
 from ..report.plots import pyplot
-from .farm import default_per_gpu
+from ..taskfarm.engine import Farmer, FarmPlan
+from ..taskfarm.journal import FarmDir
+from ..taskfarm.lanes import Lane
+from ..taskfarm.packing import MARGIN, Packing, converge
+from ..taskfarm.recorder import Recorder
+from ..taskfarm.sizing import default_per_gpu
+from ..taskfarm.tasks import parse_tasks
 
 __all__ = ["MODES", "Calibration", "auto_choice", "counts_up_to", "recommend", "run_calibrate"]
 
@@ -129,7 +131,7 @@ def run_calibrate(
         no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
         try:
             settings = planned.settings
-            farm_plan = FarmPlan(0, opts.grace_s(settings), planned.env.node)
+            farm_plan = FarmPlan(0, opts.grace_s(settings), planned.env.node, verify="off")
             bench = _Bench(
                 run,
                 planned.slots[0],
@@ -203,18 +205,21 @@ class _Bench(Struct, frozen=True):
         if not farm_dir.path.exists():
             self.created.append(str(farm_dir.path))
         tasks = parse_tasks([self.command] * copies)
+        recorder = Recorder(farm_dir.create(), self.plan.node)
         farmer = Farmer(
             [lane],
             tasks,
             self.plan,
-            farm_dir=farm_dir.create(),
-            report=Progress("off").report,
+            recorder=recorder,
             client_env=lambda ln, seat: self.env(ln, seat, copies, threads),
         )
         start = time.monotonic()
-        code = farmer.run(trap)
+        try:
+            code = farmer.run(trap)
+        finally:
+            recorder.close()
         took = time.monotonic() - start
-        return code, took, sum(r.status != DONE for r in farmer.records)
+        return code, took, recorder.tally.failed + recorder.tally.interrupted
 
 
 def _measure(
@@ -223,12 +228,25 @@ def _measure(
     """Every configuration, the repeats interleaved; 128+signal when told to stop."""
     runs: dict[tuple[int, str], list[float]] = {}
     failed: dict[tuple[int, str], int] = {}
-    for _ in range(repeats):
+    total, done = repeats * len(counts) * len(MODES), 0
+    for repeat in range(repeats):
         for copies in counts:
             for mode in MODES:
                 code, took, bad = bench.run(copies, mode, trap)
                 if code:
                     return code
+                done += 1
+                log.info(  # progress: calibrate is silent for minutes otherwise
+                    "calibrate: run %d of %d: %d at once, %s: %.2f s%s (repeat %d of %d)",
+                    done,
+                    total,
+                    copies,
+                    mode[0],
+                    took,
+                    f", {bad} failed" if bad else "",
+                    repeat + 1,
+                    repeats,
+                )
                 runs.setdefault((copies, mode[0]), []).append(took)
                 failed[(copies, mode[0])] = failed.get((copies, mode[0]), 0) + bad
     rows += [Calibration(c, m, runs[(c, m)], failed[(c, m)]) for c in counts for m, _, _ in MODES]
@@ -280,10 +298,24 @@ def _advice(best: Calibration | None, sliced: dict[int, float]) -> str:
         return "calibrate: no MPS configuration ran cleanly: no recommendation"
     threads = "oversubscribe" if best.mode == "mps-200/n" else "none"
     top_sliced = max(sliced.values(), default=0.0)
+    if top_sliced and best.throughput < top_sliced:
+        return _no_mps(best, sliced)
     gain = f", {best.throughput / top_sliced:.2f}x the best time-sliced" if top_sliced else ""
     return (
         f"recommended: mpswrap farm --per-gpu {best.copies} --threads {threads} "
         f"({best.throughput:.3f} copies/s{gain})"
+    )
+
+
+def _no_mps(best: Calibration, sliced: dict[int, float]) -> str:
+    """MPS loses to time-slicing on these figures: say so, and what to run instead."""
+    copies, rate = max(sliced.items(), key=lambda kv: kv[1])
+    return (
+        f"recommended: no MPS: {copies} copies at once time-sliced did {rate:.3f} copies/s, "
+        f"the best under MPS {best.throughput:.3f} ({best.throughput / rate:.2f}x: MPS loses "
+        f"here); run {copies} at a time without mpswrap (e.g. parallel -j {copies}), or "
+        f"mpswrap farm --per-gpu {best.copies} --threads "
+        f"{'oversubscribe' if best.mode == 'mps-200/n' else 'none'} where MPS is wanted anyway"
     )
 
 

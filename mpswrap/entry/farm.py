@@ -1,23 +1,23 @@
 """``mpswrap farm TASKS``: many independent runs packed onto this job's GPUs through MPS.
 
 K tasks at a time per GPU (``--per-gpu``), each one MPS client of its GPU's daemon, started,
-checked and ended as the launcher's ranks are (``job.farmer``). The daemons are the
-prolog's, or started here in user mode and stopped at the end, as ``mpswrap run`` does.
-Tasks, logs and the resume record: ``job.tasks``. Across nodes, inside an allocation,
-``srun --ntasks-per-node=1 mpswrap farm TASKS`` gives each task of the step a disjoint share
-(task numbers modulo the step's task count), which it packs onto its node's GPUs.
+checked and ended by the farm's engine (``taskfarm.engine``). The daemons are the prolog's, or
+started here in user mode and stopped at the end, as ``mpswrap run`` does. Tasks, logs and the
+journal: ``taskfarm``. Across nodes, inside an allocation, ``srun --ntasks-per-node=1 mpswrap
+farm TASKS`` gives each task of the step a disjoint share (task numbers modulo the step's task
+count), which it packs onto its node's GPUs.
 
 Exit code: 0 when every task of the share is done (now or before), 1 when any failed or did
-not run, 128+signal after TERM/INT/HUP (every running task ended through terminate_client).
+not run, 128+signal after TERM/INT/HUP (every running task ended through terminate_client and
+recorded as interrupted).
 
-The command prints its summary on stdout; ``mpswrap.farm()`` prints nothing: it returns the
-records and sends the same lines to the ``mpswrap.entry.farm`` logger. ``farm_status`` is
-``mpswrap farm status``: what the farm's journal says (``report.farmstatus``).
+The command prints its summary on stdout (``-q``: only where something failed or did not run);
+``mpswrap.farm()`` prints nothing: it returns the records and sends the same lines to the
+``mpswrap.entry.farm`` logger. ``mpswrap farm status``: ``entry.farmstatus``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -26,42 +26,39 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .. import _proc, values
 from .._lock import file_lock
 from .._struct import Struct
-from ..errors import LayoutError, LockTimeout, UsageError
-from ..job.farmer import Counts, Farmer, FarmPlan, Lane
-from ..job.faultwatch import FaultWatch
+from ..errors import LockTimeout, UsageError
 from ..job.job import Released
-from ..job.packing import Change, Packing, start_k
 from ..job.run import LaunchOptions, Plan, Started, execute, plan
-from ..job.tasks import (
-    WHOLE,
-    FarmDir,
-    Share,
-    Task,
-    TaskRecord,
-    parse_share,
-    parse_tasks,
-    read_journal,
-    read_tasks,
-)
-from ..job.tee import Tee
 from ..jobenv import JobEnv
 from ..mps.gpu import usage
-from ..report import farmstatus, plots
-from ..report.farmview import Progress, k_line, summary_lines
-from ..report.summary import node_summary, print_summary
+from ..paths import farm_profile
+from ..report.summary import emit, node_summary
+from ..taskfarm.controls import parse_halt
+from ..taskfarm.engine import Farmer, FarmPlan
+from ..taskfarm.faultwatch import FaultWatch
+from ..taskfarm.journal import (
+    DONE,
+    FAILED,
+    FAULT,
+    INTERRUPTED,
+    OOM,
+    TIMEOUT,
+    FarmDir,
+    TaskRecord,
+)
+from ..taskfarm.lanes import Lane
+from ..taskfarm.packing import Packing, start_k
+from ..taskfarm.profile import Profile
+from ..taskfarm.recorder import Recorder, outcomes
+from ..taskfarm.sizing import auto_cap, per_gpu_value
+from ..taskfarm.tasks import WHOLE, Share, Task, parse_share, parse_tasks, read_tasks
+from ..taskfarm.tee import Tee
+from ..taskfarm.view import HEARTBEAT, Progress
+from ..taskfarm.words import summary_lines
 
-__all__ = [
-    "FarmOptions",
-    "FarmResult",
-    "auto_cap",
-    "default_per_gpu",
-    "farm",
-    "farm_status",
-    "run_farm",
-]
+__all__ = ["FarmOptions", "FarmResult", "farm", "run_farm", "task_list_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +67,18 @@ class FarmOptions(Struct, frozen=True):
     """What ``mpswrap farm`` adds to the launch options."""
 
     per_gpu: int | None = None  # None: auto
-    retries: int = 1
+    retries: int = 0
     directory: str | None = None
     share: str | None = None
     progress: str = "auto"
     #: Each task's output lines, live, tagged with its number (``--tag``).
     tag: bool = False
+    #: Seconds a task may run (None: no limit).
+    timeout: float | None = None
+    halt: str = "never"
+    #: On a farm run again, tasks that failed there before stay failed (not run again).
+    skip_failed: bool = False
+    heartbeat: float = HEARTBEAT
 
 
 @dataclass
@@ -89,30 +92,6 @@ class FarmResult:
     directory: str = ""
 
 
-def auto_cap(limit: int, n_gpus: int, cpus: int) -> int:
-    """The most K auto goes to: the clients free on a GPU, and a CPU per task."""
-    return max(1, min(limit, cpus // max(1, n_gpus)))
-
-
-def default_per_gpu(limit: int, n_gpus: int, cpus: int) -> int:
-    """Today's default K, where auto starts and the K of ``calibrate --max``: ``auto_cap``,
-    at most ``packing.START_MAX``."""
-    return start_k(auto_cap(limit, n_gpus, cpus))
-
-
-def per_gpu_value(value: int | str | None) -> int | None:
-    """``--per-gpu`` as ``farm()`` takes it: a K of 1 or more, or ``auto`` (None, as when not
-    given); the text forms are ``values.per_gpu``'s."""
-    if value is None:
-        return None
-    try:
-        return values.per_gpu(str(value))
-    except ValueError:
-        raise UsageError(
-            "bad --per-gpu", thing=str(value), hint="give auto or a K of 1 or more"
-        ) from None
-
-
 def _share(given: str | None, env: JobEnv) -> Share:
     if given is not None:
         return parse_share(given)
@@ -120,7 +99,7 @@ def _share(given: str | None, env: JobEnv) -> Share:
     return WHOLE if task is None else Share(*task)
 
 
-def _directory(given: str | None, source: str) -> str:
+def task_list_dir(given: str | None, source: str) -> str:
     """``--dir``, else ``<TASKS>.farm`` beside the task list (``stdin.farm`` here for ``-``):
     two task lists never share one by default."""
     if given:
@@ -131,10 +110,8 @@ def _directory(given: str | None, source: str) -> str:
 def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
     """``mpswrap farm``: the exit code; the summary on stdout."""
     _check(farm_opts)  # bad options before a missing task list
-    result = farm_tasks(
-        opts, farm_opts, read_tasks(source), _directory(farm_opts.directory, source), _SHOW
-    )
-    return result.code
+    directory = task_list_dir(farm_opts.directory, source)
+    return farm_tasks(opts, farm_opts, read_tasks(source), directory, _SHOW).code
 
 
 def farm(
@@ -142,23 +119,36 @@ def farm(
     *,
     directory: str = "mpswrap.farm",
     per_gpu: int | str | None = None,
-    retries: int = 1,
+    retries: int = 0,
     gpus: str | None = None,
     threads: str | None = None,
     share: str | None = None,
     progress: str = "off",
+    timeout: float | None = None,
+    halt: str = "never",
+    skip_failed: bool = False,
 ) -> FarmResult:
     """Run ``tasks`` (command lines, as the lines of a task list) on this job's GPUs, as
     ``mpswrap farm`` does: ``per_gpu`` at a time on each GPU (None or ``"auto"``: found as
-    the farm runs), logs and state in ``directory``
-    (tasks done there before are skipped), ``retries`` more runs of a task a fatal GPU fault
-    ended. Prints nothing: the summary (and, unless ``progress`` is ``off``, a line per
-    finished attempt) goes to the ``mpswrap.entry.farm`` logger at INFO. Returns a
-    ``FarmResult`` (``code``: 0 when every task is done, 1 when any failed or did not run,
+    the farm runs), logs and journal in ``directory`` (tasks done there before are skipped;
+    ``skip_failed``: those that failed there too), ``retries`` more runs of a task that
+    fails (GPU faults and out-of-memory have their own), ``timeout`` seconds a task may run,
+    ``halt`` as ``--halt``. Prints nothing: the summary (and, unless ``progress`` is ``off``,
+    a line per finished attempt) goes to the ``mpswrap.entry.farm`` logger at INFO. Returns
+    a ``FarmResult`` (``code``: 0 when every task is done, 1 when any failed or did not run,
     128+N after signal N). Usage errors (a bad task line too) raise ``UsageError``.
     """
     opts = LaunchOptions(gpus=gpus, threads=threads)
-    farm_opts = FarmOptions(per_gpu_value(per_gpu), retries, directory, share, progress)
+    farm_opts = FarmOptions(
+        per_gpu_value(per_gpu),
+        retries,
+        directory,
+        share,
+        progress,
+        timeout=timeout,
+        halt=halt,
+        skip_failed=skip_failed,
+    )
     _check(farm_opts)
     return farm_tasks(opts, farm_opts, parse_tasks(tasks, "tasks"), directory, _LOG)
 
@@ -167,22 +157,30 @@ class _Show(Struct, frozen=True):
     """Where a farm's words go: the command's stdout and stderr, or the API's log."""
 
     line: Callable[[str], None]
-    progress: Callable[[str], Progress]
-    summary: Callable[[Released], None]
+    progress: Callable[[FarmOptions, bool], Progress]
+    node: Callable[[str], None]
+    #: The API keeps every record for its result; the command's memory stays flat.
+    keep_records: bool = False
 
 
-def _log_summary(done: Released) -> None:
-    node = node_summary(done)
-    if node is not None and node.outcomes:
-        log.info("%s", node.line())
+def _view(farm_opts: FarmOptions, quiet: bool) -> Progress:
+    mode = "quiet" if quiet and farm_opts.progress != "off" else farm_opts.progress
+    return Progress(mode, heartbeat=farm_opts.heartbeat)
 
 
-_SHOW = _Show(lambda text: print(text, flush=True), Progress, print_summary)
-_LOG = _Show(
-    lambda text: log.info("%s", text),
-    lambda mode: Progress(mode, emit=lambda text: log.info("%s", text)),
-    _log_summary,
+def _api_view(farm_opts: FarmOptions, quiet: bool) -> Progress:
+    return Progress(farm_opts.progress, emit=lambda text: log.info("%s", text))
+
+
+_SHOW = _Show(
+    lambda text: print(text, flush=True), _view, lambda text: print(text, file=sys.stderr)
 )
+_LOG = _Show(lambda text: log.info("%s", text), _api_view, lambda text: log.info("%s", text), True)
+
+
+def _quiet() -> bool:
+    """``-q``: only problems are shown."""
+    return not logging.getLogger("mpswrap").isEnabledFor(logging.INFO)
 
 
 def farm_tasks(
@@ -197,8 +195,7 @@ def farm_tasks(
     share = _share(farm_opts.share, env)
     farm_dir = FarmDir(directory, share)
     mine = [t for t in tasks if share.picks(t)]
-    done = farm_dir.finished() if farm_dir.path.is_dir() else set()
-    todo = [t for t in mine if t.key not in done]
+    todo = _todo(mine, farm_dir, farm_opts.skip_failed)
     result = FarmResult(0, skipped=len(mine) - len(todo), directory=directory)
     if share.count > 1:
         log.info("farm: share %s: %d of %d task(s)", share, len(mine), len(tasks))
@@ -206,7 +203,7 @@ def farm_tasks(
         show.line(f"farm: no tasks to run (share {share} of {len(tasks)} task(s))")
         return result
     if not todo:
-        show.line(f"farm: nothing to run: {len(mine)} task(s), all done before ({directory})")
+        show.line(f"farm: nothing to run: {len(mine)} tasks, all done before ({directory})")
         return result
     planned = plan(opts, "farm")
     seats = _per_gpu(planned, farm_opts.per_gpu, len(todo))
@@ -220,42 +217,100 @@ def farm_tasks(
         return result
     farm_dir.create()
     with _only_farm(farm_dir):
-        view = show.progress(farm_opts.progress)
-        engines: list[Farmer] = []
+        return _run(
+            planned,
+            farm_opts=farm_opts,
+            todo=todo,
+            farm_dir=farm_dir,
+            seats=seats,
+            result=result,
+            show=show,
+        )
 
-        def body(run: Started) -> int:
-            farmer = _farmer(
-                run, farm_opts=farm_opts, seats=seats, todo=todo, farm_dir=farm_dir, view=view
-            )
-            engines.append(farmer)
-            _begin(farm_dir, run, farmer, result.skipped, farm_opts.retries)
-            return farmer.run(run.trap)
 
+def _todo(mine: list[Task], farm_dir: FarmDir, skip_failed: bool) -> list[Task]:
+    """The tasks to run: not done in the directory before (nor failed, ``skip_failed``)."""
+    if not farm_dir.path.is_dir():
+        return mine
+    last = farm_dir.last_status()
+    skip = {DONE, FAILED, FAULT, OOM, TIMEOUT} if skip_failed else {DONE}
+    return [t for t in mine if last.get(t.key) not in skip]
+
+
+def _run(
+    planned: Plan,
+    *,
+    farm_opts: FarmOptions,
+    todo: list[Task],
+    farm_dir: FarmDir,
+    seats: int,
+    result: FarmResult,
+    show: _Show,
+) -> FarmResult:
+    quiet = _quiet()
+    view = show.progress(farm_opts, quiet)
+    profile = Profile(farm_profile(planned.settings.farm_profile))
+    engines: list[Farmer] = []
+
+    def body(run: Started) -> int:
+        recorder = Recorder(
+            farm_dir, planned.env.node, view=view, ended=run.ended, keep_records=show.keep_records
+        )
+        farmer = _farmer(run, farm_opts, seats=seats, todo=todo, recorder=recorder, profile=profile)
+        engines.append(farmer)
+        job = planned.env.job_id
+        recorder.begin(len(todo), result.skipped, farmer.slots, gpus=len(farmer.lanes), job=job)
         try:
-            code = execute(planned, body, summary=show.summary)
+            return farmer.run(run.trap)
         finally:
-            view.close()
-        result = _result(result, engines[0] if engines else None, code, farm_dir, todo, show=show)
-        farm_dir.event("end", time=time.time(), code=result.code)
+            view.close()  # the bar's line ends before the node's summary line
+
+    def summary(done: Released) -> None:
+        tally = engines[0].recorder.tally if engines else None
+        node = node_summary(done, outcomes(tally) if tally else None, noun="task")
+        problems = tally is not None and bool(tally.failed or tally.not_run)
+        if node is None or not node.outcomes or (quiet and not problems):
+            return
+        if show.keep_records:  # the API: its log, not stderr
+            show.node(node.line())
+        else:
+            emit(node)
+
+    try:
+        code = execute(planned, body, summary=summary)
+    finally:
+        view.close()
+        for farmer in engines:
+            farmer.recorder.close()
+    if not engines:  # a signal before the first task started
+        result.not_run, result.code = list(todo), code or 1
+        return result
+    return _finish(engines[0], code, todo=todo, result=result, show=show, profile=profile)
+
+
+def _finish(
+    farmer: Farmer,
+    code: int,
+    *,
+    todo: list[Task],
+    result: FarmResult,
+    show: _Show,
+    profile: Profile,
+) -> FarmResult:
+    """The summary (``show``), the journal's ``end``, the profile, and the exit code."""
+    tally = farmer.recorder.tally
+    result.records = list(tally.records or [])
+    settled = {t for t, status in tally.settled.items() if status != INTERRUPTED}
+    result.not_run = [t for t in todo if t.number not in settled]
+    failed = bool(tally.failed or result.not_run)
+    result.code = code if code else (1 if failed else 0)
+    until = time.time()  # the summary's end is the journal's: its fold says the same
+    if not _quiet() or failed:
+        for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
+            show.line(line)
+    farmer.recorder.end(result.code, until)
+    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     return result
-
-
-def _begin(farm_dir: FarmDir, run: Started, farmer: Farmer, skipped: int, retries: int) -> None:
-    """The journal's ``farm`` event: who runs this share now, and what it has to do."""
-    me = _proc.identify(os.getpid())
-    farm_dir.event(
-        "farm",
-        time=farmer.counts.started,
-        node=run.plan.env.node,
-        pid=os.getpid(),
-        pid_start=me.start_time if me else 0.0,
-        share=str(farm_dir.share),
-        todo=farmer.counts.total,
-        skipped=skipped,
-        gpus=len(farmer.lanes),
-        slots=farmer.counts.slots,
-        retries=retries,
-    )
 
 
 @contextmanager
@@ -278,17 +333,18 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
 
 def _farmer(
     run: Started,
-    *,
     farm_opts: FarmOptions,
+    *,
     seats: int,
     todo: list[Task],
-    farm_dir: FarmDir,
-    view: Progress,
+    recorder: Recorder,
+    profile: Profile,
 ) -> Farmer:
     """The engine for this farm: a lane of ``seats`` seats on each GPU the run uses, K of
-    them used at once (given, or found: ``packing``)."""
+    them used at once (given, or found: ``packing``; known tasks start at the profile's)."""
     planned = run.plan
     opts, settings = planned.opts, planned.settings
+    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
     plan_ = FarmPlan(
         retries=farm_opts.retries,
         grace=opts.grace_s(settings),
@@ -296,46 +352,39 @@ def _farmer(
         shield=not opts.no_shield,
         verify=opts.verify_mode(settings),
         verify_timeout=opts.verify_timeout,
+        timeout=farm_opts.timeout,
+        halt=parse_halt(farm_opts.halt),
+        cpus_per_gpu=max(1, cpus // max(1, len(planned.slots))),
     )
-    daemons = [run.daemon(s) for s in planned.slots]
     now = time.time()
-    lanes = [
-        Lane(
-            i,
-            s,
-            d,
-            list(range(seats)),
-            FaultWatch(d),
-            packing=Packing.start(now, seats, farm_opts.per_gpu),
-        )
-        for i, (s, d) in enumerate(zip(planned.slots, daemons, strict=True))
-    ]
+    known = profile.of(t.command for t in todo) if farm_opts.per_gpu is None else None
+    lanes = []
+    for i, slot in enumerate(planned.slots):
+        daemon = run.daemon(slot)
+        packing = Packing.start(now, seats, farm_opts.per_gpu)
+        lane = Lane(i, slot, daemon, list(range(seats)), FaultWatch(daemon), packing=packing)
+        if known is not None:
+            known.start(lane, now)
+        lanes.append(lane)
     log.info(
         "farm: %d task(s), %s on each of %d GPU(s), logs in %s",
         len(todo),
         _k_words(farm_opts.per_gpu, seats),
         len(lanes),
-        farm_dir.logs,
+        recorder.dir.logs,
     )
 
     def client_env(lane: Lane, seat: int) -> dict[str, str]:
         return planned.place(seat, seats, policy="block", slots=[lane.slot]).env
 
-    def repacked(lane: Lane, before: Change, change: Change) -> None:
-        if change.why != "start":
-            view.note(k_line(lane.position, before, change))
-
     return Farmer(
         lanes,
         todo,
         plan_,
-        farm_dir=farm_dir,
+        recorder=recorder,
         client_env=client_env,
-        report=view.report,
-        ended=run.ended,
         tee=Tee(sys.stdout, sys.stderr) if farm_opts.tag else None,
         usage=lambda uuid: usage(uuid, settings.gpu_inventory),
-        repacked=repacked,
     )
 
 
@@ -343,34 +392,6 @@ def _k_words(given: int | None, seats: int) -> str:
     if given is not None:
         return f"{given} at a time"
     return f"K found as it runs (auto: from {start_k(seats)}, at most {seats})"
-
-
-def _result(
-    result: FarmResult,
-    farmer: Farmer | None,
-    code: int,
-    farm_dir: FarmDir,
-    todo: list[Task],
-    *,
-    show: _Show,
-) -> FarmResult:
-    """The summary (``show``), and the exit code; every task not run where a signal came
-    before the first one started (``farmer`` None)."""
-    result.records = farmer.records if farmer else []
-    result.not_run = farmer.not_run if farmer else list(todo)
-    counts: Counts = farmer.counts if farmer else Counts(len(todo), time.time())
-    packing = {
-        lane.position: lane.packing.history
-        for lane in (farmer.lanes if farmer else [])
-        if lane.packing is not None
-    }
-    for line in summary_lines(
-        result.records, result.not_run, result.skipped, counts, str(farm_dir.path), packing=packing
-    ):
-        show.line(line)
-    failed = counts.failed or counts.oom or result.not_run
-    result.code = code if code else (1 if failed else 0)
-    return result
 
 
 def _per_gpu(planned: Plan, given: int | None, tasks: int) -> int:
@@ -392,6 +413,9 @@ def _check(farm_opts: FarmOptions) -> None:
         raise UsageError(
             "bad --progress", thing=farm_opts.progress, hint="use auto, bar, lines or off"
         )
+    if farm_opts.timeout is not None and not farm_opts.timeout > 0:
+        raise UsageError("bad --timeout", thing=str(farm_opts.timeout), cause="must be > 0")
+    parse_halt(farm_opts.halt)
     if farm_opts.share is not None:
         parse_share(farm_opts.share)
 
@@ -404,46 +428,5 @@ def _print_plan(
         print(f"[task {task.number}] {task.command}")
     print(
         f"farm: {len(todo)} task(s) would run, {_k_words(given, seats)} on each of "
-        f"{len(planned.slots)} GPU(s); logs and state in {directory}"
+        f"{len(planned.slots)} GPU(s); logs and journal in {directory}"
     )
-
-
-def farm_status(directory: str | None, as_json: bool, plot: str | None = None) -> int:
-    """``mpswrap farm status [DIR]``: what the farm's journal says, from any shell. DIR: a
-    farm's directory, or its task list (``<TASKS>.farm``); none: the one ``*.farm`` here.
-    ``plot``: also save K and throughput over time there (``report.plots``)."""
-    if plot:
-        plots.pyplot()  # refused before anything is read or printed
-    path = _status_dir(directory)
-    try:
-        journal = read_journal(path)
-    except LayoutError as exc:
-        raise UsageError(exc.what, thing=exc.thing, cause=exc.cause, hint=_STATUS_HINT) from None
-    if not journal:
-        raise UsageError("not a farm directory (no state file)", thing=path, hint=_STATUS_HINT)
-    alive = farmstatus.process_alive(JobEnv.current().node)
-    shares = [farmstatus.fold(name, lines, alive) for name, lines in journal.items()]
-    now = time.time()
-    record = farmstatus.status_json(path, shares, now)
-    if as_json:
-        print(json.dumps(record, indent=1))
-    else:
-        for line in farmstatus.status_lines(path, shares, now):
-            print(line)
-    if plot:
-        plots.plot_packing(record, plot, title=f"farm {path}")
-        print(f"farm status: plot saved to {plot}", file=sys.stderr if as_json else sys.stdout)
-    return 0
-
-
-_STATUS_HINT = "give the farm's directory (--dir, default <TASKS>.farm) or its task list"
-
-
-def _status_dir(given: str | None) -> str:
-    if given is not None:
-        return given if not os.path.isfile(given) else _directory(None, given)
-    here = sorted(n for n in os.listdir(".") if n.endswith(".farm") and os.path.isdir(n))
-    if len(here) != 1:
-        found = f"found {', '.join(here)}" if here else "none here"
-        raise UsageError("which farm?", cause=f"{found}", hint=_STATUS_HINT)
-    return here[0]

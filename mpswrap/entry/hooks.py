@@ -33,6 +33,7 @@ from ..errors import (
 from ..job import state
 from ..job.exclusive import make_exclusive, restore_modes
 from ..job.job import JobDaemons
+from ..job.launchers import daemon_names
 from ..job.placement import place, provision_threads, slot_of
 from ..jobenv import GpuRef, JobEnv
 from ..mps.gpu import health_problem
@@ -49,7 +50,11 @@ from ..slurm.scontrol import (
     scontrol,
 )
 
-__all__ = ["HOOKS", "epilog", "prolog", "run_hook", "task_prolog"]
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["HOOKS", "cli", "epilog", "prolog", "run_hook", "task_prolog"]
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +287,15 @@ def _task_exports(env: JobEnv, settings: Settings, problems: Problems) -> dict[s
     manifests = daemons.manifests()
     slots = daemons.slots(None, manifests)  # no NVML here: once per task
     refs = env.step_gpus
-    if not slots or not refs or is_launcher_daemon_step(env):
+    if not slots or not refs or is_launcher_daemon_step(env, daemon_names()):
+        return {}
+    if (env.gpus_per_task or 1) > 1:  # one task on several GPUs: no one daemon serves them
+        log.warning(
+            "a task of %d GPUs runs without MPS: the job's daemons serve one GPU each (run it "
+            "as mpswrap --gpus-per-rank %d ./app for one daemon over its GPUs)",
+            env.gpus_per_task,
+            env.gpus_per_task,
+        )
         return {}
     mine = [slot_of(ref, slots) for ref in refs]
     if None in mine:
@@ -373,6 +386,11 @@ def _health_check(uuids: list[str], settings: Settings) -> int:
 
 
 HOOKS = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
+
+
+def cli(args: Any) -> int:
+    """The hook ``args.command`` (``--config`` where given), from the command table."""
+    return run_hook(args.command, getattr(args, "config", None))
 
 
 def run_hook(hook: str, config_file: str | None = None) -> int:

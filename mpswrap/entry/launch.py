@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import time
 from collections.abc import Mapping
@@ -21,22 +22,17 @@ from .. import _proc
 from .._signals import SignalTrap
 from .._struct import replace
 from .._wait import end_procs
-from ..errors import CapacityError, MpswrapError
+from ..errors import MpswrapError
 from ..job import launchargs
+from ..job.launchers import SRUN, TORCHRUN, daemon_names, launcher_of
 from ..job.run import LaunchOptions, Started, execute, local_position, plan
-from ..job.supervise import Rank, supervise, watch
-from ..jobenv import JobEnv
+from ..job.supervise import Rank, check_program, supervise, watch
+from ..jobenv import LOCAL_RANK_VARS, RANK_VARS_VAR, JobEnv
 from ..report.summary import print_summary
 
 __all__ = ["LaunchOptions", "per_rank", "prefix"]
 
 log = logging.getLogger(__name__)
-
-#: Open MPI's odls_base_sigkill_timeout T (default 1 s): when mpirun aborts (a signal, a failed
-#: rank) it SIGTERMs every rank's process group after T and SIGKILLs it, client included,
-#: after 2T (seen with Open MPI 4.1). The ladder of a dozen ranks through one busy real daemon
-#: needed more than 1 s on an H100; T also delays the SIGTERM, so it stays small.
-OMPI_SIGKILL_TIMEOUT = "5"
 
 
 # --- per-rank mode -------------------------------------------------------------------------
@@ -87,7 +83,7 @@ def _end_fellow_tasks(env: JobEnv) -> None:
     from ..slurm.scontrol import signal_step  # only here: a rank's start stays light
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if signal_step(env, signal.SIGTERM):
+    if signal_step(env, signal.SIGTERM, daemon_names()):
         log.error("ending the other tasks of step %s: a rank ran without MPS", env.srun_step)
 
 
@@ -97,7 +93,9 @@ def _shown(env: Mapping[str, str]) -> str:
 
 # --- prefix mode ---------------------------------------------------------------------------
 def prefix(opts: LaunchOptions, argv: list[str]) -> int:
-    line = launchargs.parse(argv)
+    row = launcher_of(argv[0]) if argv else None
+    line = launchargs.parse(argv, python=_worker_python(argv[0]) if row is TORCHRUN else "")
+    assert row is not None  # parse refused any other
     settings = opts.settings()
     env = dict(os.environ)
     exported = [v for s in line.segments for v in s.values("export")]
@@ -105,21 +103,17 @@ def prefix(opts: LaunchOptions, argv: list[str]) -> int:
         log.warning(
             "srun --export=%s: MPSWRAP_* settings reach the ranks only if named there", exported[-1]
         )
-    # mpirun's ranks share a job named here; srun outside an allocation: its ranks get the
-    # new job's SLURM_JOB_ID.
+    # srun outside an allocation: its ranks get the new job's SLURM_JOB_ID; every other
+    # launcher's ranks share a job named here.
     known = JobEnv(env)
-    job = (
-        known.run_job(opts.job, "mpirun")
-        if line.family == launchargs.OMPI
-        else known.job_key(opts.job)
-    )
-    _check_launch_capacity(line, opts, env, job)
+    job = known.job_key(opts.job) if row is SRUN else known.run_job(opts.job, row.names[0])
+    _check_launch(line, opts, env, job)
     extra = _launch_env(line, env, job)
     env.update(extra)
     exports: list[str] = []
-    if line.family == launchargs.OMPI:  # Open MPI gives remote ranks only what -x names
+    if row.export_option:  # remote ranks get only what it names
         for name in sorted(n for n in env if n.startswith("MPSWRAP_")):
-            exports += ["-x", name]
+            exports += [row.export_option, name]
     rewritten = line.argv(opts.rank_argv(job), exports)
     if opts.dry_run:
         for name, value in sorted(extra.items()):
@@ -138,27 +132,62 @@ def _launch_env(
     """Variables for the launcher and every rank (the job id also goes on the ranks' command
     line: argv survives ``srun --export=NONE``)."""
     extra: dict[str, str] = {"MPSWRAP_JOB": job} if job else {}
-    mca = "odls_base_sigkill_timeout"
-    given = any(v == mca for s in line.segments for v in s.values("mca"))
-    if line.family == launchargs.OMPI and not given and f"OMPI_MCA_{mca}" not in env:
-        extra[f"OMPI_MCA_{mca}"] = OMPI_SIGKILL_TIMEOUT
+    row = launcher_of(line.launcher)
+    if row is not None and _outranked(row.local_rank[0]):  # its ranks' own first (JobEnv)
+        extra[RANK_VARS_VAR] = f"{row.local_rank[0]},{row.local_size[0]}"
+    for name, value in (row.rank_env if row else {}).items():
+        mca = name.removeprefix("OMPI_MCA_")  # also given as ``--mca NAME VALUE``
+        given = any(v == mca for s in line.segments for v in s.values("mca"))
+        if not given and name not in env:
+            extra[name] = value
     return extra
 
 
-def _check_launch_capacity(
+def _outranked(name: str) -> bool:
+    """Whether the local-rank variable ``name`` comes after ``SLURM_LOCALID``, which every
+    rank a launcher starts inside a Slurm job inherits (torchrun's ``LOCAL_RANK``)."""
+    order = LOCAL_RANK_VARS.index
+    return name in LOCAL_RANK_VARS and order(name) > order("SLURM_LOCALID")
+
+
+def _worker_python(launcher: str) -> str:
+    """The interpreter torchrun would run its workers' script with: its own (the first line
+    of the torchrun script on PATH), else ``python3``."""
+    found = shutil.which(launcher)
+    try:
+        with open(found or "", "rb") as handle:
+            first = handle.readline(4096).decode(errors="replace").strip()
+    except OSError:
+        return "python3"
+    words = first.removeprefix("#!").split()
+    if not first.startswith("#!") or not words:
+        return "python3"
+    found = words[-1] if os.path.basename(words[0]) == "env" else words[0]
+    return found if os.path.basename(found).startswith("python") else "python3"
+
+
+def _check_launch(
     line: launchargs.CommandLine, opts: LaunchOptions, env: Mapping[str, str], job: str | None
 ) -> None:
-    """Refuse before launch when a GPU of this node would get too many clients: the command
-    line's ranks per node, plus the clients the job already runs here (``job.run.plan``)."""
+    """Refuse before launch what the ranks would refuse: a request over a limit or a bad
+    value (2), the command line's ranks per node placed beside the clients the job already
+    runs here (``job.run.plan``); in a dry run, a program that is not there (127, 126), which
+    a real launch leaves to the nodes it runs on. Only what this host cannot know is left to
+    the ranks (no NVML where the launch runs)."""
+    for segment in line.segments if opts.dry_run else ():
+        if segment.program and line.family != TORCHRUN.family:  # torchrun's: a script
+            check_program(segment.program, os.environ)
     per_node = launchargs.ranks_per_node(line, env)
     if per_node is None:
         return
     try:
         planned = plan(replace(opts, job=job), "launch")
         planned.use(per_node, gpus=launchargs.gpus_per_node(line))
-    except CapacityError:
-        raise
-    except MpswrapError as exc:  # e.g. no NVML where the launch command runs
+        for rank in range(per_node):
+            planned.place(rank, per_node)
+    except MpswrapError as exc:
+        if exc.exit_code == 2:  # the ranks get the same options and refuse them the same way
+            raise
         log.debug("capacity not checked before launch: %s", exc.line())
 
 

@@ -36,13 +36,18 @@ from ..job.supervise import (
 from ..job.verify import Verifier
 from ..report.summary import print_summary
 
-__all__ = ["run_local"]
+__all__ = ["cli", "run_local"]
 
 log = logging.getLogger(__name__)
 
 #: How long output of ranks that exited may still arrive (a daemonised grandchild can hold
 #: the pipe open forever).
 DRAIN_TIMEOUT = 5.0
+
+
+def cli(args: Any) -> int:
+    """``mpswrap run -n N [options] -- PROGRAM ...``, from the command table."""
+    return run_local(LaunchOptions.of(args), args.nprocs, args.program)
 
 
 def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:

@@ -31,7 +31,7 @@ from ..jobenv import JobEnv
 from ..mps.daemon import Daemon, finish
 from ..mps.gpu import GpuInfo, Inventory
 from ..mps.manifest import Manifest
-from ..mps.start import Defaults
+from ..mps.start import Defaults, log_started
 from ..paths import JobLayout
 from ..removal import remove_tree
 from . import outcomes as records
@@ -191,10 +191,13 @@ class JobDaemons(Struct):
                 next(steps)  # launched, its lock held
                 pending.append(steps)
             done = _wait.side_by_side([functools.partial(finish, steps) for steps in pending])
+            started = [r for r in done if isinstance(r, Manifest)]
+            for manifest in started:  # also those a failed GPU's start will stop
+                log_started(manifest)
             failed = next((r for r in done if isinstance(r, BaseException)), None)
             if failed is not None:
                 raise failed
-            return [r for r in done if isinstance(r, Manifest)]
+            return started
         except BaseException:
             for steps in pending:  # stop what is half started and release its lock first
                 steps.close()

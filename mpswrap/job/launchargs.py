@@ -2,9 +2,12 @@
 
 ``mpswrap srun -n 4 ./app`` and ``mpswrap mpirun -np 4 ./app`` become
 ``srun -n 4 <wrapper> ./app``: the launcher's own options stay in front, the per-rank wrapper
-goes right before the program, and the program's arguments are never looked at. Finding the
-program needs to know which launcher options take a value (``-n 4`` vs ``--label``); the
-tables below list them explicitly. Rules for what is not in a table:
+goes right before the program, and the program's arguments are never looked at. Which
+launchers there are is ``job.launchers``' table; this module holds each one's grammar.
+Finding the program needs to know which launcher options take a value (``-n 4`` vs
+``--label``); the tables below list them explicitly. ``torchrun`` runs its script with
+Python itself: its workers run ``--no-python`` through the wrapper, then the interpreter
+(and ``-m`` for ``--module``). Rules for what is not in a table:
 
 - ``--opt=value`` of an unknown option: one token, fine.
 - ``--opt`` of an unknown option: a flag. srun (getopt_long) also accepts a unique prefix of
@@ -30,11 +33,11 @@ from collections.abc import Mapping, Sequence
 from .._struct import Struct
 from ..errors import UsageError
 from ..jobenv import JobEnv
+from .launchers import LAUNCHERS, SRUN, TORCHRUN, launcher_of
 
 __all__ = [
     "CommandLine",
     "Segment",
-    "family_of",
     "gpus_per_node",
     "parse",
     "ranks_per_node",
@@ -121,18 +124,17 @@ _REFUSED_HINT = (
     "and run the launcher without the mpswrap prefix"
 )
 
-SRUN = "srun"
-OMPI = "ompi"
-
-
-def family_of(word: str) -> str | None:
-    """``srun`` or ``ompi`` (mpirun, mpiexec, orterun, prun, also ``mpirun.openmpi``)."""
-    base = os.path.basename(word).split(".")[0]
-    if base == "srun":
-        return SRUN
-    if base in ("mpirun", "mpiexec", "orterun", "prun"):
-        return OMPI
-    return None
+# --- torchrun (PyTorch 2.x torch.distributed.run) ----------------------------------------
+#: Options that take a value (either spelling: ``--nproc-per-node``, ``--nproc_per_node``).
+# fmt: off
+TORCHRUN_VALUED = frozenset({
+    "nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
+    "max-restarts", "monitor-interval", "start-method", "role", "log-dir", "logs-specs",
+    "redirects", "tee", "local-ranks-filter", "node-rank", "master-addr", "master-port",
+    "local-addr", "event-log-handler", "numa-binding", "signals-to-handle",
+    "local_addr", "r", "t",
+})
+# fmt: on
 
 
 class Segment(Struct, frozen=True):
@@ -174,20 +176,20 @@ class CommandLine(Struct, frozen=True):
         return out
 
 
-def parse(argv: Sequence[str]) -> CommandLine:
-    """Parse ``argv`` (launcher name first); UsageError for unknown launchers or bad usage."""
+def parse(argv: Sequence[str], python: str = "python3") -> CommandLine:
+    """Parse ``argv`` (launcher name first); UsageError for unknown launchers or bad usage.
+    ``python``: the interpreter a torchrun's workers run their script with."""
     if not argv:
         raise UsageError("no launcher given")
-    family = family_of(argv[0])
-    if family is None:
-        raise UsageError(
-            "not a launcher mpswrap knows",
-            thing=argv[0],
-            hint="use srun, mpirun, mpiexec or orterun",
-        )
-    parse_segment = _srun_segment if family == SRUN else _ompi_segment
+    row = launcher_of(argv[0])
+    if row is None:
+        names = ", ".join(n for r in LAUNCHERS for n in r.names[:3])
+        raise UsageError("not a launcher mpswrap knows", thing=argv[0], hint=f"use {names}")
+    if row is TORCHRUN:
+        return CommandLine(argv[0], row.family, (_torchrun_segment(list(argv[1:]), python),))
+    parse_segment = _srun_segment if row is SRUN else _ompi_segment
     segments = tuple(parse_segment(part, argv[0]) for part in _split(list(argv[1:])))
-    return CommandLine(argv[0], family, segments)
+    return CommandLine(argv[0], row.family, segments)
 
 
 def wrap(argv: Sequence[str], wrapper: Sequence[str]) -> list[str]:
@@ -308,6 +310,37 @@ def _ompi_segment(tokens: list[str], launcher: str) -> Segment:
     return build.done()
 
 
+def _torchrun_segment(tokens: list[str], python: str) -> Segment:
+    """torchrun's options, then its script: the tokens as torchrun gets them once its workers
+    run the wrapper (``--no-python`` added, ``-m``/``--module`` moved to the program)."""
+    build = _Builder(tokens, "torchrun")
+    module = no_python = False
+    while build.pos < len(tokens) and _is_option(tokens[build.pos]):
+        token = tokens[build.pos]
+        build.pos += 1
+        given, eq, value = token.lstrip("-").partition("=")
+        name = given.replace("_", "-")
+        if name in ("m", "module"):
+            module = True
+        elif name in ("no-python",):
+            no_python = True
+        elif eq:
+            build.add(name, (value,))
+        elif name in TORCHRUN_VALUED:
+            build.add(name, build.take(1, token))
+        else:
+            build.add(name, ())
+    found = build.done()
+    kept = tuple(t for t in found.tokens if t.lstrip("-") not in ("m", "module"))
+    head = () if no_python else (python, *(["-m"] if module else []))
+    return Segment(
+        (*kept, *(() if no_python else ("--no-python",))),
+        found.options,
+        found.dashdash,
+        (*head, *found.program),
+    )
+
+
 # --- ranks per node (capacity check before launch) ---------------------------------------
 def ranks_per_node(line: CommandLine, env: Mapping[str, str]) -> int | None:
     """The fewest ranks some node must get, when the command line says; else None.
@@ -315,10 +348,12 @@ def ranks_per_node(line: CommandLine, env: Mapping[str, str]) -> int | None:
     A lower bound on purpose: the capacity check refuses only what is certain to fail.
     ``env`` supplies Slurm's defaults (``SLURM_NNODES`` inside an allocation).
     """
-    if line.family == SRUN:
+    if line.family == SRUN.family:
         counts = [_srun_per_node(s, env) for s in line.segments if s.program]
         known = [c for c in counts if c is not None]
         return max(known) if known else None
+    if line.family == TORCHRUN.family:
+        return _int(line.segments[0].last("nproc-per-node"))
     return _ompi_per_node(line.segments, env)
 
 
@@ -326,7 +361,7 @@ def _int(text: str | None) -> int | None:
     if text is None:
         return None
     head = text.split("(")[0].split(",")[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def _srun_per_node(seg: Segment, env: Mapping[str, str]) -> int | None:

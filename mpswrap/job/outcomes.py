@@ -2,7 +2,7 @@
 attempt, a program that could not be started (127, 126) included.
 
 Every summary reads these and nothing else: the node's summary line (``report.summary``),
-the farm's summary (``report.farmview``) and what status shows. In per-rank mode each rank
+the farm's summary (``farm.view``) and what status shows. In per-rank mode each rank
 is a supervisor of its own: a rank that is not the last to leave its node writes its outcomes
 to a record in the job's directory (``state.outcomes_dir``: the job user's, in prolog and
 user mode alike), and the last one, decided under the job's owner lock (``job.leave``),

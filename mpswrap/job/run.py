@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from .._signals import TERMINATING, SignalTrap
 from .._struct import Struct, field, fields
 from ..config import Settings, load_settings
-from ..errors import GpuError, MpswrapError
+from ..errors import GpuError, MpswrapError, UsageError
 from ..jobenv import JobEnv
 from ..mps.daemon import Daemon
 from ..mps.gpu import (
@@ -50,13 +51,20 @@ from .placement import (
     check_total,
     gpus_used,
     place,
+    provision_threads,
     step_slots,
 )
 from .supervise import check_program
 
-__all__ = ["LaunchOptions", "Plan", "Started", "execute", "local_position", "plan"]
+__all__ = ["LaunchOptions", "Plan", "Started", "execute", "grouped", "local_position", "plan"]
 
 log = logging.getLogger(__name__)
+
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+_SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
 
 
 class LaunchOptions(Struct, frozen=True):
@@ -74,6 +82,20 @@ class LaunchOptions(Struct, frozen=True):
     dry_run: bool = False
     job: str | None = None
     debug: bool = False
+    #: GPUs each rank uses (a JAX process, model parallelism): one daemon serves each group.
+    gpus_per_rank: int | None = None
+
+    @classmethod
+    def of(cls, args: Any) -> LaunchOptions:
+        """The launch options parsed command-line arguments hold (those a command does not
+        take keep their defaults), checked as far as they can be without a GPU."""
+        threads = getattr(args, "threads", None)
+        if threads is not None:
+            provision_threads(threads, 1, 0)  # raises UsageError naming the valid forms
+        mem_limit = getattr(args, "mem_limit", None)
+        if mem_limit not in (None, "auto") and not _SIZE.match(mem_limit):
+            raise UsageError("bad --mem-limit", thing=mem_limit, hint="use auto, 8G or 512M")
+        return cls(**{n: getattr(args, n) for n in fields(cls) if hasattr(args, n)})
 
     def settings(self) -> Settings:
         return load_settings({"gpu_policy": self.policy})
@@ -228,7 +250,10 @@ def plan(
     # NVML only where NVML's view is needed: --gpus (its indices) and user mode.
     chosen_from = load_inventory(settings.gpu_inventory) if opts.gpus is not None else None
     chosen = resolve_gpus(opts.gpus, chosen_from) if chosen_from and opts.gpus else None
+    per_rank = _gpus_per_rank(opts, kind)
     admin, manifests = prolog_daemons(settings, env.node, job)
+    if per_rank > 1:  # the prolog's daemons serve one GPU each: this run starts its own
+        manifests = []
     if manifests and step and chosen is None:
         chosen_from = load_inventory(settings.gpu_inventory)
         chosen = visible_gpus(env, chosen_from)
@@ -244,7 +269,7 @@ def plan(
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     state.check_user_tree(daemons.layout)
     inventory = chosen_from or load_inventory(settings.gpu_inventory)
-    gpus = chosen if chosen is not None else visible_gpus(env, inventory)
+    gpus = grouped(chosen if chosen is not None else visible_gpus(env, inventory), per_rank)
     keys = [f"g{i}" for i in range(len(gpus))]
     daemons.check(keys)
     slots = [
@@ -254,6 +279,31 @@ def plan(
     return Plan(
         opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus, rank=rank
     )
+
+
+def _gpus_per_rank(opts: LaunchOptions, kind: str) -> int:
+    """``--gpus-per-rank``, 1 by default; a farm's or calibrate's task runs on one GPU."""
+    count = opts.gpus_per_rank or 1
+    if count > 1 and kind in ("farm", "calibrate"):
+        raise UsageError(
+            f"--gpus-per-rank {count}: a {kind} runs each task on one GPU",
+            hint="run programs of several GPUs with mpswrap run or a launcher",
+        )
+    return count
+
+
+def grouped(gpus: Sequence[GpuInfo], per_rank: int) -> list[GpuInfo]:
+    """The run's GPUs taken ``per_rank`` consecutive at a time, each group one daemon's
+    (``GpuInfo.group``); refused unless they divide evenly."""
+    if per_rank == 1:
+        return list(gpus)
+    if per_rank > len(gpus) or len(gpus) % per_rank:
+        raise UsageError(
+            f"--gpus-per-rank {per_rank}: the run has {len(gpus)} GPU(s)",
+            cause="each rank takes that many, and the GPUs must divide into groups of it",
+            hint="choose --gpus (or the step's GPUs) as a multiple of it",
+        )
+    return [GpuInfo.group(gpus[i : i + per_rank]) for i in range(0, len(gpus), per_rank)]
 
 
 def _restricted(slots: list[Slot], chosen: list[GpuInfo] | None) -> list[Slot]:
@@ -313,14 +363,17 @@ class Started(Struct):
     def daemon(self, slot: Slot) -> Daemon:
         return self.att.daemons.daemon(slot.key)
 
-    def ended(self, outcome: Outcome) -> None:
-        """One program of the run ended: into the job's run record at once where the run
-        holds its job (user mode: ``status`` shows it while the run goes on, and the last
-        owner's summary collects it), else kept for the summary of this owner alone."""
-        if self.att.ref is not None and records.save(self.att.layout, [outcome]):
-            self.recorded.append(outcome)
+    def ended(self, *outcomes: Outcome) -> None:
+        """Programs of the run ended: into the job's run record at once (one file for them
+        all) where the run holds its job (user mode: ``status`` shows them while the run goes
+        on, and the last owner's summary collects them), else kept for the summary of this
+        owner alone."""
+        if not outcomes:
+            return
+        if self.att.ref is not None and records.save(self.att.layout, outcomes):
+            self.recorded.extend(outcomes)
         else:
-            self.outcomes.append(outcome)
+            self.outcomes.extend(outcomes)
 
 
 def execute(

@@ -48,6 +48,7 @@ __all__ = [
     "guard_ranks",
     "guarded",
     "outcomes_of",
+    "sleep_on",
     "spawn_rank",
     "watch",
 ]
@@ -141,10 +142,14 @@ def spawn_rank(
     stdout: int | None = None,
     stderr: int | None = None,
     stdin: int | None = None,
+    tag: str | None = None,
 ) -> Rank:
-    """Start one client: shielded, in our process group, in the caller's directory."""
-    check_program(argv, env)
-    tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
+    """Start one client: shielded, in our process group, in the caller's directory. ``tag``:
+    the caller's name for what it starts (``TREE_VAR``), whose program was checked once for
+    all (a farm's ``/bin/sh``); else a fresh one, the program checked now."""
+    if tag is None:
+        check_program(argv, env)
+        tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
     proc = _proc.spawn(
         argv,
         env={**env, TREE_VAR: tag},
@@ -447,10 +452,10 @@ def _nap(wake_fd: int, live: list[int | None], wake: float, extra: Sequence[int]
     ``wake``; ranks without a pidfd are polled (0.05 s)."""
     watched = [fd for fd in live if fd is not None]
     timeout = wake if len(watched) == len(live) else min(wake, 0.05)
-    _sleep([wake_fd, *watched, *extra], timeout)
+    sleep_on([wake_fd, *watched, *extra], timeout)
 
 
-def _sleep(fds: list[int], timeout: float) -> None:
+def sleep_on(fds: list[int], timeout: float) -> None:
     """poll, not select: a farm may hold descriptors past select's 1024."""
     poller = select.poll()
     for fd in fds:

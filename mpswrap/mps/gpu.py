@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._struct import Struct, asdict
-from ..errors import GpuChoiceError, GpuError
+from ..errors import GpuChoiceError, GpuError, LayoutError
 from ..jobenv import UUID_RE, parse_int_list
+from ..paths import list_dir, read_job_file
 from . import inventory_cache
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -52,6 +53,27 @@ class GpuInfo(Struct, frozen=True):
         cc, cpus = list(self.compute_capability), sorted(self.cpus)
         return {**asdict(self), "compute_capability": cc, "cpus": cpus}
 
+    @classmethod
+    def group(cls, gpus: Sequence[GpuInfo]) -> GpuInfo:
+        """Several GPUs that one daemon serves together, for ranks that use them all (a
+        rank of ``--gpus-per-rank N``): the UUIDs joined by commas are what the daemon's
+        and its clients' ``CUDA_VISIBLE_DEVICES`` name; the CPUs near any of them; the
+        oldest architecture (the client limit); the least memory of one of them."""
+        if len(gpus) == 1:
+            return gpus[0]
+        return cls(
+            index=gpus[0].index,
+            uuid=",".join(g.uuid for g in gpus),
+            minor=gpus[0].minor,
+            name=gpus[0].name,
+            compute_capability=min(g.compute_capability for g in gpus),
+            cpus=frozenset().union(*(g.cpus for g in gpus)),
+            numa_node=gpus[0].numa_node,
+            mig=any(g.mig for g in gpus),
+            memory_total=min(g.memory_total for g in gpus),
+            pci_bus_id=",".join(g.pci_bus_id for g in gpus),
+        )
+
 
 class Inventory(Struct):
     """The node's GPUs in NVML index order, plus driver facts."""
@@ -63,6 +85,9 @@ class Inventory(Struct):
     _nvml: Any = None
 
     def by_uuid(self, uuid: str) -> GpuInfo:
+        """The GPU of ``uuid``; for UUIDs joined by commas, their group (``GpuInfo.group``)."""
+        if "," in uuid:
+            return GpuInfo.group([self.by_uuid(u) for u in uuid.split(",")])
         for gpu in self.gpus:
             if gpu.uuid.lower() == uuid.lower():
                 return gpu
@@ -308,10 +333,10 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver
     has it). Each figure on its own (None where NVML cannot give it, e.g. utilisation on MIG);
-    None where NVML does not answer at all. A file inventory's GPUs are the simulator's: their
-    memory is its ledger (``sim.memory``), None for a file that is not there."""
+    None where NVML does not answer at all. A file inventory gives the same figures from its
+    memory folder (``MEMORY_DIR_SUFFIX``)."""
     if source != "nvml":
-        return _simulated(uuid, source)
+        return _file_usage(uuid, source)
     try:
         nvml = init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -334,18 +359,56 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     }
 
 
-def _simulated(uuid: str, source: str) -> dict[str, Any] | None:
-    if not os.path.isfile(source):
-        return None
-    from ..sim import memory  # the simulator's NVML: its memory model, stdlib only
+#: A file inventory's memory figures: a directory beside the file (``<FILE>.mem``), one folder
+#: per GPU UUID, one entry per process that holds memory there, named by its PID, holding
+#: ``<bytes> <start>`` (``<start>``: field 22 of ``/proc/<PID>/stat``, so that an entry whose
+#: process is gone, or whose PID was reused, counts for nothing, as the driver frees the memory
+#: of a process that exits). The simulator's clients write it (``sim.memory``); the processes
+#: of every user write there, so each entry is read as hostile input: no link, a few bytes.
+MEMORY_DIR_SUFFIX = ".mem"
+ENTRY_LIMIT = 64
+#: Entries of one GPU read at most (a GPU has at most 60 MPS clients per server).
+ENTRIES_LIMIT = 4096
 
-    used, total, processes = memory.usage(source, uuid)
+
+def _file_usage(uuid: str, source: str) -> dict[str, Any] | None:
+    """A file inventory's GPU as NVML would give it: its ``memory_total`` and the memory its
+    entries hold (above); None for a file that is not there or a GPU it does not list."""
+    try:
+        gpu = load_inventory(source).by_uuid(uuid)
+    except GpuError:
+        return None
+    held = _file_held(Path(f"{source}{MEMORY_DIR_SUFFIX}") / uuid)
     return {
-        "memory_used_bytes": used,
-        "memory_total_bytes": total,
+        "memory_used_bytes": sum(held.values()),
+        "memory_total_bytes": gpu.memory_total or None,
         "utilization_percent": None,
-        "processes": processes,
+        "processes": held,
     }
+
+
+def _file_held(folder: Path) -> dict[int, int]:
+    """PID -> bytes of the live processes a GPU's memory folder names."""
+    try:
+        names = list_dir(folder) or []
+    except LayoutError:
+        return {}
+    held: dict[int, int] = {}
+    for name in [n for n in names if n.isdigit() and len(n) < 11][:ENTRIES_LIMIT]:
+        words = (read_job_file(folder / name, ENTRY_LIMIT) or "").split()
+        if len(words) == 2 and words[0].isdigit() and _started(int(name)) == words[1]:
+            held[int(name)] = int(words[0])
+    return held
+
+
+def _started(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (its start, in clock ticks after boot); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        return data[data.rindex(b")") + 2 :].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _asked(query: Any) -> Any:

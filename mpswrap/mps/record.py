@@ -130,7 +130,7 @@ def _due(archive: Path) -> bool:
 
 
 def read_records(archive: Path, job: str) -> list[dict[str, Any]]:
-    """The records of ``job`` in ``archive``, one per node and GPU, oldest first."""
+    """The records of ``job`` in ``archive``, one per node and GPU, by node and GPU."""
     found = []
     for path in sorted(archive.glob(f"*-{job}-*{SUFFIX}")):
         try:
@@ -139,4 +139,7 @@ def read_records(archive: Path, job: str) -> list[dict[str, Any]]:
             continue
         if isinstance(data, dict) and data.get("job") == job:
             found.append(data)
-    return sorted(found, key=lambda r: (r.get("stopped") or 0, r.get("node"), r.get("gpu")))
+    # By node and GPU: a job's GPUs stop side by side, in no order of their own.
+    return sorted(
+        found, key=lambda r: (str(r.get("node")), str(r.get("gpu")), r.get("stopped") or 0)
+    )

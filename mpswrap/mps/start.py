@@ -31,7 +31,7 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["Defaults", "Start"]
+__all__ = ["Defaults", "Start", "log_started"]
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +160,6 @@ class Start(Struct):
         if self.root is not None and self.held is not None:
             self.held = replace(self.held, daemon=daemon, settings=applied)
             write_held(self.root.record, self.held)
-        log.info(
-            "started MPS daemon pid %d for %s (%s) cpus %s",
-            daemon.pid,
-            self.gpu.uuid,
-            self.dirs.key,
-            cpu_text(self.cpus),
-        )
         return manifest
 
     def _manifest(
@@ -275,6 +268,18 @@ def tail(path: Path, lines: int = 3) -> str:
 
 def cpu_text(cpus: list[int]) -> str:
     return ",".join(map(str, cpus)) if cpus else "unpinned"
+
+
+def log_started(manifest: Manifest) -> None:
+    """The line that says a daemon started (once each of a node's GPUs has started or failed,
+    in GPU order)."""
+    log.info(
+        "started MPS daemon pid %d for %s (%s) cpus %s",
+        manifest.daemon_pid,
+        manifest.gpu_uuid,
+        manifest.key,
+        cpu_text(manifest.cpus),
+    )
 
 
 def _say_once(line: str) -> None:

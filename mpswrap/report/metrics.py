@@ -16,24 +16,31 @@ label makes a new series for every process, so they come only when asked for
 (``process_labels``: a ``pid`` label on the client series, and ``mpswrap_client_info`` with
 the ``command``). A GPU's own figures are given once per GPU (``node``, ``gpu_uuid``), however
 many jobs share it. Units are Prometheus's base units: bytes, seconds, ratios (0-1).
-docs/reference.md lists the series.
+``mpswrap_build_info`` (1, labelled by mpswrap's version and the Python that wrote the file)
+says which mpswrap each node runs, as ``prometheus_build_info`` and ``python_info`` do; an
+installed wheel knows no commit, so there is no ``revision`` label. docs/reference.md lists
+the series.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from .._struct import Struct
 from ..errors import UsageError
 
-__all__ = ["FAMILIES", "Family", "render", "write_textfile"]
+__all__ = ["FAMILIES", "Family", "build_labels", "render", "write_textfile"]
 
 NODE = ("node",)
+#: What wrote the file: ``mpswrap_build_info``'s labels.
+BUILD = ("version", "python")
 JOB = ("node", "job_id", "job_dir")
 GPU = (*JOB, "user", "gpu", "gpu_uuid")
 TASK = (*GPU, "rank", "task")
@@ -61,6 +68,12 @@ class Family(Struct, frozen=True):
 
 #: The families ``render`` writes, in this order.
 FAMILIES = (
+    Family(
+        "mpswrap_build_info",
+        "gauge",
+        BUILD,
+        "1, labelled by the version of mpswrap and of the Python that wrote these metrics",
+    ),
     Family("mpswrap_jobs", "gauge", NODE, "MPS jobs of mpswrap on this node"),
     Family(
         "mpswrap_daemon_up", "gauge", GPU, "1 while the job's MPS control daemon of the GPU runs"
@@ -137,7 +150,13 @@ def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(int(value))
 
 
+def build_labels() -> dict[str, str]:
+    """``mpswrap_build_info``'s labels: this mpswrap's version and this Python's."""
+    return {"version": __version__, "python": ".".join(map(str, sys.version_info[:3]))}
+
+
 def _samples(status: dict[str, Any], process_labels: bool) -> Iterator[Sample]:
+    yield "mpswrap_build_info", build_labels(), 1
     yield "mpswrap_jobs", {"node": status["node"]}, len(status["jobs"])
     for job in status["jobs"]:
         at_job = {"node": job["node"], "job_id": job["job"], "job_dir": job["job_dir"]}

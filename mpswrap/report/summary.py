@@ -48,6 +48,8 @@ class NodeSummary(Struct, frozen=True):
     outcomes: Sequence[Outcome]
     teardown: str  # teardown_words(), BY_EPILOG, or why there was none
     ended_by_teardown: int = 0  # clients the final teardown ended by terminate_client
+    #: What the outcomes are: a launch's ranks, or a farm's tasks (its attempts).
+    noun: str = "rank"
 
     def line(self, now: float | None = None) -> str:
         outs = self.outcomes
@@ -55,20 +57,26 @@ class NodeSummary(Struct, frozen=True):
         first = min((o.start for o in outs if o.start), default=now)
         ended = sum(o.ended for o in outs) + self.ended_by_teardown
         return (
-            f"mpswrap: summary: node {self.node}: {len(outs)} rank{'s' * (len(outs) != 1)}, "
-            f"{_attached(outs)}, exit codes {_codes(outs)}, {ended} ended by "
+            f"mpswrap: summary: node {self.node}: {len(outs)} {self.noun}{'s' * (len(outs) != 1)}, "
+            f"{_attached(outs, self.noun)}, exit codes {_codes(outs)}, {ended} ended by "
             f"terminate_client, teardown {self.teardown}, {max(0.0, now - first):.2f} s"
         )
 
 
-def _attached(outcomes: Sequence[Outcome]) -> str:
-    """``A attached``, with ``(U not seen)`` / ``(K not checked)`` where some were not."""
+def _attached(outcomes: Sequence[Outcome], noun: str = "rank") -> str:
+    """``A attached``, with ``(U not seen)`` / ``(K not checked)`` where some were not. A
+    farm's task that ended before a check saw it (no CUDA, or too short to be listed) is no
+    alarm: ``(K ended before a check)``."""
     checked = [o for o in outcomes if o.attached is not None]
-    if not checked:
+    unchecked = len(outcomes) - len(checked)
+    if not checked and noun != "task":
         return "attach not checked"
     seen = sum(1 for o in checked if o.attached)
     notes = [f"{len(checked) - seen} not seen"] if seen < len(checked) else []
-    notes += [f"{len(outcomes) - len(checked)} not checked"] if len(checked) < len(outcomes) else []
+    if unchecked:
+        notes.append(
+            f"{unchecked} ended before a check" if noun == "task" else f"{unchecked} not checked"
+        )
     return f"{seen} attached" + (f" ({', '.join(notes)})" if notes else "")
 
 
@@ -89,8 +97,11 @@ def emit(summary: NodeSummary) -> None:
         print(summary.line(), file=sys.stderr, flush=True)
 
 
-def node_summary(done: Released) -> NodeSummary | None:
-    """The node's summary, from the last owner to leave; else None."""
+def node_summary(
+    done: Released, outcomes: Sequence[Outcome] | None = None, noun: str = "rank"
+) -> NodeSummary | None:
+    """The node's summary, from the last owner to leave; else None. ``outcomes``: the
+    caller's record of what ran (a farm's journal), instead of the run record's."""
     if done.outcomes is None:
         return None
     teardown = done.teardown
@@ -101,7 +112,8 @@ def node_summary(done: Released) -> NodeSummary | None:
     else:
         words = teardown_words(len(teardown.problems()))
     ended = sum(len(r.terminated) for r in teardown.gpus) if teardown else 0
-    return NodeSummary(done.att.layout.node, done.outcomes, words, ended)
+    outs = done.outcomes if outcomes is None else outcomes
+    return NodeSummary(done.att.layout.node, outs, words, ended, noun)
 
 
 def print_summary(done: Released) -> None:

@@ -1,4 +1,5 @@
-"""``python -m mpswrap.sim install-bin DIR [--faults FILE]`` | ``inventory FILE [--gpus N]``."""
+"""``python -m mpswrap.sim install-bin DIR [--faults FILE]`` | ``inventory FILE [--gpus N]``
+(``mpswrap sim ...`` runs the same with mpswrap's own interpreter)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,21 @@ import sys
 from . import install_bin
 from .inventory import write_inventory
 
+#: The commands, in the order ``--help`` lists them.
+COMMANDS = ("install-bin", "inventory")
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpswrap.sim", description=__doc__)
+
+def main(argv: list[str] | None = None, prog: str = "python -m mpswrap.sim") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    bins = sub.add_parser("install-bin", help="write nvidia-cuda-mps-control, mps-sim-client")
+    bins = sub.add_parser(COMMANDS[0], help="write nvidia-cuda-mps-control, mps-sim-client")
     bins.add_argument("dir")
     bins.add_argument("--faults", default=None, help="fault file (MPSWRAP_SIM_FAULTS)")
-    inv = sub.add_parser("inventory", help="write a fake NVML inventory (JSON)")
+    inv = sub.add_parser(COMMANDS[1], help="write a fake NVML inventory (JSON)")
     inv.add_argument("file")
     inv.add_argument("--gpus", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.cmd == "install-bin":
+    if args.cmd == COMMANDS[0]:
         print(install_bin(args.dir, faults=args.faults))
     else:
         print(write_inventory(args.file, args.gpus))

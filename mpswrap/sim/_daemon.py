@@ -12,6 +12,7 @@ import contextlib
 import os
 import selectors
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,8 @@ class Daemon:
             # (PID, start time, servers as children) running another program, environment
             # cleared, that restarts a child whenever it ends. Only root's record and cgroup
             # still say it is the daemon.
-            respawn = "while :; do sleep 300 & wait; done"
-            os.execve("/bin/sh", ["sh", "-c", respawn], {})  # noqa: S606 - fixed, on purpose
+            respawn = "import subprocess\nwhile True:\n    subprocess.run(['/bin/sleep', '300'])"
+            os.execve(sys.executable, [sys.executable, "-c", respawn], {})  # noqa: S606
         if faults.hangs(name):
             return  # never answered; the connection stays until the caller gives up
         if self.quitting is not None or self.terminations:

@@ -1,6 +1,7 @@
-"""The simulated GPUs' memory: the one model that the simulated client (which allocates, and
-fails as CUDA does when its GPU has no room) and mpswrap's simulated NVML (``mps.gpu.usage``
-of a file inventory) both read.
+"""The simulated GPUs' memory: the simulated client allocates (and fails as CUDA does when
+its GPU has no room) in a ledger kept in the format a file inventory gives its GPUs' memory
+in (``mps.gpu.MEMORY_DIR_SUFFIX``), so that mpswrap reads it as it reads NVML's figures,
+without knowing the simulator (``mps.gpu.usage`` of a file inventory).
 
 A GPU's memory is a ledger, the directory ``<inventory file>.mem/<GPU UUID>/``: one file per
 client that holds memory, named by its PID, holding ``<bytes> <start time>``. The GPU's total

@@ -1,26 +1,30 @@
-"""``python -m mpswrap.slurm install|uninstall ...``: the same as ``mpswrap install-hooks`` and
-``mpswrap uninstall-hooks``, for a node where only the interpreter is at hand."""
+"""``python -m mpswrap.slurm install|uninstall ...``: ``mpswrap install-hooks`` and
+``mpswrap uninstall-hooks`` under the names an admin types where only the interpreter is at
+hand; the same rows of the command table, parsed and run the same way."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ..errors import MpswrapError
-from .install import add_install_arguments, add_uninstall_arguments, install, uninstall
+from ..cli.main import main as cli_main
+
+#: This entrance's words, and the commands they are.
+WORDS = {"install": "install-hooks", "uninstall": "uninstall-hooks"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpswrap.slurm", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_install_arguments(sub.add_parser("install", help="install the Slurm hook shims"))
-    add_uninstall_arguments(sub.add_parser("uninstall", help="remove the Slurm hook shims"))
-    args = parser.parse_args(argv)
-    try:
-        return install(args) if args.cmd == "install" else uninstall(args)
-    except MpswrapError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: python -m mpswrap.slurm {{install|uninstall}} ...\n\n{__doc__}")
+        return 0
+    if not argv or argv[0] not in WORDS:
+        print(
+            "mpswrap: python -m mpswrap.slurm takes install or uninstall\n"
+            "hint: python -m mpswrap.slurm install --help",
+            file=sys.stderr,
+        )
+        return 2
+    return cli_main([WORDS[argv[0]], *argv[1:]])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 install.sh and uninstall.sh stay the one owner of that logic (path checks, root-owned atomic
 copies, the refusal to remove shims slurm.conf still names); this module finds them inside
-the installed package and runs them with bash, so a wheel is all an admin needs.
+the installed package and runs them with bash, so a wheel is all an admin needs. Their
+messages then start with the command the admin ran (``install-hooks:``), not the script's
+name.
 """
 
 from __future__ import annotations
@@ -79,13 +81,13 @@ def install(args: argparse.Namespace) -> int:
     argv = ["--python", args.python, "--config", args.config, "--dest", args.dest]
     if args.spank:
         argv.append("--spank")
-    return _run_script("install.sh", argv + _modules(args))
+    return _run_script("install.sh", [*argv, *_modules(args), "--prog", "install-hooks"])
 
 
 def uninstall(args: argparse.Namespace) -> int:
     """Remove the shims (uninstall.sh): ``--dest``, ``--modulefile``, ``--force``."""
     argv = ["--dest", args.dest, *_modules(args), *(["--force"] if args.force else [])]
-    return _run_script("uninstall.sh", argv)
+    return _run_script("uninstall.sh", [*argv, "--prog", "uninstall-hooks"])
 
 
 def _modules(args: argparse.Namespace) -> list[str]:

@@ -23,16 +23,13 @@ __all__ = [
     "holds_part_of_node",
     "is_launcher_daemon_step",
     "job_opted_in",
+    "job_state",
     "node_share",
     "os_cpus",
     "scontrol",
     "scontrol_job",
     "signal_step",
 ]
-
-#: Daemons that MPI launchers start with srun, one per node: their children are the ranks,
-#: which must not all inherit one GPU (Open MPI 4 orted, PRRTE prted, MPICH hydra).
-LAUNCHER_DAEMONS = ("orted", "prted", "hydra_pmi_proxy", "hydra_bstrap_proxy")
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +47,14 @@ def scontrol(env: JobEnv, argv: list[str]) -> _proc.Result:
     return _proc.run([binary, *argv], env=run_env, timeout=SCONTROL_TIMEOUT)
 
 
-def signal_step(env: JobEnv, sig: int) -> bool:
+def signal_step(env: JobEnv, sig: int, launchers: Sequence[str]) -> bool:
     """Send ``sig`` to every task of this task's srun step (``scancel --signal``), so that
     each task's own supervisor ends its rank through the ladder; the caller is one of them.
-    False, with a warning, when there is no such step or scancel failed."""
+    False, with a warning, when there is no such step, a launcher of ``launchers`` (process
+    names: ``job.launchers.daemon_names``) stands between slurmstepd and us (it ends its
+    ranks itself), or scancel failed."""
     step = env.srun_step
-    if step is None or not _under_srun():
+    if step is None or not _under_srun(launchers):
         return False
     run_env = {"PATH": _proc.SAFE_PATH, **{k: v for k, v in env.env.items() if k == "SLURM_CONF"}}
     try:
@@ -72,10 +71,9 @@ def signal_step(env: JobEnv, sig: int) -> bool:
     return True
 
 
-def _under_srun() -> bool:
-    """This process descends from slurmstepd without an MPI launcher or its daemon between
-    (whose ranks that launcher ends itself when one fails)."""
-    launchers = {*LAUNCHER_DAEMONS, "mpirun", "mpiexec", "orterun", "prterun"}
+def _under_srun(launchers: Sequence[str]) -> bool:
+    """This process descends from slurmstepd without a launcher of ``launchers`` or its
+    daemon between (whose ranks that launcher ends itself when one fails)."""
     for name in _proc.ancestor_names():
         if name.startswith("slurmstepd"):
             return True
@@ -122,8 +120,24 @@ def scontrol_job(env: JobEnv) -> dict[str, str]:
     return _scontrol(env, "job", job) if job else {}
 
 
-def is_launcher_daemon_step(env: JobEnv) -> bool:
-    """True for a step that runs an MPI launcher's per-node daemon (e.g. mpirun's orted).
+#: A job id a farm's journal may name (digits; an array task's ``_N``): nothing else reaches
+#: scontrol's argv.
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+
+
+def job_state(env: JobEnv, job: str) -> str | None:
+    """Slurm's state of job ``job`` (``RUNNING``, ``COMPLETED``, ...); None where the id is no
+    job id or Slurm does not answer (a job long over is forgotten)."""
+    if not _JOB_ID.fullmatch(job):
+        return None
+    state = _scontrol(env, "job", job).get("JobState")
+    return state if state and state.isalpha() and state.isupper() else None
+
+
+def is_launcher_daemon_step(env: JobEnv, daemons: Sequence[str]) -> bool:
+    """True for a step that runs one of ``daemons``, an MPI launcher's per-node daemon (e.g.
+    mpirun's orted; ``job.launchers``): its children are the ranks, which must not all
+    inherit one GPU.
 
     Its environment looks like any other step's; only the step's name tells (Slurm names a
     step after its program). One bounded scontrol call, made only for jobs with daemons.
@@ -132,7 +146,7 @@ def is_launcher_daemon_step(env: JobEnv) -> bool:
     if job is None or not env.is_real_step:
         return False
     step = _scontrol(env, "step", f"{job}.{env.step_id}")
-    return step.get("Name", "").rsplit("/", 1)[-1] in LAUNCHER_DAEMONS
+    return step.get("Name", "").rsplit("/", 1)[-1] in daemons
 
 
 def _words(text: str) -> set[str]:

@@ -2,18 +2,20 @@
 # mpswrap/slurm/uninstall.sh -- remove the shims that install.sh put in DEST
 # (usually run as `mpswrap uninstall-hooks`).
 #
-#   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--modulefile DIR] [--force]
+#   uninstall.sh [--dest /usr/local/libexec/mpswrap] [--modulefile DIR] [--force] [--prog NAME]
 #
 # Remove the Prolog=, Epilog= and TaskProlog= lines from slurm.conf and reconfigure FIRST:
 # while slurm.conf still names a missing prolog, every job on the node fails its prolog
 # and Slurm drains the node.  If scontrol can reach the cluster and still reports hooks in
 # DEST, this script refuses unless --force.  Only files that carry install.sh's marker are
 # removed (--modulefile: the modules in DIR/mpswrap too); a directory is removed if that
-# leaves it empty.  Idempotent.
+# leaves it empty.  Idempotent.  Messages start with NAME: (default uninstall.sh; mpswrap
+# uninstall-hooks passes uninstall-hooks).
 set -euo pipefail
 
-die() { echo "uninstall.sh: ERROR: $*" >&2; exit 1; }
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+ME=uninstall.sh  # the name messages start with: --prog
+die() { echo "$ME: ERROR: $*" >&2; exit 1; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 DEST=/usr/local/libexec/mpswrap FORCE=0 MODULES=""
 while [ $# -gt 0 ]; do
@@ -21,8 +23,9 @@ while [ $# -gt 0 ]; do
     --dest) [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
     --modulefile) [ $# -ge 2 ] || usage; MODULES=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
+    --prog) [ $# -ge 2 ] || usage; ME=$2; shift 2 ;;
     -h|--help) usage 0 ;;
-    *) echo "uninstall.sh: unknown argument '$1'" >&2; usage ;;
+    *) echo "$ME: unknown argument '$1'" >&2; usage ;;
   esac
 done
 [[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
@@ -34,10 +37,13 @@ remove_marked() {
   [ -e "$1" ] || [ -L "$1" ] || return 0
   if [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %u "$1")" = 0 ] &&
      head -c 4096 "$1" | grep -Eq "^$2"; then
-    rm -f "$1"; echo "uninstall.sh: removed $1"
-  else echo "uninstall.sh: $1 is not $3: left alone" >&2; fi
+    rm -f "$1"; echo "$ME: removed $1"
+  else echo "$ME: $1 is not $3: left alone" >&2; fi
 }
-[ -d "$DEST" ] || [ -n "$MODULES" ] || { echo "uninstall.sh: $DEST does not exist: nothing to do"; exit 0; }
+if [ -L "$DEST" ] || { [ -e "$DEST" ] && [ ! -d "$DEST" ]; }; then
+  die "$DEST is not a directory: no shims of mpswrap there"
+fi
+[ -d "$DEST" ] || [ -n "$MODULES" ] || { echo "$ME: $DEST does not exist: nothing to do"; exit 0; }
 
 if [ "$FORCE" = 0 ] && command -v scontrol >/dev/null; then
   if conf=$(timeout 10 scontrol show config 2>/dev/null) &&
@@ -61,25 +67,25 @@ if [ -n "$MODULES" ] && [ -d "$MODULES/mpswrap" ]; then
   [ "$(stat -c %u:%a "$MODULES/mpswrap")" = 0:755 ] ||
     die "$MODULES/mpswrap is not root's with mode 755: remove its mpswrap modules by hand"
   for p in "$MODULES"/mpswrap/*; do remove_marked "$p" '# mpswrap module: ' "an mpswrap module"; done
-  if rmdir "$MODULES/mpswrap" 2>/dev/null; then echo "uninstall.sh: removed $MODULES/mpswrap"; fi
+  if rmdir "$MODULES/mpswrap" 2>/dev/null; then echo "$ME: removed $MODULES/mpswrap"; fi
 fi
-[ -d "$DEST" ] || { echo "uninstall.sh: $DEST does not exist: nothing else to do"; exit 0; }
+[ -d "$DEST" ] || { echo "$ME: $DEST does not exist: nothing else to do"; exit 0; }
 
 for f in prolog task_prolog epilog; do
   p=$DEST/$f
   [ -e "$p" ] || continue
   if grep -Eq '^# mpswrap Slurm shim[:,] ' "$p"; then  # ",": the marker of earlier shims
-    rm -f "$p"; echo "uninstall.sh: removed $p"
+    rm -f "$p"; echo "$ME: removed $p"
   else
-    echo "uninstall.sh: $p is not an mpswrap shim: left alone" >&2
+    echo "$ME: $p is not an mpswrap shim: left alone" >&2
   fi
 done
 # The SPANK plugin (install.sh --spank), known by a message of its own.
 p=$DEST/mpswrap_spank.so
 if [ -e "$p" ]; then
-  if grep -aqF 'mpswrap: bad --mps policy' "$p"; then rm -f "$p"; echo "uninstall.sh: removed $p"
-  else echo "uninstall.sh: $p is not mpswrap's plugin: left alone" >&2; fi
+  if grep -aqF 'mpswrap: bad --mps policy' "$p"; then rm -f "$p"; echo "$ME: removed $p"
+  else echo "$ME: $p is not mpswrap's plugin: left alone" >&2; fi
 fi
 remove_marked "$DEST/bin/mpswrap" '# mpswrap command: ' "mpswrap's command"
-if rmdir "$DEST/bin" 2>/dev/null; then echo "uninstall.sh: removed $DEST/bin"; fi
-if rmdir "$DEST" 2>/dev/null; then echo "uninstall.sh: removed $DEST"; fi
+if rmdir "$DEST/bin" 2>/dev/null; then echo "$ME: removed $DEST/bin"; fi
+if rmdir "$DEST" 2>/dev/null; then echo "$ME: removed $DEST"; fi

@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from mpswrap.errors import ControlError
-from mpswrap.job.gpumemory import FULL_FRACTION, OOM_TEXT
 from mpswrap.mps.gpu import usage
 from mpswrap.mps.mpslog import read_faults, server_pids
 from mpswrap.sim.inventory import MEMORY_TOTAL
+from mpswrap.taskfarm.admission import FULL_FRACTION, OOM_TEXT
 from tests.waits import wait_until
 
 from .conftest import Backend

@@ -109,8 +109,8 @@ def _bad(
 ) -> Case:
     """A bad value of one option: exit 2 and one line naming the option (``argument FLAG:``
     from the parser, or the check that knows the limit)."""
-    words = (command,) if command else ()
-    name = f"value-{command or 'wrap'}{flag}-{value or 'empty'}".replace("/", "-")
+    words = tuple(command.split())
+    name = f"value-{command or 'wrap'}{flag}-{value or 'empty'}".replace("/", "-").replace(" ", "-")
     if hint is None:
         hint = f"\nhint: mpswrap {command} --help" if message.startswith("argument") else ""
     argv = (*words, flag, value, *rest)
@@ -137,6 +137,8 @@ OPTION_VALUES: tuple[Case, ...] = (
          *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
          "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--gpus-per-rank", "0", "argument --gpus-per-rank: invalid value '0': expected a "
+         "whole number, 1 or more", *APP, hint="\nhint: mpswrap --help"),
     _bad("run", "--grace", "nan", "argument --grace: invalid value 'nan': expected seconds 0 or "
          "more", "-n", "1", *APP),
     _bad("run", "-n", "x", "argument -n/--np: invalid int value: 'x'", *APP),
@@ -144,7 +146,13 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--retries", "-1", "bad --retries (-1): must be >= 0", "tasks.txt", hint=""),
     _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
          "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
-    _bad("farm", "--plot", "", "argument --plot: invalid value '': expected a path", "status"),
+    _bad("farm status", "--plot", "", "argument --plot: invalid value '': expected a path"),
+    _bad("farm", "--timeout", "0", f"argument --timeout: invalid value '0': {_SECONDS_0}",
+         "tasks.txt"),
+    _bad("farm", "--heartbeat", "-1", "argument --heartbeat: invalid value '-1': expected "
+         "seconds 0 or more", "tasks.txt"),
+    _bad("farm", "--halt", "soon", "bad --halt (soon)", "tasks.txt",
+         hint="\nhint: use never, now,fail=N, soon,fail=N or soon,fail=P% (N >= 1, P 1-100)"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
@@ -258,7 +266,12 @@ CASES: tuple[Case, ...] = (
          "mpswrap: argument --priority: invalid choice: '7' (choose from '0', '1')\n"
          "hint: mpswrap start --help", 2, option="start --priority"),
     Case("cli-unknown-option", "arguments", ("start", "--bogus"),
-         "mpswrap: unrecognized arguments: --bogus\nhint: mpswrap --help", 2),
+         "mpswrap: unknown option '--bogus'\nhint: mpswrap start --help", 2),
+    Case("cli-near-option", "arguments", ("run", "--polcy", "block", "-n", "1", "--", "true"),
+         "mpswrap: unknown option '--polcy' (did you mean '--policy'?)\nhint: mpswrap run --help",
+         2),
+    Case("cli-near-wrapper-option", "arguments", ("--gpu", "0", "run", "-n", "1", "--", "true"),
+         "mpswrap: unknown option '--gpu' (did you mean '--gpus'?)\nhint: mpswrap --help", 2),
     Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
          "mpswrap: --threads: bad value for active_thread_percentage ('0' in argument): "
          "expected a percentage in (0, 100]", 2, option="start --threads"),

@@ -7,13 +7,13 @@ policy (prolog_failure = continue: 0; drain: 1; epilog_failure = drain: 1).
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import pytest
 
 from mpswrap.cli import main as cli
-from mpswrap.cli.options import HOOK_COMMANDS, WRAPPER_OPTIONS
+from mpswrap.cli.commands import HOOKS
+from mpswrap.cli.options import WRAPPER_OPTIONS
 from mpswrap.errors import ConfigError, MpswrapError, UsageError
 from tests.functional.bad_input_table import CASES, Case, run_case
 
@@ -39,17 +39,15 @@ def test_exit_codes_follow_the_error_classes() -> None:
 #: Commands whose bad values are not judged here: the Slurm hooks exit by the admin's failure
 #: policy, and install-hooks/uninstall-hooks change the system (tests/functional/
 #: test_install_hooks.py runs them in a sandbox).
-NOT_HERE = {*HOOK_COMMANDS, "install-hooks", "uninstall-hooks"}
+NOT_HERE = {*HOOKS, "install-hooks", "uninstall-hooks"}
 
 
 def _valued_options() -> set[str]:
     """``COMMAND --FLAG`` for every option of every command that takes a value; the wrapper
     options of the launch modes (one table, one check) as ``--FLAG``."""
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     wrapper = {flags[0] for flags, _ in WRAPPER_OPTIONS}
     found = {flags[0] for flags, kw in WRAPPER_OPTIONS if kw.get("action") != "store_true"}
-    for name, command in {"": parser, **sub.choices}.items():
+    for name, command in cli.parsers().items():
         for action in command._actions:
             flag = next(iter(action.option_strings), None)
             if flag and action.nargs != 0 and flag not in wrapper and name not in NOT_HERE:

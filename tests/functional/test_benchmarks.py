@@ -215,3 +215,23 @@ def test_farm_benchmark_sets_run_each_way_on_the_simulator_resume_and_report(
     res = subprocess.run(spent, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "budget reached" in res.stdout, res.stderr[-3000:]
     assert not (tmp_path / "spent.json").exists(), "nothing ran, nothing written"
+
+
+@pytest.mark.timeout(300)
+def test_farm_beside_gnu_parallel_quick_runs_and_records(tmp_path: Path) -> None:
+    """benchmarks/farm_parallel.py --quick (issue 44): the farm and, where installed, GNU
+    parallel and HyperQueue run the same ``true`` tasks; the record has each one's seconds, the
+    ratio, and the bigger farm's peak RSS. Not timed: the figures are docs/benchmarks.md's."""
+    out = tmp_path / "par.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "farm_parallel.py"), "--quick"]
+    res = subprocess.run(
+        [*argv, "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=280
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    farm = data["true"]["farm"]
+    assert farm["exit_code"] == 0 and farm["left"] == [] and farm["seconds"] > 0
+    assert data["flat"]["exit_code"] == 0 and data["flat"]["peak_rss_kib"] > 0
+    if data["true"]["parallel"] is not None:
+        assert data["farm_over_parallel"] is not None
+    assert "farm / parallel:" in res.stdout and "farm peak RSS" in res.stdout

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from mpswrap.cli import main as cli
 from mpswrap.cli import options
+from mpswrap.cli.commands import COMMANDS
 from mpswrap.errors import EXIT_CODES
 from tests.simenv import SimNode
 
@@ -77,7 +78,7 @@ def test_after_dashdash_a_word_is_always_a_program(node: SimNode) -> None:
 def test_help_lists_every_mode_and_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     text = capsys.readouterr().out
-    for word in [*cli.HANDLERS, "run", *options.LAUNCHERS]:
+    for word in [*(c.name for c in COMMANDS), *options.LAUNCHERS]:
         assert re.search(rf"\b{re.escape(word)}\b", text), word
     for mode in ("[--] PROGRAM", "run -n N", "srun mpswrap ./app"):
         assert mode in text, mode

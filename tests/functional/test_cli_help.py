@@ -1,4 +1,4 @@
-"""What the command line says about itself, all made from the one parser: each command's help
+"""What the command line says about itself, all made from the command table: each command's help
 (a description and two examples), every option's default, the man page as ``man`` renders it,
 and bash completion as a real bash runs it."""
 
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.functional
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+    return {name: parser for name, parser in cli.parsers().items() if name}
 
 
 COMMANDS = list(_commands())
@@ -46,7 +45,7 @@ def _mpswrap(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_every_command_has_a_description_and_two_examples(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for argv in (["help", name], [name, "--help"]):
+    for argv in (["help", *name.split()], [*name.split(), "--help"]):
         assert cli.main(argv) == 0
         text = capsys.readouterr().out
         usage, description, *_ = text.split("\n\n")
@@ -56,18 +55,23 @@ def test_every_command_has_a_description_and_two_examples(
         assert len([e for e in examples if e.startswith("  ") and "mpswrap" in e]) == 2, text
 
 
-def test_farm_says_what_policy_means_for_a_farm(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["farm", "--help"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
-    policy = text.split("--policy {block,cyclic,affinity}")[1].split(" --threads")[0]
-    assert "farm" in policy and "task" in policy, policy
+@pytest.mark.parametrize(
+    ("name", "absent"), [("farm", "--policy"), ("calibrate", "--verify-attach")]
+)
+def test_a_command_offers_only_options_that_act_on_it(
+    name: str, absent: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An option with no effect on a command is not one of its options: refused by name."""
+    assert cli.main([name, "--help"]) == 0
+    assert absent not in capsys.readouterr().out
+    assert cli.main([absent, "x", name, "tasks.txt"]) == 2
+    assert f"mpswrap: unknown option '{absent}'" in capsys.readouterr().err
 
 
 def _actions() -> list[tuple[str, argparse.Action]]:
-    top = ("", cli.build_parser())
     return [
         (name, action)
-        for name, parser in [top, *_commands().items()]
+        for name, parser in cli.parsers().items()
         for action in parser._actions
         if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
     ]
@@ -141,15 +145,19 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_completion_completes_commands(script: str) -> None:
     assert _complete(script, "mpswrap", "ru") == ["run"]
     assert _complete(script, "mpswrap", "--gpus", "0", "st") == ["start", "status", "stop"]
-    assert _complete(script, "mpswrap", "") == sorted([*COMMANDS, *LAUNCHERS])
+    assert _complete(script, "mpswrap", "") == sorted(
+        {*(c.split()[0] for c in COMMANDS), *LAUNCHERS}
+    )
     assert _complete(script, "mpswrap", "help", "ca") == ["calibrate"]
+    assert "status" in _complete(script, "mpswrap", "farm", "")  # farm status, or a task file
+    assert _complete(script, "mpswrap", "farm", "status", "--j") == ["--json"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_completion_completes_each_commands_own_options(script: str, name: str) -> None:
     parser = _commands()[name]
     want = sorted(f for a in parser._actions for f in a.option_strings if f.startswith("--"))
-    assert _complete(script, "mpswrap", name, "--") == want
+    assert _complete(script, "mpswrap", *name.split(), "--") == want
 
 
 def test_completion_completes_option_values(script: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -112,3 +113,73 @@ def test_every_doc_is_run_here_or_by_another_tier() -> None:
     assert runnable_blocks(TUTORIAL)[0].tag == "setup", "the tutorial starts with its set-up"
     for doc in (TUTORIAL, REPO / "README.md", REPO / "docs" / "howto-users.md"):
         assert runnable_blocks(doc), f"{doc.name} has no runnable block"
+
+
+def _linked_install(root: Path) -> dict[str, str]:
+    """The README's install in ``root``: a link on PATH to a virtual environment's
+    ``bin/mpswrap`` (a console script with that environment's interpreter), and a ``python3``
+    without mpswrap, as the system's is. Only the script itself imports the tree under test
+    (and passes it on to what mpswrap starts); the shell has no PYTHONPATH."""
+    script = root / "venv" / "bin" / "mpswrap"
+    script.parent.mkdir(parents=True)
+    script.write_text(
+        f"#!{sys.executable}\nimport os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        f"os.environ['PYTHONPATH'] = {str(REPO)!r}\n"
+        "from mpswrap.cli.main import main\nsys.exit(main())\n"
+    )
+    links = root / "local" / "bin"
+    links.mkdir(parents=True)
+    (links / "mpswrap").symlink_to(script)
+    # No site-packages (-S), no PYTHONPATH (-I): this python3 cannot import mpswrap.
+    (links / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    for program in (script, links / "python3"):
+        program.chmod(0o755)
+    (root / "home").mkdir()
+    (root / "clone").mkdir()
+    env = {k: v for k, v in doc_env().items() if k not in ("PYTHONPATH", "XDG_RUNTIME_DIR")}
+    return {
+        **env,
+        "PATH": f"{links}:/usr/bin:/bin",
+        "HOME": str(root / "home"),
+        "MPSWRAP_RUN_DIR": str(root / "run"),
+        "MPSWRAP_USER_RUN_DIR": str(root / "user"),
+    }
+
+
+def test_the_tutorials_set_up_works_through_a_link_to_the_venvs_mpswrap() -> None:
+    """The tutorial's first blocks (the simulator, then ``mpswrap config``) where ``mpswrap``
+    is the README's link and ``python3`` has no mpswrap: ``mpswrap sim`` writes programs that
+    run mpswrap's interpreter (``python3 -m mpswrap.sim`` fails there)."""
+    tutorial = runnable_blocks(TUTORIAL)
+    blocks = [b for b in tutorial if b.tag == "setup"]
+    blocks.append(tutorial[len(blocks)])
+    assert "mpswrap config" in blocks[-1].code, blocks[-1].where
+    root = Path(tempfile.mkdtemp(prefix="mpsw-doc-", dir="/tmp"))
+    try:
+        env = _linked_install(root)
+        done = run_blocks(blocks, env, root / "clone", root / "state.sh", timeout=120)
+        found = problems(done, blocks)
+        client = root / "home" / "mps-sim" / "mps-sim-client"
+        ran = subprocess.run(
+            ["sh", "-c", f'[ -x "{client}" ] && exec "{client}" --seconds 0'],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        old = subprocess.run(
+            ["python3", "-m", "mpswrap.sim", "inventory", str(root / "x.json")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        sim = subprocess.run(["mpswrap", "sim"], env=env, capture_output=True, text=True)
+    finally:
+        left = finish_sim_node(SimNode(root))
+    assert not found, "\n\n".join(found)
+    assert ran.returncode == 0 and "mps-sim-client" in ran.stdout, ran.stdout + ran.stderr
+    assert old.returncode == 1 and "No module named 'mpswrap'" in old.stderr, old.stderr
+    assert sim.returncode == 2, sim.stderr
+    assert sim.stderr.splitlines()[-1] == "hint: mpswrap sim --help", sim.stderr
+    assert not left, left

@@ -131,8 +131,11 @@ def test_sigterm_mid_farm_ends_every_task_through_terminate_client_and_leaves_no
     assert proc.returncode == 128 + signal.SIGTERM, err
     ends = [r["reason"] for r in records(rec) if r["event"] == "end"]
     assert ends == ["terminated"] * 4, ends
-    assert state(farm_dir) == []  # nothing finished: all ten run again next time
-    assert "10 not run" in out, out
+    # The four that ran are recorded as interrupted (they were, by the signal), not as done or
+    # failed: all ten run again next time.
+    interrupted = state(farm_dir)
+    assert [r["status"] for r in interrupted] == ["interrupted"] * 4, interrupted
+    assert "4 interrupted, 6 not run" in out, out
     assert not any(node.user_run_dir.glob("*/*"))
 
 
@@ -221,7 +224,7 @@ def test_tasks_from_stdin_and_the_python_api(node: SimNode) -> None:
     assert "result 1" in res.stderr and res.stderr.count("('done', 0)") == 3, res.stderr
     assert "('failed', 5)" in res.stderr, res.stderr
     logged = [ln for ln in res.stderr.splitlines() if ln.startswith("mpswrap.entry.farm: ")]
-    assert any("farm: 4 task(s): 3 done, 1 failed, 0 not run" in ln for ln in logged), logged
+    assert any("farm: 4 tasks: 3 done, 1 failed, 0 not run" in ln for ln in logged), logged
     assert any("farm: task 3 failed (exit 5)" in ln for ln in logged), logged
 
 
@@ -283,7 +286,9 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
         timeout=60,
     )
     assert table.returncode == 0, table.stderr
-    assert "recommended: mpswrap farm --per-gpu 1 --threads" in table.stdout
+    # One copy under MPS costs the simulated client's attach: where MPS loses to time-slicing
+    # calibrate says so and recommends running without it, naming the MPS choice still.
+    assert "recommended: " in table.stdout and "--per-gpu 1 --threads" in table.stdout
 
 
 @pytest.mark.parametrize(
@@ -336,7 +341,7 @@ def test_running_again_with_everything_done_starts_nothing(node: SimNode) -> Non
     first = node.run("farm", "--dir", str(node.root / "f"), str(tasks), PATH=os.environ["PATH"])
     assert first.returncode == 0, first.stderr
     again = node.run("farm", "--dir", str(node.root / "f"), str(tasks), PATH=os.environ["PATH"])
-    assert again.returncode == 0 and "nothing to run: 2 task(s), all done before" in again.stdout
+    assert again.returncode == 0 and "nothing to run: 2 tasks, all done before" in again.stdout
     assert "started MPS daemon" not in again.stderr
 
 
@@ -393,7 +398,9 @@ def test_a_task_that_exits_0_when_the_farm_is_stopped_is_not_recorded_as_done(
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert state(farm_dir) == [] and "2 not run" in out, out
+    # Recorded as interrupted (a stop ended them), never as done: both run again next time.
+    assert [r["status"] for r in state(farm_dir)] == ["interrupted"] * 2, out
+    assert "2 interrupted, 0 not run" in out, out
 
 
 def test_a_second_farm_on_the_same_directory_is_refused(node: SimNode) -> None:
@@ -499,7 +506,7 @@ def test_a_tasks_client_under_its_shell_is_ended_through_terminate_client(
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert [r["reason"] for r in records(rec) if r["event"] == "end"] == ["terminated"] * 2
-    assert "2 not run" in out, out
+    assert "2 interrupted, 0 not run" in out, out
     assert not any(node.user_run_dir.glob("*/*"))
 
 
@@ -516,7 +523,7 @@ def test_farm_status_from_another_shell_while_it_runs_and_after(node: SimNode) -
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"farm tasks.txt.farm: running on node {_node(farm_dir)}")
-    assert lines[1].startswith("  5 task(s): 2 done, 0 failed, 2 running, 1 not run"), lines
+    assert lines[1].startswith("  5 tasks: 2 done, 0 failed, 2 running, 1 not run"), lines
     assert "ETA" in lines[1], lines
     running = sorted(ln for ln in lines if ln.startswith("  running:"))
     assert [ln.split(",")[0] for ln in running] == [
@@ -536,7 +543,7 @@ def test_farm_status_from_another_shell_while_it_runs_and_after(node: SimNode) -
     after = node.run("farm", "status")  # the one *.farm here
     assert after.returncode == 0, after.stderr
     assert "ended" in after.stdout and "exit code 0" in after.stdout, after.stdout
-    assert "5 task(s): 5 done, 0 failed, 0 running, 0 not run" in after.stdout
+    assert "5 tasks: 5 done, 0 failed, 0 running, 0 not run" in after.stdout
 
 
 def _starts(farm_dir: Path) -> int:
@@ -562,7 +569,8 @@ def test_farm_status_refuses_what_is_no_farm_and_a_list_named_status_still_runs(
     assert foreign.returncode == 2
     assert foreign.stderr.startswith("mpswrap: not a farm directory (no state file) (empty)")
     which = node.run("farm", "status")
-    assert which.returncode == 2 and "which farm?: none here" in which.stderr, which.stderr
+    # Without DIR: every farm here; none is a usage error.
+    assert which.returncode == 2 and "no farm here" in which.stderr, which.stderr
     fifo = node.root / "fifo.farm"
     fifo.mkdir()
     os.mkfifo(fifo / "state.jsonl")  # never opened for reading blocking, never read

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,10 @@ def _recorded(farm_dir: Path, status: str) -> bool:
 def test_only_a_farm_with_enough_tasks_left_tries_fewer(one_gpu: SimNode) -> None:
     """K starts at the cap (2 here). After the first window (4 finishes) a farm of 6 tasks has
     none waiting and holds; one of 16 has 10 waiting, at least 4 generations of 2, and tries
-    1."""
-    line = f"{one_gpu.client} --seconds 0.3"
+    1. The tasks keep a CPU busy as long as they hold the GPU: K of CPU-light tasks is never
+    lowered below the CPUs (``sizing.cpu_floor``), which on this 2-CPU machine is the cap."""
+    busy = "import time; e = time.time() + 0.8; [0 for _ in iter(lambda: time.time() < e, False)]"
+    line = f"{one_gpu.client} --seconds 0.3 && {sys.executable} -c '{busy}'"
     for count, name in ((6, "short"), (16, "long")):
         tasks = one_gpu.root / f"{name}.txt"
         tasks.write_text("\n".join([line] * count) + "\n")

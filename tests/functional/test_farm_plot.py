@@ -2,7 +2,7 @@
 from the ``packing`` history of the farm's status record.
 
 The farm is real (simulated clients, 2 at a time); its record's ``packing`` is forged by a
-driver that wraps ``report.farmstatus.status_json``, so the plot is drawn from a known history
+driver that wraps ``farm.status.status_json``, so the plot is drawn from a known history
 whatever the farm engine records.
 """
 
@@ -27,7 +27,7 @@ DRIVER = """
 import json, os, sys
 if os.environ.get("HIDE_MATPLOTLIB"):
     sys.modules["matplotlib"] = None
-from mpswrap.report import farmstatus
+from mpswrap.taskfarm import status as farmstatus
 from mpswrap.cli.main import main
 real = farmstatus.status_json
 forged = json.loads(os.environ["FORGED_PACKING"])
@@ -91,4 +91,4 @@ def test_farm_status_plot_refuses_a_record_without_k_history_and_without_matplot
     assert res.returncode == 2 and "mpswrap: --plot needs matplotlib" in res.stderr, res.stderr
     assert res.stdout == "" and not png.exists(), "refused before anything is printed"
     res = node.run("farm", "--plot", str(png), str(node.root / "tasks.txt"))
-    assert res.returncode == 2 and "--plot is for farm status" in res.stderr, res.stderr
+    assert res.returncode == 2 and "unknown option '--plot'" in res.stderr, res.stderr

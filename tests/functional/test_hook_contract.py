@@ -10,6 +10,7 @@ the shim's ``-I`` hides PYTHONPATH.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -520,3 +521,40 @@ def test_the_shim_runs_no_interpreter_or_package_another_user_can_change(
             f"can change {changed} (fix it, then run mpswrap install-hooks)"
         ], res.stderr
     assert not admin_job(node).exists()
+
+
+def test_a_task_of_several_gpus_gets_no_exports_and_one_line(node: SimNode, hooks: Path) -> None:
+    """``srun --gpus-per-task=2``: the prolog's daemons serve one GPU each, and no one of them
+    serves a task that uses two: the task runs as Slurm set it up (both GPUs, no MPS), and one
+    line says how to give it one daemon over both."""
+    start(node, hooks)
+    task = run(
+        hooks / "task_prolog", task_env(node, SLURM_GPUS_PER_TASK="2"), user=ensure_test_user()
+    )
+    expect("task-other", "task_prolog", task)
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in task.stdout, task.stdout
+    assert "a task of 2 GPUs runs without MPS" in task.stderr, task.stderr
+    assert "--gpus-per-rank 2" in task.stderr
+    end(node, hooks)
+
+
+def test_gpu_uuids_in_cuda_visible_devices_name_the_jobs_and_the_steps_gpus(
+    node: SimNode, hooks: Path
+) -> None:
+    """Slurm 26.05's ``gres.conf Flags=env_uuid``: ``CUDA_VISIBLE_DEVICES`` holds GPU UUIDs.
+    The prolog starts a daemon for each UUID named (no ``SLURM_JOB_GPUS``), and a task of a
+    step whose only word for its GPU is its UUID is attached to that GPU's daemon."""
+    inventory = json.loads(node.inventory.read_text())["gpus"]
+    uuids = [g["uuid"] for g in inventory]
+    prolog = slurmd_env(node, "prolog", SLURM_JOB_GPUS=None, CUDA_VISIBLE_DEVICES=",".join(uuids))
+    expect("prolog-started", "prolog", run(hooks / "prolog", prolog))
+    assert sorted(m["gpu_uuid"] for m in manifests(admin_job(node)).values()) == sorted(uuids)
+    for uuid in uuids:
+        env = task_env(node, SLURM_STEP_GPUS=None, CUDA_VISIBLE_DEVICES=uuid)
+        task = run(hooks / "task_prolog", env, user=ensure_test_user())
+        expect("task-exports", "task_prolog", task)
+        found = dict(ln.removeprefix("export ").split("=", 1) for ln in task.stdout.splitlines())
+        assert found["CUDA_VISIBLE_DEVICES"] == uuid, found
+        key = Path(found["CUDA_MPS_PIPE_DIRECTORY"]).parent.name
+        assert manifests(admin_job(node))[key]["gpu_uuid"] == uuid
+    end(node, hooks)

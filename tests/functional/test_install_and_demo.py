@@ -45,11 +45,18 @@ def test_it_ends_by_saying_how_to_put_mpswrap_on_path(tmp_path: Path, demo_statu
     assert res.returncode == demo_status, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     assert "demo --clients 2" in lines, res.stdout
-    links = "/usr/local/bin" if os.geteuid() == 0 else f"{tmp_path}/.local/bin"
+    links = "/usr/local" if os.geteuid() == 0 else f"{tmp_path}/.local"
+    comp = "share/bash-completion/completions"
     assert lines[lines.index("demo --clients 2") + 1 :] == [
         "",
         f"mpswrap is installed in {venv}/bin, which is not on PATH. To run it as 'mpswrap':",
-        f"  ln -s {venv}/bin/mpswrap {links}/mpswrap     # once, for every shell",
+        f"  ln -s {venv}/bin/mpswrap {links}/bin/mpswrap     # once, for every shell",
         f'  export PATH="{venv}/bin:$PATH"              # or: this shell only',
+        f"Its man page and bash completion are in {venv}/share: man finds the page while "
+        f"{venv}/bin",
+        "is on PATH, bash-completion 2.12+ finds the completion either way; else link them:",
+        f"  mkdir -p {links}/share/man/man1 {links}/{comp}",
+        f"  ln -s {venv}/share/man/man1/mpswrap.1 {links}/share/man/man1/",
+        f"  ln -s {venv}/{comp}/mpswrap.bash {links}/{comp}/",
         "On a Slurm cluster, users get it with 'module load mpswrap' (slurm/README.md, Install).",
     ], res.stdout

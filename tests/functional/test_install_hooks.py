@@ -5,6 +5,7 @@ of them (or a directory above it) would run code as root."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -19,6 +20,7 @@ from mpswrap import __version__
 from mpswrap.config import DEFAULT_CONFIG_FILE
 from tests.tree import PACKAGE
 from tests.users import ensure_test_user, run_as
+from tests.wheel import wheel_under_test
 
 #: Environment Modules' shell setup (Debian: environment-modules).
 MODULES_INIT = Path("/usr/share/modules/init/bash")
@@ -55,7 +57,7 @@ def shared() -> Iterator[Path]:
 
 
 def _warnings(res: subprocess.CompletedProcess[str]) -> list[str]:
-    return [ln for ln in res.stderr.splitlines() if ln.startswith("install.sh: warning: ")]
+    return [ln for ln in res.stderr.splitlines() if ln.startswith("install-hooks: warning: ")]
 
 
 def test_missing_directories_of_dest_are_made_roots_and_only_below_a_safe_level(
@@ -72,7 +74,7 @@ def test_missing_directories_of_dest_are_made_roots_and_only_below_a_safe_level(
     for level in (shared / "usr", shared / "usr" / "local", dest.parent, dest):
         st = level.stat()
         assert (st.st_uid, oct(stat.S_IMODE(st.st_mode))) == (0, "0o755"), level
-        assert level == dest or f"install.sh: created {level} (root's, mode 0755)" in res.stdout
+        assert level == dest or f"install-hooks: created {level} (root's, mode 0755)" in res.stdout
     assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]
     assert not _warnings(res), res.stderr
     theirs = shared / "theirs"
@@ -89,7 +91,7 @@ def test_a_dest_under_tmp_is_installed_with_one_warning(tmp: Path) -> None:
     assert res.returncode == 0, res.stderr
     found = [w for w in _warnings(res) if "which every user may write to" in w]
     assert found == [
-        f"install.sh: warning: {tmp / 'hooks'} is under /tmp, which every user may write to: a "
+        f"install-hooks: warning: {tmp / 'hooks'} is under /tmp, which every user may write to: a "
         "job's private /tmp (job_container/tmpfs) hides it and a cleaner may remove it; "
         "install outside it (e.g. /usr/local/libexec/mpswrap)"
     ], res.stderr
@@ -130,7 +132,7 @@ def test_module_load_puts_mpswrap_on_path_and_names_a_config_not_at_the_default(
     assert res.returncode == 0, res.stderr
     module = modules / "mpswrap" / __version__
     assert oct(stat.S_IMODE(module.stat().st_mode)) == "0o644"
-    assert f"install.sh: wrote the module {module} " in res.stdout
+    assert f"install-hooks: wrote the module {module} " in res.stdout
     script = (
         f"source {MODULES_INIT} && module load mpswrap && command -v mpswrap python3 && "
         'echo "config=${MPSWRAP_CONFIG-unset}" && mpswrap version'
@@ -297,24 +299,32 @@ def test_an_existing_shared_modulefiles_tree_keeps_its_mode(shared: Path) -> Non
     assert not dest.exists() and not (modules / "mpswrap").exists(), res.stdout
 
 
-def _venv_with_deps(shared: Path) -> tuple[Path, Path]:
-    """A venv of this interpreter whose site-packages finds mpswrap (the tree under test),
-    psutil, filelock and pynvml in a directory of root's through a .pth file, as a site's
-    venv would; (its python, that directory)."""
+def _deps(venv: Path, root: Path, package: bool = True) -> Path:
+    """psutil, filelock and pynvml (and ``package``: mpswrap, the tree under test) in
+    ``root/deps``, a directory of root's that the venv's site-packages finds through a .pth
+    file, as a site's venv would; that directory."""
     import filelock
     import psutil
     import pynvml
 
-    venv = shared / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    deps = shared / "deps"
+    deps = root / "deps"
     for module in (psutil, filelock):
         shutil.copytree(Path(str(module.__file__)).parent, deps / module.__name__)
     shutil.copy(str(pynvml.__file__), deps / "pynvml.py")
-    shutil.copytree(PACKAGE, deps / "mpswrap", ignore=shutil.ignore_patterns("__pycache__"))
+    if package:
+        shutil.copytree(PACKAGE, deps / "mpswrap", ignore=shutil.ignore_patterns("__pycache__"))
     (next(venv.glob("lib/python3*/site-packages")) / "deps.pth").write_text(f"{deps}\n")
-    subprocess.run(["chmod", "-R", "go-w,a+rX", str(shared)], check=True)
-    return venv / "bin" / "python", deps
+    subprocess.run(["chmod", "-R", "go-w,a+rX", str(root)], check=True)
+    return deps
+
+
+def _venv_with_deps(shared: Path, base: Path | None = None) -> tuple[Path, Path]:
+    """A venv of ``base`` (this interpreter) that finds mpswrap and its dependencies in a
+    directory of root's (``_deps``); (its python, that directory)."""
+    venv = shared / "venv"
+    argv = [str(base or sys.executable), "-m", "venv", "--without-pip", str(venv)]
+    subprocess.run(argv, check=True, timeout=120)
+    return venv / "bin" / "python", _deps(venv, shared)
 
 
 @pytest.mark.parametrize("level", ["pth file", "pyvenv.cfg", "psutil"])
@@ -347,3 +357,166 @@ def test_the_interpreters_environment_another_user_can_change_is_refused(
     again = _install(shared, str(python), config, dest=shared / "again")
     assert again.returncode != 0, again.stdout
     assert str(changed) in again.stderr and "other than root" in again.stderr, again.stderr
+
+
+def _venv_from_the_wheel(root: Path, wheel: Path) -> Path:
+    """A fresh venv with the wheel under test installed by its own pip (its dependencies from
+    ``_deps``: no index here); its python."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, str(wheel)], check=True, timeout=120)
+    _deps(venv, root, package=False)
+    return venv / "bin" / "python"
+
+
+#: What a user's login shell does with the module (the README: ``module use DIR`` where DIR is
+#: not on their MODULEPATH), then with it unloaded again.
+_USER_SESSION = """
+set -e
+module use "$1"
+module load mpswrap
+man -w mpswrap
+man mpswrap | head -n 4
+complete -p mpswrap
+COMP_WORDS=(mpswrap sta); COMP_CWORD=1; _mpswrap; echo "offered: ${COMPREPLY[*]}"
+man -w ls
+module unload mpswrap
+complete -p mpswrap 2>/dev/null || echo "no completion"
+man -w mpswrap 2>/dev/null || echo "no page"
+"""
+
+
+@pytest.mark.skipif(not MODULES_INIT.exists(), reason=f"needs {MODULES_INIT} (environment-modules)")
+@pytest.mark.timeout(600)
+def test_the_module_gives_a_login_shell_the_man_page_and_completion(
+    shared: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The wheel installs share/man/man1/mpswrap.1 and the completion script into a fresh venv;
+    ``install-hooks --modulefile`` writes a module that a job user's login shell loads:
+    ``man mpswrap`` finds and renders the page (and ``man ls`` still works), ``complete -p``
+    shows the completion, which completes; unloaded, both are gone."""
+    python = _venv_from_the_wheel(shared, wheel_under_test(tmp_path_factory.mktemp("wheel")))
+    data = python.parent.parent
+    assert (data / "share" / "man" / "man1" / "mpswrap.1").is_file()
+    assert (data / "share" / "bash-completion" / "completions" / "mpswrap.bash").is_file()
+    config, modules = shared / "mpswrap.conf", shared / "modulefiles"
+    config.write_text("prolog_mode = opt-in\n")
+    config.chmod(0o644)
+    argv = [str(python.parent / "mpswrap"), "install-hooks", "--python", str(python)]
+    argv += ["--config", str(config), "--dest", str(shared / "hooks")]
+    res = subprocess.run(
+        [*argv, "--modulefile", str(modules)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert not _warnings(res), res.stderr
+    assert ", puts mpswrap(1) on MANPATH, loads the bash completion)" in res.stdout, res.stdout
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "MANWIDTH": "80"}
+    ran = run_as(ensure_test_user(), ["bash", "-l", "-c", _USER_SESSION, "bash", str(modules)], env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.splitlines() == [
+        str(data / "share" / "man" / "man1" / "mpswrap.1"),  # man -w
+        f"MPSWRAP(1){' ' * 23}User Commands{' ' * 22}MPSWRAP(1)",  # man mpswrap | head
+        "",
+        "NAME",
+        "       mpswrap  - run many CUDA processes per GPU through NVIDIA MPS, on Slurm",
+        "complete -o default -F _mpswrap mpswrap",
+        "offered: start status",  # the loader read the script and completed
+        "/usr/share/man/man1/ls.1.gz",  # the system's pages are still found
+        "no completion",  # unloaded
+        "no page",
+    ], ran.stdout
+    # No module: the venv's bin on PATH, or the README's links (here under a prefix of its own).
+    local = shared / "local"
+    for link in ("bin/mpswrap", "share/man/man1/mpswrap.1"):
+        (local / link).parent.mkdir(parents=True, exist_ok=True)
+        (local / link).symlink_to(data / link)
+    found = [
+        run_as(ensure_test_user(), ["man", "-w", "mpswrap"], {**env, "PATH": f"{bin_dir}:/bin"})
+        for bin_dir in (data / "bin", local / "bin")
+    ]
+    # man-db names a linked page by where the link leads.
+    assert [f.stdout for f in found] == [f"{data}/share/man/man1/mpswrap.1\n"] * 2, found
+
+
+def _linked_base(shared: Path, mode: int, owner: str = "root") -> tuple[Path, Path]:
+    """pyenv's layout as the admin guide meets it as root: a venv of root's whose
+    ``bin/python`` links to an interpreter in ``shared/private`` (``mode``, ``owner``), as
+    pyenv's live under /root (0700); (the venv's python, that directory)."""
+    private = shared / "private"
+    private.mkdir()
+    base = getattr(sys, "_base_executable", sys.executable)  # this venv's interpreter's
+    (private / "python3").symlink_to(os.path.realpath(base))
+    python, _ = _venv_with_deps(shared, base=private / "python3")
+    private.chmod(mode)
+    shutil.chown(private, owner)
+    return python, private
+
+
+def test_a_venv_linked_into_a_directory_others_cannot_enter_is_named_by_that_directory(
+    shared: Path,
+) -> None:
+    """The venv's own ``bin/python`` (a link, mode 777) is not the cause: the directory its
+    link leads into is, which the job user cannot enter. Named under install-hooks' name;
+    opened to others, the job user runs the interpreter and install-hooks says nothing."""
+    python, private = _linked_base(shared, 0o700)
+    user = ensure_test_user()
+    assert run_as(user, [str(python), "-I", "-c", "import mpswrap"]).returncode != 0
+    res = _install(shared, str(python), shared / "mpswrap.conf")
+    assert res.returncode == 0, res.stderr
+    assert [w for w in _warnings(res) if "user 'nobody' cannot run" in w] == [
+        f"install-hooks: warning: user 'nobody' cannot run '{python} -I -c \"import mpswrap\"': "
+        "the TaskProlog runs as the job user and will fail; "
+        f"{private} is mode 700, owner root: use an interpreter and package outside it, or "
+        "open it to others"
+    ], res.stderr
+    assert all(ln.startswith("install-hooks: ") for ln in res.stderr.splitlines()), res.stderr
+    private.chmod(0o755)
+    assert run_as(user, [str(python), "-I", "-c", "import mpswrap"]).returncode == 0
+    res = _install(shared, str(python), shared / "mpswrap.conf", dest=shared / "again")
+    assert res.returncode == 0, res.stderr
+    assert not [w for w in _warnings(res) if "nobody" in w], res.stderr
+
+
+def test_a_directory_a_link_of_the_interpreter_leads_into_is_checked_as_the_rest(
+    shared: Path,
+) -> None:
+    """The hop between the venv's link and the interpreter: a directory another user owns
+    there could swap the interpreter root runs. Refused at install, named; after install,
+    every prolog refuses to run it (the shims check the same levels)."""
+    user = ensure_test_user()
+    python, private = _linked_base(shared, 0o755, owner=user)
+    config = shared / "mpswrap.conf"
+    config.write_text("prolog_mode = opt-in\n")
+    config.chmod(0o644)
+    res = _install(shared, str(python), config)
+    assert res.returncode != 0, res.stdout
+    uid = pwd.getpwnam(user).pw_uid
+    assert (
+        f"install-hooks: ERROR: the interpreter {python} can be changed by a user other than "
+        f"root: {private} (owned by uid {uid}); the hooks run it as root"
+    ) in res.stderr.splitlines(), res.stderr
+    shutil.chown(private, "root")
+    res = _install(shared, str(python), config)
+    assert res.returncode == 0, res.stderr
+    shutil.chown(private, user)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+    shim = subprocess.run(
+        [str(shared / "hooks" / "prolog")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shim.returncode == 0, shim.stderr  # prolog_failure = continue: the job runs
+    assert f"a user other than root can change {private} " in shim.stderr, shim.stderr
+
+
+def test_run_as_the_script_it_says_so(tmp: Path) -> None:
+    """``bash install.sh`` (CI's SPANK build, a clone) keeps its own name in what it says."""
+    argv = ["bash", str(PACKAGE / "slurm" / "install.sh"), "--python", sys.executable]
+    res = subprocess.run(
+        [*argv, "--config", str(tmp / "none.conf"), "--dest", str(tmp / "hooks")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("install.sh: using mpswrap from "), res.stdout
+    assert "install.sh: warning: " in res.stderr, res.stderr

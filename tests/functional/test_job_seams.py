@@ -173,7 +173,7 @@ def test_client_limit_counts_clients_already_running(one_gpu: SimNode) -> None:
             **limit,  # type: ignore[arg-type]
         )
         assert not marker.exists(), "a rank of the second run was started"
-        assert second.returncode == 1, second.stderr
+        assert second.returncode == 2, second.stderr  # a request over a limit
         assert "limit 3" in second.stderr, second.stderr
         assert "2 running" in second.stderr, second.stderr
     finally:

@@ -137,7 +137,7 @@ def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode
 
 def test_run_refuses_more_clients_than_one_gpu_takes(one_gpu: SimNode) -> None:
     res = one_gpu.run("run", "-n", "49", "--", "true")
-    assert res.returncode == 1
+    assert res.returncode == 2  # a request over a limit
     assert "too many MPS clients for one GPU" in res.stderr
     assert "limit 48" in res.stderr
 
@@ -431,6 +431,9 @@ def test_verify_attach_warn_continues(node: SimNode, tmp_path: Path) -> None:
 
 # --- prefix mode (without running a launcher) ----------------------------------------------
 def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
+    app = node.root / "app"
+    app.write_text("#!/bin/sh\n")
+    app.chmod(0o755)
     res = node.run(
         "--dry-run",
         "--policy",
@@ -455,7 +458,7 @@ def test_prefix_dry_run_shows_the_rewritten_command(node: SimNode) -> None:
 
 def test_prefix_refuses_49_ranks_on_one_gpu_before_launch(one_gpu: SimNode) -> None:
     res = one_gpu.run("mpirun", "-np", "49", "./never-started")
-    assert res.returncode == 1
+    assert res.returncode == 2  # a request over a limit
     assert "too many MPS clients for one GPU" in res.stderr and "hint:" in res.stderr
 
 
@@ -492,8 +495,8 @@ def test_run_verify_attach_fail_ends_every_rank(node: SimNode, tmp_path: Path) -
 
 # --- saying what happened: a rank without MPS, and the summary line -------------------------
 SUMMARY = re.compile(
-    r"^mpswrap: summary: node (\S+): (\d+) ranks?, (.+?), exit codes (.+?), (\d+) ended by "
-    r"terminate_client, teardown (.+?), (\d+\.\d\d) s$",
+    r"^mpswrap: summary: node (\S+): (\d+) (?:ranks?|tasks?), (.+?), exit codes (.+?), "
+    r"(\d+) ended by terminate_client, teardown (.+?), (\d+\.\d\d) s$",
     re.M,
 )
 
@@ -688,3 +691,114 @@ def test_a_rank_joining_prolog_daemons_takes_its_gpu_from_the_manifest(
     finally:
         hidden.rename(node.inventory)
         assert node.run("stop", "--job", "inv1").returncode == 0
+
+
+# --- a rank of several GPUs ----------------------------------------------------------------
+@pytest.fixture
+def four_gpus() -> Any:
+    from tests.simenv import sim_node
+
+    with sim_node(gpus=4) as sim:
+        yield sim
+
+
+def test_ranks_of_two_gpus_get_one_daemon_over_each_pair(four_gpus: SimNode) -> None:
+    """``run -n 4 --gpus-per-rank 2`` on four GPUs: one daemon over GPUs 0-1 and one over
+    2-3, each rank sees its pair (``CUDA_VISIBLE_DEVICES`` naming both UUIDs) and is a client
+    of its pair's daemon; block placement puts ranks 0-1 on the first pair."""
+    node = four_gpus
+    rec = node.root / "rec.json"
+    uuids = [g["uuid"] for g in sorted(_inventory(node), key=lambda g: int(g["index"]))]
+    res = node.run("run", "-n", "4", "--gpus-per-rank", "2", "--", *client(node, rec, 3))
+    assert res.returncode == 0, res.stderr
+    assert "2 GPU daemon(s)" in res.stderr and "4 attached" in res.stderr, res.stderr
+    starts = by_tag(records(rec), "start")
+    assert all(r["mode"] == "mps" for r in starts.values()), starts
+    pairs = [",".join(uuids[0:2]), ",".join(uuids[2:4])]
+    assert {t: (Path(r["pipe"]).parent.name, r["cvd"]) for t, r in starts.items()} == {
+        "0": ("g0", pairs[0]),
+        "1": ("g0", pairs[0]),
+        "2": ("g1", pairs[1]),
+        "3": ("g1", pairs[1]),
+    }
+
+
+def _inventory(node: SimNode) -> list[dict[str, Any]]:
+    gpus: list[dict[str, Any]] = json.loads(node.inventory.read_text())["gpus"]
+    return gpus
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "-n", "2", "--gpus-per-rank", "3", "--", "true"], "the run has 2 GPU(s)"),
+        (["--gpus-per-rank", "0", "run", "-n", "1", "--", "true"], "expected a whole number"),
+        (["farm", "--gpus-per-rank", "2", "tasks.txt"], "unknown option '--gpus-per-rank'"),
+    ],
+    ids=["not-dividing", "zero", "farm"],
+)
+def test_a_gpus_per_rank_that_cannot_be_served_is_one_line(
+    node: SimNode, args: list[str], line: str
+) -> None:
+    (node.root / "tasks.txt").write_text("true\n")
+    res = node.run(*args)
+    assert res.returncode == 2, res.stderr
+    assert line in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not node.leftovers()
+
+
+# --- torchrun -----------------------------------------------------------------------------
+#: A stand-in for PyTorch's torchrun: ``--nproc-per-node N`` workers with torchrun's rank
+#: variables, its script run by this interpreter (``-m`` a module) unless ``--no-python``;
+#: TERM and INT passed to every worker; exit code the first failing worker's. Any other
+#: option is refused, so a rewrite that torchrun would not take fails here too.
+FAKE_TORCHRUN = """#!{python}
+import os, signal, subprocess, sys
+args, n, no_python, module = sys.argv[1:], 1, False, False
+while args and args[0].startswith("-"):
+    name, eq, value = args.pop(0).lstrip("-").partition("=")
+    name = name.replace("_", "-")
+    if name == "nproc-per-node":
+        n = int(value if eq else args.pop(0))
+    elif name == "no-python":
+        no_python = True
+    elif name in ("m", "module"):
+        module = True
+    elif name != "standalone":
+        sys.exit("fake torchrun: unknown option " + name)
+command = args if no_python else [sys.executable, *(["-m"] if module else []), *args]
+ranks = {{"LOCAL_WORLD_SIZE": str(n), "WORLD_SIZE": str(n)}}
+workers = [
+    subprocess.Popen(command, env={{**os.environ, **ranks, "LOCAL_RANK": str(i), "RANK": str(i)}})
+    for i in range(n)
+]
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda s, _: [w.send_signal(s) for w in workers])
+codes = [w.wait() for w in workers]
+sys.exit(next((c for c in codes if c), 0))
+"""
+
+
+def test_torchrun_workers_are_each_an_mps_client_of_their_gpu(node: SimNode) -> None:
+    """``mpswrap torchrun --nproc-per-node 4 -m MODULE`` in a batch script: every worker runs
+    through the per-rank wrapper (``--no-python``, then torchrun's own interpreter and
+    ``-m``), is an MPS client of the GPU its LOCAL_RANK places it on (not the batch step's
+    ``SLURM_LOCALID=0`` every worker inherits), and the last one sums the run up."""
+    fakes = node.root / "fakes"
+    fakes.mkdir()
+    torchrun = fakes / "torchrun"
+    torchrun.write_text(FAKE_TORCHRUN.format(python=sys.executable))
+    torchrun.chmod(0o755)
+    rec = node.root / "rec.json"
+    path = f"{fakes}:{node.env()['PATH']}"
+    argv = ["torchrun", "--nproc-per-node", "4", "--standalone", "-m", "mpswrap.sim.client"]
+    res = node.run(*argv, "--seconds", "2", "--record", str(rec), PATH=path, SLURM_LOCALID="0")
+    assert res.returncode == 0, res.stderr
+    starts = [r for r in records(rec) if r["event"] == "start"]
+    assert len(starts) == 4 and all(r["mode"] == "mps" for r in starts), starts
+    assert sorted(Path(r["pipe"]).parent.name for r in starts) == ["g0", "g0", "g1", "g1"]
+    assert "4 ranks, 4 attached" in res.stderr, res.stderr
+    dry = node.run("--dry-run", *argv, PATH=path)
+    assert dry.returncode == 0, dry.stderr
+    assert f"--no-python {sys.executable} -m mpswrap" in dry.stdout, dry.stdout
+    assert f"-- {sys.executable} -m mpswrap.sim.client" in dry.stdout, dry.stdout

@@ -136,6 +136,24 @@ def test_metrics_parse_and_carry_every_family(
     assert empty == [], empty
 
 
+def test_build_info_names_this_mpswrap_and_its_python(node: SimNode) -> None:
+    """``mpswrap_build_info``: one series of value 1, labelled as prometheus_client's
+    ``python_info`` is, written also where no job runs (which mpswrap a node runs)."""
+    import platform
+
+    from mpswrap import __version__
+
+    out = node.run("metrics", "--job", "nothing-here")
+    assert out.returncode == 0, out.stderr
+    assert exposition_problems(out.stdout) == []
+    samples = _samples(_families(out.stdout), "mpswrap_build_info")
+    assert [(s.labels, s.value) for s in samples] == [
+        ({"version": __version__, "python": platform.python_version()}, 1.0)
+    ]
+    line = f'mpswrap_build_info{{version="{__version__}",python="{platform.python_version()}"}} 1'
+    assert line in out.stdout.splitlines(), out.stdout
+
+
 def test_process_labels_only_when_asked(node: SimNode, job: list[subprocess.Popen[str]]) -> None:
     out = node.run("metrics", "--job", "met", "--process-labels")
     assert out.returncode == 0, out.stderr

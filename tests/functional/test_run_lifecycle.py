@@ -105,7 +105,7 @@ def test_the_farm_and_the_node_line_count_the_same_runs(node: SimNode) -> None:
     res = node.run("farm", "--per-gpu", "2", str(tasks))
     assert res.returncode == 1, res.stderr
     head = re.search(
-        r"^farm: (\d+) task\(s\): (\d+) done, (\d+) failed, (\d+) not run", res.stdout, re.M
+        r"^farm: (\d+) tasks: (\d+) done, (\d+) failed, (\d+) not run", res.stdout, re.M
     )
     assert head is not None, res.stdout
     assert head.groups() == ("6", "3", "3", "0"), res.stdout
@@ -134,7 +134,7 @@ def test_status_shows_the_run_record_the_farm_and_node_line_count(node: SimNode)
         release.write_text("")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
-    assert re.search(r"^farm: 4 task\(s\): 2 done, 2 failed, 0 not run", out, re.M), out
+    assert re.search(r"^farm: 4 tasks: 2 done, 2 failed, 0 not run", out, re.M), out
     (line,) = summaries(err)
     assert (line[1], line[3]) == ("4", "0 (2), 1 (1), 127 (1)"), err
 

@@ -445,12 +445,10 @@ def _shell_uses(tree_: ast.AST) -> list[str]:
     return found
 
 
-#: The shells mpswrap runs on purpose: a farm's task line is the user's own shell code
-#: (`cd run3 && python a.py > out`), run as that user by ``mpswrap farm`` under their own uid,
-#: never by root nor by a hook; nothing of mpswrap's is put into that line. And the MPS
-#: simulator's daemon, told to by a test (its ``become_on`` fault), turns itself into a fixed
-#: respawning shell loop: what a hostile job user could make of their own daemon.
-DELIBERATE_SHELLS = {"mpswrap/job/tasks.py": 1, "mpswrap/sim/_daemon.py": 1}
+#: The one shell mpswrap runs on purpose: a farm's task line is the user's
+#: own shell code (`cd run3 && python a.py > out`), run as that user by ``mpswrap farm`` under
+#: their own uid, never by root nor by a hook. Nothing of mpswrap's is put into that line.
+DELIBERATE_SHELLS = {"mpswrap/taskfarm/tasks.py": 1}
 
 
 def test_the_package_never_invokes_a_shell() -> None:
@@ -463,7 +461,7 @@ def test_the_package_never_invokes_a_shell() -> None:
         if len(uses) != DELIBERATE_SHELLS.get(name, 0):
             problems[name] = uses
     assert problems == {}
-    from mpswrap.job.tasks import parse_tasks
+    from mpswrap.taskfarm.tasks import parse_tasks
 
     line = "python a.py > out.txt"
     assert parse_tasks([line])[0].argv == ["/bin/sh", "-c", line]  # the line as given, alone

@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench (default: contract core). Each phase's log is complete when the
+# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench torchrun (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase.
 # Every test phase runs on a machine of any GPU count and asserts what mpswrap promises for
 # that count (tests/gpu/conftest.py: machine_gpus). multi (tests/gpu/test_gpu_multi.py) is the
@@ -101,6 +101,7 @@ for phase in "${PHASES[@]}"; do
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
     trust) pt trust tests/gpu/test_gpu_trust.py || rc=1 ;;
+    torchrun) pt torchrun tests/gpu/test_gpu_torchrun.py || rc=1 ;;
     farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--quick", "--parts memory"
       torch_bytecode
       "$PY" benchmarks/farm_bench.py --out "$OUT/farm.json" "${farm_args[@]}" || rc=1 ;;

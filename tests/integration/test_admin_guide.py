@@ -1,32 +1,34 @@
 """The admin guide (slurm/README.md), followed as written under a real Slurm.
 
 Its ``<!-- runnable: admin -->`` blocks run in order, as root, in one shell: a wheel into a
-fresh environment, the admin config, ``mpswrap install-hooks``, the slurm.conf lines and
-``scontrol reconfigure``, the guide's checks (a job of the non-root user that opts in with
-``--constraint=mps``; ``module load mpswrap`` and ``mpswrap status`` in such a job). Then a job
+fresh environment, the admin config, the MPS simulator and its settings ("Try it without a
+GPU": this machine has none; its block runs after the config file's, where that section says
+it goes), ``mpswrap install-hooks``, the slurm.conf lines and ``scontrol reconfigure``, the
+guide's checks (a job of the non-root user that opts in with ``--constraint=mps``;
+``module load mpswrap``, the man page, the completion and ``mpswrap status`` in such a job;
+the simulated CUDA program's tasks reach their daemon). Then a job
 step of the simulated CUDA program must be an MPS client of the daemon the prolog started, a
 job's ``mpswrap status`` must find its daemon without the module (the task prolog names the
 config file), and after the epilog nothing of the job may be left. The guide's Undo blocks
 run last (also after a failure), then nothing the guide installed may be left.
 
 What the test changes, and nothing else: the six settings of the guide's first block (the
-wheel under test, paths of its own, the test user), ``MODULEPATH`` (its modules directory,
-as Debian's is on the default one), three lines it appends to the config file (the simulator
-as control binary and GPU inventory, the cluster's run_dir), and the same paths where the
-guide's shown output names the defaults. The paths are those of a machine without
-``/usr/local/libexec`` (the guide's ``--dest`` then has a missing parent), under a directory
-of root's outside ``/tmp``, with the config file not at its default path. The cluster is
+wheel under test, paths of its own, the test user) and ``SIM`` of the simulator's block,
+``MODULEPATH`` (its modules directory, as Debian's is on the default one), one line it
+appends to the config file (the cluster's run_dir), and the same paths where the guide's
+shown output names the defaults. The cluster's fake GPUs are the guide's: character devices
+of major 195, minors 0 and 1, in gres.conf (up.sh makes them as the guide does). The paths
+are those of a machine without ``/usr/local/libexec`` (the guide's ``--dest`` then has a
+missing parent), under a directory of root's outside ``/tmp``, with the config file not at
+its default path. The cluster is
 this module's own: its slurm.conf names no hooks until the guide adds them, and its nodes
 carry ``Features=mps`` as the guide tells admins to set for ``feature:mps``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +45,11 @@ from tests.integration.harness import (
     why_not_runnable,
 )
 from tests.tree import REPO
+from tests.wheel import wheel_under_test
 
 GUIDE = REPO / "slurm" / "README.md"
+#: The guide's section for a node without a GPU, which this test's cluster is.
+NO_GPU = "## Try it without a GPU"
 #: The guide's settings (its first block) and what the test puts there instead.
 SETTINGS = ("WHEEL", "VENV", "CONF", "HOOKS", "MODULES", "JOBUSER")
 #: The run_dir of the guide's config file (its shown output names it).
@@ -70,16 +75,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel CI built (``MPS_TEST_WHEEL``), or one built from this tree."""
-    given = os.environ.get("MPS_TEST_WHEEL")
-    if given:
-        return Path(given).resolve()
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    return next(out.glob("mpswrap-*.whl"))
+    return wheel_under_test(tmp_path_factory.mktemp("wheel"))
 
 
 def _settings_block(block: Block, values: dict[str, str]) -> tuple[Block, dict[str, str]]:
@@ -108,35 +104,45 @@ def _with_paths(blocks: list[Block], paths: dict[str, str]) -> list[Block]:
     return out
 
 
-def _simulator_block(cluster: Cluster) -> Block:
-    """This machine has no GPU: the MPS simulator and its inventory, and the cluster's
-    run_dir (whose leftovers the harness checks). The last value of a key wins."""
-    lines = [
-        f"run_dir = {cluster.run_dir}",
-        f"control_binary = {cluster.sim.control}",
-        f"gpu_inventory = {cluster.sim.inventory}",
-    ]
-    code = "cat >>\"$CONF\" <<'EOF'\n" + "\n".join(lines) + "\nEOF\n"
+def _run_dir_block(cluster: Cluster) -> Block:
+    """The cluster's run_dir (whose leftovers the harness checks), after the guide's config
+    file and its simulator lines: the last value of a key wins."""
+    code = f"cat >>\"$CONF\" <<'EOF'\nrun_dir = {cluster.run_dir}\nEOF\n"
     return Block(Path(__file__), 0, code, "admin")
 
 
-def _guide(cluster: Cluster, values: dict[str, str]) -> tuple[list[Block], list[Block]]:
-    """(install and check, undo) blocks of the guide as this test runs them."""
+def _section(lines: list[str], heading: str) -> range:
+    """The line numbers (1-based, as Block.line) of a ``## `` section."""
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return range(start, end + 1)
+
+
+def _guide(cluster: Cluster, values: dict[str, str], sim: str) -> tuple[list[Block], list[Block]]:
+    """(install and check, undo) blocks of the guide as this test runs them: in the guide's
+    order, but the simulator's block of "Try it without a GPU" (this cluster has no GPU) right
+    after the config file's, where that section says it goes, with ``SIM`` set to ``sim``."""
     blocks = runnable_blocks(GUIDE)
     assert blocks and all(b.tag == "admin" for b in blocks), [b.where for b in blocks]
-    undo_line = GUIDE.read_text().splitlines().index("## Undo") + 1
+    lines = GUIDE.read_text().splitlines()
+    undo_line = lines.index("## Undo") + 1
+    no_gpu = [b for b in blocks if b.line in _section(lines, NO_GPU) and '>>"$CONF"' in b.code]
+    assert len(no_gpu) == 1, f"expected one block of {NO_GPU!r} that adds to the config file"
     settings, defaults = _settings_block(blocks[0], values)
+    simulator, sim_default = _settings_block(no_gpu[0], {"SIM": sim})
     paths = {defaults[k]: values[k] for k in ("VENV", "MODULES")}
+    paths[sim_default["SIM"]] = sim
     # The hooks' directory's parent, which install-hooks names when it makes it.
     hooks, default_hooks = Path(values["HOOKS"]), Path(defaults["HOOKS"])
     assert hooks.name == default_hooks.name, (hooks, default_hooks)
     paths[str(default_hooks.parent)] = str(hooks.parent)
     paths[GUIDE_RUN_DIR] = str(cluster.run_dir)
-    rest = _with_paths(blocks[1:], paths)
+    rest = _with_paths([b for b in blocks[1:] if b is not no_gpu[0]], paths)
     config = [i for i, b in enumerate(rest) if 'cat >"$CONF"' in b.code]
     assert len(config) == 1, "expected one block that writes the config file"
     at = config[0] + 1
-    install = [settings, *rest[:at], _simulator_block(cluster), *rest[at:]]
+    added = [*_with_paths([simulator], paths), _run_dir_block(cluster)]
+    install = [settings, *rest[:at], *added, *rest[at:]]
     undo = [b for b in install if b.line > undo_line]
     install = [b for b in install if b.line <= undo_line]
     assert undo, "the guide's Undo section has no runnable block"
@@ -212,7 +218,7 @@ def test_admin_guide_install_job_undo(
         "JOBUSER": USER,
     }
     assert tuple(values) == SETTINGS
-    install, undo = _guide(cluster, values)
+    install, undo = _guide(cluster, values, str(root / "sim"))
     node_lines = re.findall(r"^NodeName=.*$", cluster.slurm_conf.read_text(), re.MULTILINE)
     assert node_lines and all(" Features=mps " in line for line in node_lines), node_lines
     env = _env(cluster, values["MODULES"])

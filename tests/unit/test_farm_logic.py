@@ -7,11 +7,12 @@ import time
 import pytest
 
 from mpswrap.entry.calibrate import Calibration, counts_up_to, recommend
-from mpswrap.entry.farm import default_per_gpu
 from mpswrap.errors import UsageError
-from mpswrap.job.faultwatch import FaultSeen, is_victim, stamp_time
-from mpswrap.job.tasks import FarmDir, Share, TaskRecord, parse_share, parse_tasks, task_lines
-from mpswrap.report.farmview import duration
+from mpswrap.taskfarm.faultwatch import FaultSeen, is_victim, stamp_time
+from mpswrap.taskfarm.journal import FarmDir, TaskRecord, as_line
+from mpswrap.taskfarm.sizing import default_per_gpu
+from mpswrap.taskfarm.tasks import Share, parse_share, parse_tasks, task_lines
+from mpswrap.taskfarm.view import duration
 
 
 def test_tasks_skip_blanks_and_comments_and_number_from_zero() -> None:
@@ -105,12 +106,17 @@ def test_finished_reads_every_state_file_and_passes_over_lines_that_are_not_reco
     from pathlib import Path
 
     root = Path(str(tmp_path))
-    FarmDir(root, Share(0, 2)).create().append(_record(0, "k0", "done"))
-    FarmDir(root, Share(1, 2)).append(_record(1, "k1", "failed"))
-    FarmDir(root).append(_record(2, "k2", "done"))
+    for share, record in (
+        (Share(0, 2), _record(0, "k0", "done")),
+        (Share(1, 2), _record(1, "k1", "failed")),
+        (Share(), _record(2, "k2", "done")),
+    ):
+        farm_dir = FarmDir(root, share).create()
+        farm_dir.write(as_line(record))
+        farm_dir.close()
     with open(root / "state.jsonl", "a") as state:
         state.write('{"task": 3, "key": "k3", "stat\n[1, 2]\n{"task": "x"}\n')
-    assert FarmDir(root).finished() == {"k0", "k2"}
+    assert FarmDir(root).last_status() == {"k0": "done", "k1": "failed", "k2": "done"}
 
 
 def _fault(at: float, pids: set[int] | None = None, recovered: float | None = None) -> FaultSeen:
@@ -215,7 +221,7 @@ def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: objec
     from pathlib import Path
     from types import SimpleNamespace
 
-    from mpswrap.job.faultwatch import FaultWatch
+    from mpswrap.taskfarm.faultwatch import FaultWatch
 
     log_dir = Path(str(tmp_path))
     server_log = log_dir / "server.log"
@@ -235,15 +241,28 @@ def test_faults_are_known_by_stamp_not_by_their_place_in_the_log(tmp_path: objec
 
 
 def test_the_eta_spreads_the_mean_attempt_over_the_places() -> None:
-    from mpswrap.job.farmer import Counts
-    from mpswrap.report.farmview import eta
+    from collections import Counter
 
-    counts = Counts(10, 0.0, done=2, attempts=2, busy=20.0, since=[95.0, 99.0], slots=4)
+    from mpswrap.taskfarm.fold import Running, Tally
+    from mpswrap.taskfarm.view import eta
+
+    def running(*since: float) -> dict[tuple[int, int], Running]:
+        return {(i, 1): Running(i, i, 1, "n", "g", 0, s) for i, s in enumerate(since)}
+
+    tally = Tally(10, slots=4, attempts=2, busy=20.0, statuses=Counter(done=2))
+    tally.running = running(95.0, 99.0)
     # 6 waiting at the mean (10 s) and the running ones' 5 s and 9 s left, over 4 places.
-    assert eta(counts, 100.0) == (6 * 10 + 5 + 9) / 4
-    counts.total = 4  # none waiting: the running task with most left
-    assert eta(counts, 100.0) == 9.0
-    assert eta(Counts(4, 0.0, since=[1.0], slots=4), 100.0) is None  # nothing finished yet
+    assert eta(tally, 100.0) == (6 * 10 + 5 + 9) / 4
+    tally.total = 4  # none waiting: the running task with most left
+    assert eta(tally, 100.0) == 9.0
+    tally.running, tally.total = running(80.0), 3  # past the mean: as long again as it ran
+    assert eta(tally, 100.0) == 20.0
+    # Nothing finished yet: a task takes at least what the oldest running one has run (the
+    # issue's ETA 0s while a 25 s task had run for 4 s).
+    young = Tally(4, slots=4)
+    young.running = running(96.0)
+    assert eta(young, 100.0) == (3 * 4 + 4) / 4
+    assert eta(Tally(4, slots=4), 100.0) is None  # nothing ran yet
 
 
 def _journal() -> list[dict[str, object]]:
@@ -300,23 +319,24 @@ def _journal() -> list[dict[str, object]]:
 
 
 def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() -> None:
-    from mpswrap.report.farmstatus import fold, status_json, status_lines
+    from mpswrap.taskfarm.status import share_status, status_json, status_lines
 
-    seen: list[tuple[str, int, float]] = []
+    seen: list[tuple[object, object, object]] = []
 
-    def alive(node: str, pid: int, start: float) -> bool:
-        seen.append((node, pid, start))
-        return True
+    def alive(head: dict[str, object]) -> tuple[bool, str]:
+        seen.append((head["node"], head["pid"], head["pid_start"]))
+        return True, ""
 
-    status = fold("state.jsonl", _journal(), alive)
+    status = share_status("state.jsonl", _journal(), alive)
     assert seen == [("n1", 7, 5.0)]
-    assert status.state == "running" and status.done_before == 1
-    counts = status.counts
-    assert (counts.done, counts.failed, counts.retried, counts.running) == (1, 0, 1, 2)
-    assert [(t.task, t.attempt, t.line) for t in status.running] == [(1, 2, 3), (2, 1, 4)]
-    assert status.not_run == 1  # task 3: waiting
+    tally = status.tally
+    assert status.state == "running" and tally.done_before == 1
+    assert (tally.done, tally.failed, tally.retried, tally.now_running) == (1, 0, 1, 2)
+    running = sorted(tally.running.values(), key=lambda t: t.since)
+    assert [(t.task, t.attempt, t.line) for t in running] == [(1, 2, 3), (2, 1, 4)]
+    assert tally.not_run == 1  # task 3: waiting
     lines = status_lines("t.farm", [status], 20.0)
-    assert lines[1].startswith("  5 task(s): 1 done, 0 failed, 2 running, 1 not run, 1 done")
+    assert lines[1].startswith("  5 tasks: 1 done, 0 failed, 2 running, 1 not run, 1 done")
     assert "ETA" in lines[1] and "running: task 1 (line 3) on gpu 0, attempt 2" in lines[2]
     data = status_json("t.farm", [status], 20.0)
     assert (data["tasks"], data["running"], data["not_run"]) == (5, 2, 1)
@@ -324,26 +344,48 @@ def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() ->
 
 
 def test_a_farm_gone_without_its_end_runs_nothing_and_one_ended_says_its_code() -> None:
-    from mpswrap.report.farmstatus import fold
+    from mpswrap.taskfarm.status import share_status
 
-    gone = fold("state.jsonl", _journal(), lambda *_: False)
-    assert gone.state == "gone" and gone.running == [] and gone.not_run == 3
-    ended = fold("state.jsonl", [*_journal(), {"event": "end", "time": 30.0, "code": 1}], print)
-    assert ended.state == "ended" and ended.code == 1 and ended.running == []
-    elsewhere = fold("state.jsonl", _journal(), lambda *_: None)
-    assert elsewhere.state == "elsewhere" and len(elsewhere.running) == 2
+    gone = share_status("state.jsonl", _journal(), lambda _: (False, ""))
+    assert gone.state == "gone" and not gone.tally.running and gone.tally.not_run == 3
+    end = {"event": "end", "time": 30.0, "code": 1}
+    ended = share_status("state.jsonl", [*_journal(), end], lambda _: (True, ""))
+    assert ended.state == "ended" and ended.tally.code == 1
+    elsewhere = share_status("state.jsonl", _journal(), lambda _: (None, ""))
+    assert elsewhere.state == "elsewhere" and len(elsewhere.tally.running) == 2
 
 
 def test_status_shows_what_the_journal_says_as_words_and_refuses_odd_numbers() -> None:
     """The journal is the farm user's file; whoever reads its status (root too) must get no
     terminal control sequences and no crash from a number JSON calls Infinity or NaN."""
-    from mpswrap.report.farmstatus import fold, status_lines
+    from mpswrap.taskfarm.status import share_status, status_lines
 
     journal = _journal()
     journal[1] = {**journal[1], "node": "n1\x1b[2J\nforged line", "time": float("inf")}
     journal[-1] = {**journal[-1], "gpu": "GPU-\x07", "time": float("nan")}
-    status = fold("state.jsonl", journal, lambda *_: True)
+    journal.append({**_journal()[4], "task": 3, "status": "failed", "command": "x\x1b[2J"})
+    status = share_status("state.jsonl", journal, lambda _: (True, ""))
     lines = status_lines("t.farm", [status], 20.0)
     text = "\n".join(lines)
     assert "\x1b" not in text and "\x07" not in text and "\nforged line" not in text
-    assert all(t.since == 0.0 or t.since < 1e300 for t in status.running)
+    assert all(t.since == 0.0 or t.since < 1e300 for t in status.tally.running.values())
+
+
+def test_calibrate_says_where_mps_loses_to_time_slicing_and_recommends_no_mps() -> None:
+    from mpswrap.entry.calibrate import _advice
+
+    best = Calibration(4, "mps-200/n", [2.0], 0)  # 2 copies/s
+    won = _advice(best, {1: 0.5, 4: 1.0})
+    assert won.startswith("recommended: mpswrap farm --per-gpu 4 --threads oversubscribe")
+    lost = _advice(best, {1: 1.0, 4: 2.5})
+    assert lost.startswith("recommended: no MPS: 4 copies at once time-sliced did 2.500")
+    assert "(0.80x: MPS loses here)" in lost and "without mpswrap" in lost
+
+
+@pytest.mark.parametrize("job", ["1;reboot", "", "12 34", "-1", "x"])
+def test_slurm_is_asked_of_a_job_id_only(job: str) -> None:
+    """farm status asks scontrol by the journal's job id: anything else never reaches it."""
+    from mpswrap.jobenv import JobEnv
+    from mpswrap.slurm.scontrol import job_state
+
+    assert job_state(JobEnv({"PATH": "/nonexistent"}), job) is None

@@ -44,12 +44,12 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "daemon",
     ),
     # Everything Slurm: its GPU numbers, scontrol and job facts, the hook shims' installer.
-    "slurm": ("gpus", "scontrol", "install", "__main__"),
+    "slurm": ("gpus", "scontrol", "install"),
     "job": (
         "state",
         "containers",
+        "launchers",
         "launchargs",
-        "tasks",
         "placement",
         "verify",
         "outcomes",
@@ -59,29 +59,46 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "attached",
         "exclusive",
         "watchdog",
-        "faultwatch",
-        "tee",
-        "packing",
-        "gpumemory",
-        "farmer",
         "run",
     ),
-    "report": ("summary", "farmview", "farmstatus", "metrics", "status", "plots"),
-    "entry": ("hooks", "launch", "local", "farm", "calibrate", "session"),
-    "cli": (
-        "options",
-        "helptext",
-        "logs",
+    # The task farm: its tasks, K, memory admission, the journal and its views.
+    "taskfarm": (
+        "tasks",
+        "journal",
+        "joblog",
+        "faultwatch",
+        "packing",
+        "fold",
+        "admission",
+        "sizing",
+        "controls",
+        "tee",
+        "lanes",
+        "profile",
+        "taskproc",
+        "recorder",
+        "words",
+        "view",
+        "engine",
+        "status",
+    ),
+    "report": ("summary", "metrics", "status", "plots"),
+    "entry": (
+        "hooks",
+        "launch",
+        "local",
+        "farm",
+        "farmstatus",
+        "calibrate",
+        "session",
         "manage",
         "demo",
-        "farmcmd",
-        "completion",
-        "manpage",
-        "main",
     ),
+    "cli": ("options", "simcmd", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
 }
-#: The package's face: they may import any layer (``session``, ``main``), nothing imports them.
-FACES = {"__init__", "__main__"}
+#: The package's faces, its entrances: they may import any layer (``session``, ``main``),
+#: nothing imports them.
+FACES = {"__init__", "__main__", "slurm.__main__"}
 OWNERS = {
     "subprocess": {"_proc"},
     "psutil": {"_proc"},
@@ -110,7 +127,7 @@ def _modules() -> dict[str, Path]:
 def _rank(name: str) -> tuple[int, int] | None:
     """(layer, position inside it) of a module, None for the package faces."""
     folder, _, mod = name.rpartition(".")
-    if not folder and mod in FACES:
+    if name in FACES:
         return None
     order = list(LAYERS)
     assert folder in LAYERS, f"mpswrap/{folder} is no layer of DESIGN.md"
@@ -172,6 +189,21 @@ def test_the_simulator_stands_alone() -> None:
         assert not outside, f"{path} imports {outside}"
 
 
+#: The one module of the layers that knows the simulator: ``mpswrap demo`` installs it.
+SIMULATOR_USERS = {"entry.demo", "cli.simcmd"}
+
+
+def test_production_code_does_not_know_the_simulator() -> None:
+    """The simulator stands behind the interfaces the real driver has (the control program,
+    the inventory file and its memory folder, NVML's figures): only the demo installs it."""
+    knowing = {
+        name
+        for name, path in _modules().items()
+        if any(i.startswith("mpswrap.sim") for i in _imports(name, path))
+    }
+    assert knowing == SIMULATOR_USERS
+
+
 def test_no_module_or_function_holds_two_concepts() -> None:
     problems = []
     for name, path in _modules().items():
@@ -214,7 +246,7 @@ def test_the_rank_start_path_is_lean() -> None:
     ``typing`` and ``dataclasses`` (docs/concepts.md, What a start imports)."""
     code = (
         "import sys, mpswrap.cli.main, mpswrap.entry.launch; "
-        "bad = [m for m in ('difflib', 'mpswrap.cli.helptext', "
+        "bad = [m for m in ('difflib', "
         "'mpswrap.cli.manpage', 'mpswrap.cli.completion', 'mpswrap.cli.farmcmd', "
         "'mpswrap.mps.ladder', 'mpswrap.mps.mpslog', 'mpswrap.mps.record', 'typing', "
         "'dataclasses', 'inspect') "
@@ -231,7 +263,7 @@ def test_the_hooks_start_path_is_lean() -> None:
     ``dataclasses``, and not syslog's handler before a hook asks for it."""
     code = (
         "import sys, runpy; sys.argv = ['mpswrap', 'prolog']; "
-        "import mpswrap.entry.hooks as h; h.run_hook = lambda hook: 0; "
+        "import mpswrap.entry.hooks as h; h.run_hook = lambda *a: 0; "
         "runpy.run_module('mpswrap', run_name='__main__')"
     )
     probe = (
@@ -252,7 +284,7 @@ def test_the_hooks_start_path_is_lean() -> None:
 
 
 def test_hook_commands_are_the_hooks() -> None:
-    from mpswrap.cli.options import HOOK_COMMANDS
+    from mpswrap.cli.commands import HOOKS as COMMANDS
     from mpswrap.entry.hooks import HOOKS
 
-    assert set(HOOK_COMMANDS) == set(HOOKS)
+    assert set(COMMANDS) == set(HOOKS)

@@ -170,3 +170,17 @@ def test_srun_step_names_the_step_only_for_srun_tasks(
     env: dict[str, str], expected: str | None
 ) -> None:
     assert JobEnv(env).srun_step == expected
+
+
+def test_the_launcher_mpswrap_prefixed_names_its_ranks_variables_first() -> None:
+    """``mpswrap torchrun ...`` in a batch script: every worker inherits ``SLURM_LOCALID=0``
+    of the batch step; the launcher's own variables (``MPSWRAP_RANK_VARS``) come first, and
+    mpswrap's own (``mpswrap run``) before them."""
+    env = {"SLURM_LOCALID": "0", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}
+    assert JobEnv(env).local_rank == 0
+    ranked = {**env, "MPSWRAP_RANK_VARS": "LOCAL_RANK,LOCAL_WORLD_SIZE"}
+    assert (JobEnv(ranked).local_rank, JobEnv(ranked).local_size) == (3, 4)
+    inner = {**ranked, "MPSWRAP_LOCAL_RANK": "1", "MPSWRAP_LOCAL_SIZE": "2"}
+    assert (JobEnv(inner).local_rank, JobEnv(inner).local_size) == (1, 2)
+    bogus = {**env, "MPSWRAP_RANK_VARS": "PATH,HOME"}  # only rank variables it knows
+    assert JobEnv(bogus).local_rank == 0

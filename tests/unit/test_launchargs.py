@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpswrap.cli.main import split_options
+from mpswrap.cli.main import build_parser, split_options
 from mpswrap.errors import UsageError
 from mpswrap.job import launchargs as la
+from mpswrap.job.launchers import LAUNCHERS, OPEN_MPI, SRUN, TORCHRUN, launcher_of
 
 W = ["python", "-m", "mpswrap", "--"]
 
@@ -98,11 +99,54 @@ def test_missing_values_are_usage_errors(argv: list[str]) -> None:
 
 
 def test_unknown_launcher_is_refused() -> None:
-    assert la.family_of("mpirun.openmpi") == la.OMPI
-    assert la.family_of("/opt/slurm/bin/srun") == la.SRUN
-    assert la.family_of("./app") is None
-    with pytest.raises(UsageError):
+    assert launcher_of("mpirun.openmpi") is OPEN_MPI
+    assert launcher_of("/opt/slurm/bin/srun") is SRUN
+    assert launcher_of("/venv/bin/torchrun") is TORCHRUN
+    assert launcher_of("./app") is None
+    with pytest.raises(UsageError) as info:
         la.parse(["./app"])
+    assert info.value.hint == "use srun, mpirun, mpiexec, orterun, torchrun"
+
+
+@pytest.mark.parametrize(
+    ("argv", "tokens", "program"),
+    [
+        (
+            ["torchrun", "--nproc-per-node", "8", "train.py", "--lr", "1"],
+            ["--nproc-per-node", "8", "--no-python"],
+            ["/venv/bin/python", "train.py", "--lr", "1"],
+        ),
+        (
+            ["torchrun", "--nproc_per_node=4", "--standalone", "-m", "pkg.train", "-x"],
+            ["--nproc_per_node=4", "--standalone", "--no-python"],
+            ["/venv/bin/python", "-m", "pkg.train", "-x"],
+        ),
+        (
+            ["torchrun", "--nnodes", "2", "--no-python", "./serve", "--port", "1"],
+            ["--nnodes", "2", "--no-python"],
+            ["./serve", "--port", "1"],
+        ),
+    ],
+    ids=["script", "module", "no-python"],
+)
+def test_torchrun_workers_run_the_wrapper_then_the_interpreter(
+    argv: list[str], tokens: list[str], program: list[str]
+) -> None:
+    """torchrun runs its script with Python itself: its workers run ``--no-python`` through
+    the wrapper, then torchrun's interpreter (and ``-m`` for ``--module``)."""
+    line = la.parse(argv, python="/venv/bin/python")
+    assert line.argv(["W", "--"]) == ["torchrun", *tokens, "W", "--", *program]
+    assert la.ranks_per_node(line, {}) == (
+        8 if "8" in argv else 4 if "--nproc_per_node=4" in argv else None
+    )
+
+
+def test_every_launcher_row_names_local_rank_variables_jobenv_reads() -> None:
+    from mpswrap.jobenv import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
+
+    for row in LAUNCHERS:
+        assert set(row.local_rank) <= set(LOCAL_RANK_VARS), row.family
+        assert row.local_size[0] in (*LOCAL_SIZE_VARS, "SLURM_STEP_TASKS_PER_NODE"), row.family
 
 
 @pytest.mark.parametrize(
@@ -148,7 +192,7 @@ def test_extra_options_go_first_in_each_segment() -> None:
 
 
 def test_wrapper_options_end_at_first_word_or_dashdash() -> None:
-    valued = {"--gpus", "--policy"}
+    valued = build_parser()
     assert split_options(["--gpus", "0", "srun", "-n", "2"], valued) == (
         ["--gpus", "0"],
         ["srun", "-n", "2"],
@@ -164,6 +208,25 @@ def test_wrapper_options_end_at_first_word_or_dashdash() -> None:
         ["./a", "--gpus"],
         False,
     )
+    assert split_options(["-vv", "--gpus=1", "run"], valued) == (
+        ["-vv", "--gpus=1"],
+        ["run"],
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--gpu", "0", "run"], "unknown option '--gpu' (did you mean '--gpus'?)"),
+        (["--polcy=block", "./a"], "unknown option '--polcy' (did you mean '--policy'?)"),
+        (["--no-such", "./a"], "unknown option '--no-such'"),
+    ],
+)
+def test_an_option_nobody_takes_is_refused_by_name(argv: list[str], named: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        split_options(argv, build_parser())
+    assert caught.value.line() == named
 
 
 # --- properties --------------------------------------------------------------------------

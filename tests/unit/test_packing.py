@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from mpswrap.job.gpumemory import Peaks, Reading, admits, margin, out_of_memory
-from mpswrap.job.packing import EXPLORE, MARGIN, Packing, converge
+from mpswrap.taskfarm.admission import Peaks, Reading, admits, margin, out_of_memory
+from mpswrap.taskfarm.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
 

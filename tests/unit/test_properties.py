@@ -144,6 +144,7 @@ _VALID: dict[str, st.SearchStrategy[tuple[str, object]]] = {
     "syslog": st.sampled_from([("no", False), ("yes", True)]),
     "verify_attach": st.sampled_from(["warn", "fail", "off"]).map(lambda t: (t, t)),
     "log_level": st.sampled_from(["debug", "info", "warning", "error"]).map(lambda t: (t, t)),
+    "farm_profile": st.sampled_from(["auto", "off", "/tmp/p.json"]).map(lambda t: (t, t)),
 }
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from mpswrap._struct import Struct, asdict, field, fields, replace
 from mpswrap.entry.farm import FarmResult
-from mpswrap.job.tasks import Task, TaskRecord
+from mpswrap.taskfarm.journal import TaskRecord
+from mpswrap.taskfarm.tasks import Task
 
 
 class Point(Struct, frozen=True):

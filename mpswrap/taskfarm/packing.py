@@ -42,7 +42,7 @@ from typing import Any
 
 from .._struct import Struct, field
 
-__all__ = ["EXPLORE", "MARGIN", "START_MAX", "Change", "Packing", "converge", "start_k"]
+__all__ = ["EXPLORE", "MARGIN", "START_MAX", "WHYS", "Change", "Packing", "converge", "start_k"]
 
 #: A window's throughput must beat the best K's by this fraction to raise K again, and fall
 #: below it by this fraction to back off.
@@ -56,6 +56,10 @@ EXPLORE = 4
 WINDOW_MIN = 4
 
 
+#: The reasons a change of K gives (a journal's others are shown as ``?``).
+WHYS = ("start", "raise", "lower", "hold", "back-off", "oom", "memory", "profile")
+
+
 class Change(Struct, frozen=True):
     """K set at ``t`` (epoch seconds): its value, the throughput that decided it (tasks per
     second over the window; None where none was measured), and why."""
@@ -63,7 +67,7 @@ class Change(Struct, frozen=True):
     t: float
     k: int
     throughput: float | None
-    why: str  # start, raise, lower, hold, back-off, oom, memory
+    why: str  # one of WHYS
 
     def to_json(self) -> dict[str, Any]:
         return {"t": self.t, "k": self.k, "throughput": self.throughput, "why": self.why}
@@ -87,6 +91,9 @@ class Packing(Struct):
     #: When the GPU first ran K tasks, and the finishes since: the current window.
     since: float | None = None
     finishes: int = 0
+    #: K is never lowered for throughput below it: what the CPUs allow for CPU-light tasks
+    #: (``sizing.cpu_floor``); out of memory still lowers it.
+    floor: int = 1
 
     @classmethod
     def start(cls, now: float, cap: int, given: int | None = None) -> Packing:
@@ -134,13 +141,14 @@ class Packing(Struct):
             return self._set(now, min(self.ceiling, 2 * self.k), rate, "raise")
         floor = top * (1 - MARGIN)
         fewest = min(self.rates)
+        least = min(self.ceiling, max(1, self.floor))  # the fewest K may go to
         first = len(self.rates) == 1  # at the cap from the start: nothing above to try
-        lower = (first or not rising) and fewest > 1 and self.rates[fewest] >= floor
+        lower = (first or not rising) and fewest > least and self.rates[fewest] >= floor
         if lower and waiting >= EXPLORE * self.k:
             self.lowering = True
-            return self._set(now, fewest // 2, rate, "lower")
+            return self._set(now, max(least, fewest // 2), rate, "lower")
         self.settled = True
-        keep = min(k for k, r in self.rates.items() if r >= floor)
+        keep = max(least, min(k for k, r in self.rates.items() if r >= floor))
         return self._set(now, keep, rate, "hold" if rate >= floor else "back-off")
 
     def oom(self, now: float, running: int) -> Change | None:

@@ -1,4 +1,5 @@
-"""``mpswrap start|stop|status``: manage a job's daemons by hand (user mode or as root)."""
+"""``mpswrap start|stop|status|metrics|report|config|container-args``: a job's daemons by hand
+(user mode or as root), what they did, the settings, and what a container needs to reach them."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import _proc
-from ..config import Settings, load_settings
-from ..errors import ConfigError, UsageError
-from ..job import state
+from .. import _proc, trust
+from ..config import Settings, admin_file, load_settings
+from ..errors import ConfigError, MpswrapError, TrustError, UsageError
+from ..job import containers, state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
 from ..mps.gpu import load_inventory, resolve_gpus
@@ -24,7 +26,15 @@ from ..paths import JobLayout, validate_name
 from ..report import metrics
 from ..report.status import cpus_words, node_status, print_status, record_line, unhealthy
 
-__all__ = ["COMMANDS"]
+__all__ = [
+    "cmd_config",
+    "cmd_container_args",
+    "cmd_metrics",
+    "cmd_report",
+    "cmd_start",
+    "cmd_status",
+    "cmd_stop",
+]
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +224,62 @@ def cmd_report(args: argparse.Namespace) -> int:
     return HEALTHY if found else NOTHING_FOUND
 
 
-COMMANDS = {
-    "start": cmd_start,
-    "stop": cmd_stop,
-    "status": cmd_status,
-    "metrics": cmd_metrics,
-    "report": cmd_report,
-}
+def cmd_config(args: argparse.Namespace) -> int:
+    """The resolved settings; on stderr, a warning for each file root's hooks refuse to read
+    or run (a bad key or value still fails the command: install-hooks relies on that)."""
+    problems: list[ConfigError] = []
+    settings = load_settings(config_file=args.config, problems=problems)
+    for problem in problems:
+        if not isinstance(problem, TrustError):
+            raise problem
+    rows = settings.describe()
+    if args.json:
+        print(json.dumps({n: {"value": v, "source": s} for n, v, s in rows}, indent=1))
+    else:
+        width = max(len(n) for n, _, _ in rows)
+        for name, value, source in rows:
+            print(f"{name:<{width}}  {value:<40}  ({source})")
+    for line in _untrusted(settings, args.config):
+        print(f"mpswrap: warning: {line}", file=sys.stderr)
+    return 0
+
+
+def _untrusted(settings: Settings, config_file: str | None) -> list[str]:
+    """The admin file and control program, where a user other than root may change them:
+    root's hooks then neither read nor run them (``trust``), whoever asks."""
+    from ..mps.control import locate_binary
+
+    found = []
+    path = admin_file(os.environ, config_file)
+    level = trust.changeable_level(path) if os.path.exists(path) else None
+    if level:
+        found.append(
+            f"root ignores the admin config file {path}: {level} can be changed by "
+            "a user other than root"
+        )
+    try:
+        binary: str | None = locate_binary(settings.control_binary)
+    except MpswrapError:
+        binary = None  # not installed here: nothing to judge
+    level = trust.changeable_level(binary) if binary else None
+    if level:
+        found.append(
+            f"root will not run the MPS control program {binary}: {level} can be "
+            "changed by a user other than root"
+        )
+    return found
+
+
+def cmd_container_args(args: argparse.Namespace) -> int:
+    runtime = containers.runtime_named(args.runtime)
+    settings = load_settings(config_file=args.config)
+    directory = containers.bind_dir(settings, JobEnv.current(), args.job)
+    out = containers.flags(runtime, directory, os.getuid())
+    if any(re.search(r"\s", word) for word in out):  # $(...) splits words at blanks
+        raise UsageError(
+            "the job's directory has a blank in its path",
+            thing=str(directory),
+            hint="set user_run_dir to a path without blanks",
+        )
+    print(" ".join(out))
+    return 0

@@ -47,6 +47,8 @@ PEAK_QUANTILE = 0.9
 #: (allocators round up; a CUDA context alone is a few hundred MiB).
 MARGIN_FRACTION = 0.02
 MARGIN_MIN = 256 << 20
+#: Peaks kept of the finished tasks of a GPU (the most recent), for the quantile.
+PEAKS_KEPT = 512
 #: Seconds the first task of a GPU runs alone at most while its memory is not known.
 LEARN_S = 30.0
 #: Less free than this fraction of the GPU is "full" for the out-of-memory verdict.
@@ -97,6 +99,7 @@ class Peaks(Struct):
         self.finished += 1
         if peak > 0:
             self.seen.append(peak)
+            del self.seen[:-PEAKS_KEPT]  # the recent ones: a long farm's memory stays flat
 
     def learning(self, expected: int | None, first_started: float, now: float) -> bool:
         """Still learning: no peak known, no task finished, the first started lately."""

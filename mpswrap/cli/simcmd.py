@@ -1,0 +1,36 @@
+"""``mpswrap sim COMMAND ...``: the MPS simulator's own command line (``mpswrap/sim/__main__.py``)
+run by the interpreter that runs mpswrap. ``python3 -m mpswrap.sim`` needs a ``python3`` that
+has mpswrap; a link to a virtual environment's ``bin/mpswrap`` (the README's install) or the
+module's ``mpswrap`` command has none on ``PATH``, and this command works wherever ``mpswrap``
+does. The simulator's programs it writes run this interpreter too."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_arguments", "cmd_sim"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``sim``'s two arguments: the simulator's command, then what that command takes
+    (passed on untouched, ``--help`` too)."""
+    from ..sim.__main__ import COMMANDS
+
+    p.add_argument(
+        "sim_command",
+        metavar="COMMAND",
+        choices=COMMANDS,
+        help=f"the simulator's command: {' or '.join(COMMANDS)} (required)",
+    )
+    p.add_argument(
+        "sim_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="that command's arguments; COMMAND --help lists them (default: none)",
+    )
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from ..sim.__main__ import main
+
+    return main([args.sim_command, *args.sim_args], prog="mpswrap sim")

@@ -1,0 +1,71 @@
+"""``mpswrap farm status [DIR]``: what the farms' journals say, from any shell, while they run
+or after they ended (``taskfarm.status``: each journal folded, and whether its farm runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import LayoutError, UsageError
+from ..jobenv import JobEnv
+from ..report import plots
+from ..taskfarm import status as farmstatus
+from ..taskfarm.journal import read_journal
+from .farm import task_list_dir
+
+__all__ = ["farm_status"]
+
+
+def farm_status(
+    directory: str | None, as_json: bool, plot: str | None = None, failed: bool = False
+) -> int:
+    """``mpswrap farm status [DIR]``: what the farms' journals say, from any shell. DIR: a
+    farm's directory, or its task list (``<TASKS>.farm``); none: every ``*.farm`` here.
+    ``failed``: only the failed tasks, one a line. ``plot``: also save K and throughput over
+    time there (``report.plots``; one farm directory)."""
+    if plot:
+        plots.pyplot()  # refused before anything is read or printed
+    paths = _status_dirs(directory)
+    if plot and len(paths) > 1:
+        raise UsageError("farm status --plot: one farm at a time", hint=_STATUS_HINT)
+    alive = farmstatus.liveness(JobEnv.current())
+    now, records, lines = time.time(), [], []
+    for path in paths:
+        shares = [farmstatus.share_status(n, j, alive) for n, j in _journal(path).items()]
+        records.append(farmstatus.status_json(path, shares, now))
+        lines += farmstatus.failed_lines(shares) if failed else []
+        lines += [] if failed else farmstatus.status_lines(path, shares, now)
+    if as_json:
+        print(json.dumps(records[0] if directory else {"farms": records}, indent=1))
+    elif lines:
+        print("\n".join(lines))
+    if plot:
+        plots.plot_packing(records[0], plot, title=f"farm {paths[0]}")
+        print(f"farm status: plot saved to {plot}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
+def _journal(path: str) -> dict[str, list[dict[str, Any]]]:
+    try:
+        journal = read_journal(path)
+    except LayoutError as exc:
+        raise UsageError(exc.what, thing=exc.thing, cause=exc.cause, hint=_STATUS_HINT) from None
+    if not journal:
+        raise UsageError("not a farm directory (no state file)", thing=path, hint=_STATUS_HINT)
+    return journal
+
+
+_STATUS_HINT = "give the farm's directory (--dir, default <TASKS>.farm) or its task list"
+
+
+def _status_dirs(given: str | None) -> list[str]:
+    """The directory asked about, or every ``*.farm`` here (a UsageError where none is)."""
+    if given is not None:
+        return [given if not os.path.isfile(given) else task_list_dir(None, given)]
+    here = sorted(n for n in os.listdir(".") if n.endswith(".farm") and os.path.isdir(n))
+    if not here:
+        raise UsageError("no farm here", cause="no *.farm directory", hint=_STATUS_HINT)
+    return here

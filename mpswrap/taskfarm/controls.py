@@ -1,0 +1,85 @@
+"""The farm's controls, as GNU parallel's users know them: when to stop (``--halt``), how long
+a task may run (``--timeout``), how often a failed task runs again (``--retries``). Pure logic:
+the engine asks, the journal records what came of it.
+
+``--halt never`` (the default) runs every task. ``--halt soon,fail=N`` starts no new task once
+N tasks failed for good and lets the running ones finish; ``now,fail=N`` also ends those
+(through terminate_client, recorded as interrupted: a farm run again runs them). ``fail=P%``:
+once P % of the share's tasks failed (as ``parallel --halt soon,fail=10%`` counts, of all the
+jobs). A task failed for good is one no retry is left for: its exit code, a timeout, a fault or
+an out-of-memory on its last try.
+
+``--retries N``: a task that fails (exit code, timeout) runs up to N more times. GPU faults and
+out-of-memory keep their own retries, whatever N: a fault's victim runs again up to
+``max(FAULT_RETRIES, N)`` more times (it did nothing wrong), an out-of-memory one up to
+``journal.OOM_TRIES`` runs in all, on a GPU whose K was lowered.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .._struct import Struct
+from ..errors import UsageError
+from .journal import FAULT, OOM
+
+__all__ = ["FAULT_RETRIES", "NEVER", "OOM_TRIES", "Halt", "parse_halt", "retry_left"]
+
+#: More runs of a task a fatal GPU fault ended, at least (``--retries`` may give more).
+FAULT_RETRIES = 1
+#: Runs of a task that keeps running out of memory, the first one included.
+OOM_TRIES = 3
+_HALT = re.compile(r"(now|soon),fail=([0-9]{1,9})(%?)")
+
+
+class Halt(Struct, frozen=True):
+    """``--halt``: ``when`` (never, soon, now) and the failures that trigger it (a count, or a
+    percentage of the tasks)."""
+
+    when: str = "never"
+    count: int = 0
+    percent: bool = False
+
+    def reached(self, failed: int, total: int) -> bool:
+        """Whether ``failed`` tasks failed for good (of ``total``) trigger it."""
+        if self.when == "never" or failed < 1:
+            return False
+        need = math.ceil(total * self.count / 100) if self.percent else self.count
+        return failed >= max(1, need)
+
+    def __str__(self) -> str:
+        return (
+            self.when
+            if self.when == "never"
+            else f"{self.when},fail={self.count}" + ("%" if self.percent else "")
+        )
+
+
+NEVER = Halt()
+
+
+def parse_halt(text: str) -> Halt:
+    """``never``, ``now,fail=N``, ``soon,fail=N``, ``now,fail=P%``, ``soon,fail=P%``."""
+    text = text.strip()
+    if text == "never":
+        return NEVER
+    match = _HALT.fullmatch(text)
+    percent = bool(match and match[3])
+    if not match or int(match[2]) < 1 or (percent and int(match[2]) > 100):
+        raise UsageError(
+            "bad --halt",
+            thing=text,
+            hint="use never, now,fail=N, soon,fail=N or soon,fail=P% (N >= 1, P 1-100)",
+        )
+    return Halt(match[1], int(match[2]), percent)
+
+
+def retry_left(status: str, attempt: int, ooms: int, retries: int) -> bool:
+    """Whether a task whose attempt ``attempt`` ended ``status`` (after ``ooms`` runs out of
+    memory, this one included) runs again."""
+    if status == FAULT:
+        return attempt <= max(FAULT_RETRIES, retries)
+    if status == OOM:
+        return ooms < OOM_TRIES
+    return attempt <= retries

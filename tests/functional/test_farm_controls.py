@@ -1,0 +1,204 @@
+"""The farm's controls (``--halt``, ``--timeout``, ``--retries``, ``--skip-failed``), its
+journal as the one record (the summary is the fold of the journal; the joblog reads with awk),
+its progress and status views, and the task list refused where it is no list, on the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpswrap.taskfarm.fold import fold
+from mpswrap.taskfarm.journal import read_journal
+from mpswrap.taskfarm.tasks import read_tasks
+from mpswrap.taskfarm.words import summary_lines
+from tests.simenv import SimNode
+
+pytestmark = pytest.mark.functional
+
+
+def records(farm_dir: Path) -> list[dict[str, Any]]:
+    lines = read_journal(farm_dir)["state.jsonl"]
+    return [line for line in lines if "event" not in line]
+
+
+def client(node: SimNode, seconds: float) -> str:
+    return f"{node.client} --seconds {seconds}"
+
+
+def test_the_summary_is_the_fold_of_the_journal_it_came_from(node: SimNode) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("".join(f"{client(node, 0.2)}\n" for _ in range(5)) + "exit 4\ntrue\nexit 9\n")
+    res = node.run("farm", "--per-gpu", "2", "--dir", str(farm_dir), str(tasks), timeout=120)
+    assert res.returncode == 1, res.stderr
+    printed = [ln for ln in res.stdout.splitlines() if ln.startswith(("farm:", "  "))]
+    tally = fold(read_journal(farm_dir)["state.jsonl"])
+    todo = read_tasks(str(tasks))
+    not_run = [t for t in todo if t.number not in tally.settled]
+    assert tally.ended is not None
+    assert summary_lines(tally, not_run, str(farm_dir), tally.ended) == printed
+    assert "8 tasks: 6 done, 2 failed, 0 not run" in printed[0]
+    # The node's summary line counts the journal's attempts, in tasks, and no alarm for the
+    # tasks that ended before a check could see them (no CUDA).
+    node_line = next(ln for ln in res.stderr.splitlines() if "summary: node" in ln)
+    assert "8 tasks" in node_line and "not seen" not in node_line, node_line
+
+
+def test_the_joblog_is_gnu_parallels_and_awk_reads_it(node: SimNode) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("true\nexit 3\nsleep 0.2\n")
+    res = node.run("farm", "--per-gpu", "3", "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 1, res.stderr
+    joblog = (farm_dir / "joblog").read_text().splitlines()
+    header = "Seq Host Starttime JobRuntime Send Receive Exitval Signal Command"
+    assert joblog[0].split("\t") == header.split()
+    failed = subprocess.run(
+        ["awk", "-F\t", "NR > 1 && $7 != 0 {print $1, $7, $9}", str(farm_dir / "joblog")],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    assert failed.stdout == "2 3 exit 3\n"
+    rows = [ln.split("\t") for ln in joblog[1:]]
+    assert sorted(int(r[0]) for r in rows) == [1, 2, 3]
+    assert all(float(r[2]) > 1e9 and float(r[3]) >= 0 and len(r) == 9 for r in rows)
+
+
+def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -> None:
+    mark = node.root / "once"
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text(f"if [ -e {mark} ]; then true; else touch {mark}; exit 7; fi\n")
+    res = node.run("farm", "--retries", "1", "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [(r["attempt"], r["status"], r["retried"]) for r in records(farm_dir)] == [
+        (1, "failed", True),
+        (2, "done", False),
+    ]
+    halted, farm_dir = node.root / "halt.txt", node.root / "h"
+    halted.write_text("exit 1\nexit 2\n" + "sleep 1\n" * 8)
+    args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=2", "--dir", str(farm_dir))
+    res = node.run(*args, str(halted), timeout=60)
+    assert res.returncode == 1
+    assert "--halt soon,fail=2: 2 task(s) failed: starting no more" in res.stderr, res.stderr
+    ran = {r["task"] for r in records(farm_dir)}
+    assert {0, 1} <= ran and len(ran) < 10, ran
+    assert re.search(r"10 tasks: \d done, 2 failed, [1-9] not run", res.stdout), res.stdout
+
+
+def test_halt_now_ends_the_running_tasks_as_interrupted(node: SimNode) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text(f"{client(node, 30)}\nsleep 0.5; exit 5\n{client(node, 30)}\n")
+    args = ("farm", "--per-gpu", "3", "--halt", "now,fail=1", "--grace", "3")
+    res = node.run(*args, "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 1, res.stderr
+    statuses = {r["task"]: r["status"] for r in records(farm_dir)}
+    assert statuses == {0: "interrupted", 1: "failed", 2: "interrupted"}, statuses
+
+
+def test_timeout_ends_a_task_through_terminate_client_and_records_it(node: SimNode) -> None:
+    rec = node.root / "rec.jsonl"
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text(f"{client(node, 60)} --record {rec} --tag t\ntrue\n")
+    args = ("farm", "--per-gpu", "2", "--timeout", "1.5", "--grace", "3", "--dir", str(farm_dir))
+    start = time.monotonic()
+    res = node.run(*args, str(tasks), timeout=60)
+    assert time.monotonic() - start < 30
+    assert res.returncode == 1, res.stderr
+    final = {r["task"]: r for r in records(farm_dir)}
+    assert final[0]["status"] == "timeout" and final[1]["status"] == "done"
+    assert final[0]["end"] - final[0]["start"] < 10
+    ends = [json.loads(ln) for ln in rec.read_text().splitlines()]
+    assert [e.get("reason") for e in ends if e["event"] == "end"] == ["terminated"]
+    assert "task 0 timed out" in res.stderr and "1 timed out" in res.stdout
+
+
+def test_resume_reruns_failed_tasks_unless_skip_failed(node: SimNode) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("true\nexit 3\n")
+    args = ("farm", "--dir", str(farm_dir), str(tasks))
+    assert node.run(*args, timeout=60).returncode == 1
+    again = node.run(*args, timeout=60)
+    assert again.returncode == 1 and "1 done before" in again.stdout, again.stdout
+    assert [r["task"] for r in records(farm_dir)] == [0, 1, 1]
+    skipped = node.run(*args[:-1], "--skip-failed", str(tasks), timeout=60)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "nothing to run: 2 tasks, all done before" in skipped.stdout
+    assert [r["task"] for r in records(farm_dir)] == [0, 1, 1]
+
+
+def test_heartbeat_lines_and_quiet_prints_only_problems(node: SimNode) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("sleep 2\nexit 6\n")
+    args = ("farm", "--per-gpu", "2", "--heartbeat", "0.5", "--dir", str(farm_dir), str(tasks))
+    res = node.run(*args, timeout=60)
+    beats = [ln for ln in res.stderr.splitlines() if re.match(r"mpswrap: farm: \d+/2 finished", ln)]
+    assert beats and all("running" in ln for ln in beats), res.stderr
+    assert any("1 running" in ln for ln in beats), beats
+    (farm_dir / "state.jsonl").unlink()
+    quiet = node.run("-q", *args, timeout=60)
+    assert quiet.returncode == 1
+    assert "task 1 failed (exit 6)" in quiet.stderr, quiet.stderr
+    assert "finished" not in quiet.stderr and "summary: node" in quiet.stderr
+    assert "failed: task 1 (exit 6, failed)" in quiet.stdout
+    (farm_dir / "state.jsonl").unlink()
+    clean = node.run("-q", "farm", "--dir", str(farm_dir), str(node.root / "ok.txt"), timeout=60)
+    assert clean.returncode == 2  # no such list: a usage error still says so
+    (node.root / "ok.txt").write_text("true\n")
+    clean = node.run("-q", "farm", "--dir", str(farm_dir), str(node.root / "ok.txt"), timeout=60)
+    assert clean.returncode == 0 and clean.stdout == "" and clean.stderr == "", clean
+
+
+def test_status_lists_failed_tasks_every_farm_here_and_json(node: SimNode) -> None:
+    for name, lines in (("a.txt", "true\nexit 3\n"), ("b.txt", "true\n")):
+        (node.root / name).write_text(lines)
+        node.run("farm", name, timeout=60)
+    status = node.run("farm", "status", timeout=30)
+    assert status.returncode == 0, status.stderr
+    assert "farm a.txt.farm: ended" in status.stdout and "farm b.txt.farm: ended" in status.stdout
+    assert re.search(r"failed: task 1 \(exit 3, failed\): exit 3  log: \S+\.err", status.stdout)
+    failed = node.run("farm", "status", "--failed", "a.txt.farm", timeout=30)
+    assert failed.stdout.startswith("task 1 (exit 3, failed): exit 3  log: "), failed.stdout
+    data = json.loads(node.run("farm", "status", "--json", "a.txt.farm", timeout=30).stdout)
+    assert data["failed"] == 1 and data["shares"][0]["failed_tasks"][0]["code"] == 3
+    every = json.loads(node.run("farm", "status", "--json", timeout=30).stdout)
+    assert [f["directory"] for f in every["farms"]] == ["a.txt.farm", "b.txt.farm"]
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "/dev/null", "."])
+def test_a_task_list_that_is_no_file_or_pipe_is_refused_before_reading(
+    node: SimNode, source: str
+) -> None:
+    res = node.run("farm", "--dir", str(node.root / "f"), source, timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[0].startswith("mpswrap: cannot read the task list"), res.stderr
+    assert "not a regular file or a pipe" in res.stderr or "Is a directory" in res.stderr
+
+
+def test_a_task_list_from_a_pipe_is_read(node: SimNode) -> None:
+    read, write = os.pipe()
+    os.write(write, b"true\ntrue\n")
+    os.close(write)
+    res = subprocess.run(
+        [*node_argv(), "farm", "--dir", "p", f"/dev/fd/{read}"],
+        env=node.env(),
+        cwd=node.root,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        pass_fds=(read,),
+    )
+    os.close(read)
+    assert res.returncode == 0 and "2 tasks: 2 done" in res.stdout, res.stderr
+
+
+def node_argv() -> list[str]:
+    from tests.simenv import MPSWRAP
+
+    return list(MPSWRAP)
