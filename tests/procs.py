@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-__all__ = ["described", "ended", "signal_tree"]
+__all__ = ["described", "ended", "interruptible", "signal_tree"]
 
 P = TypeVar("P", bound="subprocess.Popen[Any]")
 
@@ -73,3 +73,16 @@ def ended(proc: P, timeout: float = 120) -> Iterator[P]:
         if failed:
             for name, text in zip(("stdout", "stderr"), said, strict=True):
                 print(f"--- the run's {name}, its last 3000 characters:\n{str(text)[-3000:]}")
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Programs started inside take SIGINT as a terminal's foreground program does (its
+    default action), whatever this process inherited: a shell without job control starts its
+    background jobs with SIGINT ignored, and every child inherits that (the python tier run
+    behind ``&`` failed exactly the tests that send SIGINT)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -21,7 +21,7 @@ from mpswrap.mps import gpu
 from mpswrap.mps.control import CLIENT_FIELDS
 from mpswrap.paths import GpuDirs
 from mpswrap.report import metrics
-from tests.procs import signal_tree
+from tests.procs import ended, interruptible, signal_tree
 from tests.promcheck import exposition_problems
 from tests.simenv import SimNode
 from tests.tree import REPO
@@ -382,16 +382,18 @@ def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -
 def test_status_watch_refreshes_until_interrupted(
     node: SimNode, job: list[subprocess.Popen[str]]
 ) -> None:
-    watch = node.start("status", "--job", "met", "--watch", "0.2")
+    with interruptible():
+        watch = node.start("status", "--job", "met", "--watch", "0.2")
     heads, clients = 0, 0
-    assert watch.stdout is not None
-    for line in watch.stdout:
-        heads += line.startswith("--- ")
-        clients += line.strip().startswith("client ")
-        if heads == 3:
-            break
-    watch.send_signal(signal.SIGINT)
-    _, err = watch.communicate(timeout=30)
+    with ended(watch):
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            heads += line.startswith("--- ")
+            clients += line.strip().startswith("client ")
+            if heads == 3:
+                break
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err  # the last status was healthy
     assert clients >= 2 * len(job), "each refresh lists the clients"
     bad = node.run("status", "--watch", "0")
