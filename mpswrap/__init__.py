@@ -1,8 +1,8 @@
 """mpswrap: many CUDA processes per GPU through NVIDIA MPS, on Slurm clusters.
 
 ``import mpswrap`` loads neither NVML nor mpi4py: session() imports them when entered, and
-``session`` and ``farm`` are imported on first use (PEP 562), so the Slurm hooks and the CLI,
-which import this package first, do not pay for the launcher's modules.
+``session``, ``farm`` and ``unshield`` are imported on first use (PEP 562), so the Slurm hooks
+and the CLI, which import this package first, do not pay for the launcher's modules.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:
     from typing import Any
 
+    from ._signals import unshield
     from .entry.farm import farm
     from .entry.session import session
 
@@ -43,6 +44,7 @@ __all__ = [
     "__version__",
     "farm",
     "session",
+    "unshield",
 ]
 
 
@@ -55,4 +57,8 @@ def __getattr__(name: str) -> Any:
         from .entry.farm import farm
 
         return farm
+    if name == "unshield":
+        from ._signals import unshield
+
+        return unshield
     raise AttributeError(f"module 'mpswrap' has no attribute {name!r}")

@@ -235,9 +235,13 @@ def _communicate_capped(
     assert proc.stdin is not None
     assert proc.stdout is not None
     assert proc.stderr is not None
+    # A program that exits without reading its input (killed: Slurm signals every process of
+    # a step) breaks the pipe; its exit status tells, as with ``communicate``.
     if input:
-        proc.stdin.write(input)  # a command line or a few: the pipe's buffer takes it
-    proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(input)  # a command line or a few: the pipe's buffer takes it
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
     chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
     end, total = time.monotonic() + timeout, 0
     with selectors.DefaultSelector() as sel:

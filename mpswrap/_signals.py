@@ -1,8 +1,12 @@
-"""Signals: the trap the wait loops read, and the guard that outlives a killed supervisor.
+"""Signals: the trap the wait loops read, the guard that outlives a killed supervisor, and
+the shield a supervised program starts with.
 
 Slurm (scancel, time limit) and mpirun signal every process of a step at once, so handlers
 only record a signal and wake the loop (a wakeup fd); the loop acts. A forked guard acts for
-its parent if that parent is SIGKILLed (the death closes the guard's pipe).
+its parent if that parent is SIGKILLed (the death closes the guard's pipe). A rank starts with
+TERM, INT and HUP ignored (``_proc.SHIELDED``), which its whole tree inherits: once its MPS
+clients are ended, ``signal_unshielded`` gives each process what it would have got without
+the shield, and ``unshield`` lets a process that never touches CUDA take it off itself.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import signal
 from collections.abc import Callable, Sequence
 from types import FrameType
 
+from ._proc import SHIELDED, ProcId, is_alive, kill_procs
 from ._struct import Struct
 from ._wait import end_procs
 
@@ -20,13 +25,74 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["FORWARDED", "TERMINATING", "Guard", "SignalTrap", "fork_guard"]
+__all__ = [
+    "FORWARDED",
+    "SHIELD_VAR",
+    "TERMINATING",
+    "Guard",
+    "SignalTrap",
+    "fork_guard",
+    "shield_value",
+    "signal_unshielded",
+    "unshield",
+]
 
 log = logging.getLogger(__name__)
 
 #: Signals that end a step (the ladder runs first) and signals passed to the ranks untouched.
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+#: In a supervised program's environment: the signals it started with ignored
+#: (``TERM,INT,HUP``; empty under ``--no-shield``).
+SHIELD_VAR = "MPSWRAP_SHIELD"
+
+
+def shield_value(shield: bool) -> str:
+    """``SHIELD_VAR``'s value for a program started with or without the shield."""
+    return ",".join(signal.Signals(s).name.removeprefix("SIG") for s in SHIELDED) if shield else ""
+
+
+def unshield() -> None:
+    """Give this process the default action of the signals mpswrap's shield made it ignore
+    (those ``MPSWRAP_SHIELD`` names): SIGTERM and SIGHUP end it, SIGINT raises
+    ``KeyboardInterrupt``.
+
+    For a process that never touches CUDA (a multiprocessing worker, a data loader): it can
+    harm no MPS server, and ``Process.terminate()`` and Ctrl-C then work on it. A signal it
+    handles already is left alone, and outside mpswrap nothing changes. Call it from the
+    process's main thread, as ``signal.signal`` requires.
+    """
+    for name in os.environ.get(SHIELD_VAR, "").split(","):
+        sig = getattr(signal, f"SIG{name}", None)
+        if sig in SHIELDED and signal.getsignal(sig) is signal.SIG_IGN:
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, default)
+
+
+def _ignores(proc: ProcId, sig: int) -> bool:
+    """Whether the identified process ignores ``sig`` (``SigIgn`` of /proc/<pid>/status: the
+    kernel's word, whatever language the program is in); False when it is gone."""
+    try:
+        with open(f"/proc/{proc.pid}/status", "rb") as handle:
+            masks = [line.split()[1] for line in handle if line.startswith(b"SigIgn:")]
+        return bool(int(masks[0], 16) >> (sig - 1) & 1) and is_alive(proc)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def signal_unshielded(procs: Sequence[ProcId], sig: int) -> list[ProcId]:
+    """``sig`` (one of ``SHIELDED``) to each process as it would take it without the shield
+    it inherited: one that handles the signal, or has it at its default, gets it; one that
+    ignores it gets its default action, termination, by SIGKILL. Returns those SIGKILLed.
+
+    Only for processes whose MPS clients have been ended (``terminate_client``): a signal on
+    a busy client can harm its server (tests/contract/test_signal_harm.py).
+    """
+    assert sig in SHIELDED, sig
+    ignoring = [p for p in procs if _ignores(p, sig)]
+    kill_procs([p for p in procs if p not in ignoring], sig)
+    kill_procs(ignoring, signal.SIGKILL)
+    return ignoring
 
 
 class SignalTrap:

@@ -393,6 +393,12 @@ class JobEnv(Struct, frozen=True):
         except (AttributeError, OSError):
             return None
 
+    @property
+    def cpu_count(self) -> int:
+        """The CPUs this process may use (its affinity), else the machine's: what the farm's
+        K and calibrate's counts share among tasks."""
+        return len(self.cpus_allowed or ()) or os.cpu_count() or 1
+
     # --- ranks -----------------------------------------------------------------------
     @property
     def local_rank(self) -> int | None:

@@ -10,9 +10,10 @@ prose outside the markers is hand-written and kept. Sources: the one CLI parser
 table (``mpswrap.config.FIELDS``), the exit codes (``mpswrap.errors.EXIT_CODES``), a status
 client's fields (``mpswrap.mps.control.CLIENT_FIELDS``), a job record's
 (``mpswrap.mps.record.FIELDS``), the metric series
-(``mpswrap.report.metrics.FAMILIES``) and ``mpswrap.session`` (signature, docstring, what it
-returns). It also writes the files the wheel ships that are made from the parser: the man page
-``mpswrap/cli/mpswrap.1`` and the bash completion ``mpswrap/cli/mpswrap.bash``.
+(``mpswrap.report.metrics.FAMILIES``), ``mpswrap.session`` (signature, docstring, what it
+returns), ``mpswrap.farm`` and ``mpswrap.unshield``. It also writes the files the wheel ships
+that are made from the parser: the man page ``mpswrap/cli/mpswrap.1`` and the bash completion
+``mpswrap/cli/mpswrap.bash``.
 tests/unit/test_reference.py runs the check.
 """
 
@@ -246,6 +247,8 @@ def python_api() -> list[str]:
         (_code(f"result.{f.name}"), _type_name(f.type)) for f in dataclasses.fields(FarmResult)
     ]
     out += _table(("attribute", "type"), fields)
+    out += ["", "```python", _signature(mpswrap.unshield, "mpswrap.unshield"), "```", ""]
+    out += [_rst(inspect.getdoc(mpswrap.unshield) or "")]
     out += ["", "Errors (all exported by `mpswrap`; each pickles):", ""]
     rows = []  # reused: (class, bases, meaning)
     for name in mpswrap.__all__:

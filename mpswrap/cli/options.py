@@ -130,7 +130,8 @@ WRAPPER_OPTIONS: Options = (
     (("--verify-timeout",), {"type": seconds(), "default": 30.0, "metavar": "S",
                              "help": "seconds to wait for attachment (default: 30)"}),
     (("--no-shield",), {"action": "store_true",
-                        "help": "let TERM/INT/HUP reach the program directly"}),
+                        "help": "let TERM/INT/HUP reach the program before its clients are "
+                        "ended through MPS (howto-users.md, Signals)"}),
     (("--grace",), {"type": seconds(above=False), "metavar": "S",
                     "help": "seconds from signal to SIGKILL "
                     "(default: the kill_grace setting, 10)"}),

@@ -32,7 +32,7 @@ from .._signals import SignalTrap
 from .._struct import Struct, asdict, field
 from ..errors import UsageError
 from ..job.placement import Slot
-from ..job.run import LaunchOptions, Started, execute, plan
+from ..job.run import LaunchOptions, Result, Run, plan
 from ..report.plots import pyplot
 from ..taskfarm.engine import Farmer, FarmPlan
 from ..taskfarm.journal import FarmDir
@@ -113,10 +113,9 @@ def run_calibrate(
         pyplot()  # refuse before hours of runs, not after
     planned = plan(opts, "calibrate")
     n_gpus = len(planned.slots)  # a farm of this job would share the CPUs among them
-    planned.use(1, gpus=1)  # the first GPU of the job (or of --gpus)
-    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
-    plan_counts = _counts(counts, top, max(1, planned.free()), n_gpus, cpus)
-    planned.use(max(plan_counts), "block")
+    planned = planned.use(1, gpus=1)  # the first GPU of the job (or of --gpus)
+    plan_counts = _counts(counts, top, max(1, planned.free()), n_gpus, planned.env.cpu_count)
+    planned = planned.use(max(plan_counts), "block")
     planned.check_program(command)
     if opts.dry_run:
         print(
@@ -125,35 +124,45 @@ def run_calibrate(
         )
         return 0
     rows: list[Calibration] = []
-    stopped: list[int] = []  # 128+signal when told to stop
-
-    def body(run: Started) -> int:
-        no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
-        try:
-            settings = planned.settings
-            farm_plan = FarmPlan(0, opts.grace_s(settings), planned.env.node, verify="off")
-            bench = _Bench(
-                run,
-                planned.slots[0],
-                shlex.join(command),
-                farm_plan,
-                directory,
-                no_mps,
-                existed=os.path.exists(directory),
-            )
-            stopped.append(_measure(bench, plan_counts, repeats, run.trap, rows))
-            return stopped[-1]
-        finally:
-            shutil.rmtree(no_mps, ignore_errors=True)
-
-    code = execute(planned, body, summary=lambda done: None)  # its own table, no node line
-    if not stopped or stopped[0]:  # told to stop: no table of what did not run
-        return code
+    with Run(planned) as run:  # its own table, no node line
+        run.result = run.stopped or _calibrated(
+            run, command, counts=plan_counts, repeats=repeats, directory=directory, rows=rows
+        )
+    if run.result is None or run.result.code:  # told to stop: no table of what did not run
+        return run.code
     _report(rows, as_json, plot)
     clean = recommend(rows) is not None and not any(
         r.failed for r in rows if r.mode != "time-sliced"
     )
-    return 0 if clean and not code else 1
+    return 0 if clean and not run.code else 1
+
+
+def _calibrated(
+    run: Run,
+    command: Sequence[str],
+    *,
+    counts: Sequence[int],
+    repeats: int,
+    directory: str,
+    rows: list[Calibration],
+) -> Result:
+    """Every configuration measured into ``rows``; 128+signal when told to stop."""
+    no_mps = tempfile.mkdtemp(prefix="mpswrap-nomps-")
+    try:
+        planned = run.plan
+        grace = planned.opts.grace_s(planned.settings)
+        bench = _Bench(
+            run,
+            planned.slots[0],
+            shlex.join(command),
+            FarmPlan(0, grace, planned.env.node, verify="off"),
+            directory,
+            no_mps,
+            existed=os.path.exists(directory),
+        )
+        return Result(_measure(bench, list(counts), repeats, run.trap, rows))
+    finally:
+        shutil.rmtree(no_mps, ignore_errors=True)
 
 
 def _counts(
@@ -174,7 +183,7 @@ def _counts(
 class _Bench(Struct, frozen=True):
     """What every run of one calibration shares."""
 
-    started: Started
+    started: Run
     slot: Slot
     command: str
     plan: FarmPlan

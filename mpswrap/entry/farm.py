@@ -19,7 +19,6 @@ The command prints its summary on stdout (``-q``: only where something failed or
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,7 @@ from .._lock import file_lock
 from .._struct import Struct
 from ..errors import LockTimeout, UsageError
 from ..job.job import Released
-from ..job.run import LaunchOptions, Plan, Started, execute, plan
+from ..job.run import LaunchOptions, Plan, Result, Run, plan
 from ..jobenv import JobEnv
 from ..mps.gpu import usage
 from ..paths import farm_profile
@@ -205,8 +204,7 @@ def farm_tasks(
     if not todo:
         show.line(f"farm: nothing to run: {len(mine)} tasks, all done before ({directory})")
         return result
-    planned = plan(opts, "farm")
-    seats = _per_gpu(planned, farm_opts.per_gpu, len(todo))
+    planned, seats = _per_gpu(plan(opts, "farm"), farm_opts.per_gpu, len(todo))
     for task in todo:  # a task that starts a container that would miss its daemon
         try:
             planned.check_container(task.argv)
@@ -250,23 +248,10 @@ def _run(
     quiet = _quiet()
     view = show.progress(farm_opts, quiet)
     profile = Profile(farm_profile(planned.settings.farm_profile))
-    engines: list[Farmer] = []
-
-    def body(run: Started) -> int:
-        recorder = Recorder(
-            farm_dir, planned.env.node, view=view, ended=run.ended, keep_records=show.keep_records
-        )
-        farmer = _farmer(run, farm_opts, seats=seats, todo=todo, recorder=recorder, profile=profile)
-        engines.append(farmer)
-        job = planned.env.job_id
-        recorder.begin(len(todo), result.skipped, farmer.slots, gpus=len(farmer.lanes), job=job)
-        try:
-            return farmer.run(run.trap)
-        finally:
-            view.close()  # the bar's line ends before the node's summary line
+    farmer: Farmer | None = None
 
     def summary(done: Released) -> None:
-        tally = engines[0].recorder.tally if engines else None
+        tally = farmer.recorder.tally if farmer else None
         node = node_summary(done, outcomes(tally) if tally else None, noun="task")
         problems = tally is not None and bool(tally.failed or tally.not_run)
         if node is None or not node.outcomes or (quiet and not problems):
@@ -277,15 +262,38 @@ def _run(
             emit(node)
 
     try:
-        code = execute(planned, body, summary=summary)
+        with Run(planned, summary=summary) as run:
+            run.result = run.stopped
+            if run.result is None:
+                recorder = Recorder(
+                    farm_dir,
+                    run.plan.env.node,
+                    view=view,
+                    ended=run.ended,
+                    keep_records=show.keep_records,
+                )
+                farmer = _farmer(
+                    run, farm_opts, seats=seats, todo=todo, recorder=recorder, profile=profile
+                )
+                recorder.begin(
+                    len(todo),
+                    result.skipped,
+                    farmer.slots,
+                    gpus=len(farmer.lanes),
+                    job=run.plan.env.job_id,
+                )
+                try:
+                    run.result = Result(farmer.run(run.trap))
+                finally:
+                    view.close()  # the bar's line ends before the node's summary line
     finally:
         view.close()
-        for farmer in engines:
+        if farmer is not None:
             farmer.recorder.close()
-    if not engines:  # a signal before the first task started
-        result.not_run, result.code = list(todo), code or 1
+    if farmer is None:  # a signal before the first task started
+        result.not_run, result.code = list(todo), run.code or 1
         return result
-    return _finish(engines[0], code, todo=todo, result=result, show=show, profile=profile)
+    return _finish(farmer, run.code, todo=todo, result=result, show=show, profile=profile)
 
 
 def _finish(
@@ -332,7 +340,7 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
 
 
 def _farmer(
-    run: Started,
+    run: Run,
     farm_opts: FarmOptions,
     *,
     seats: int,
@@ -344,7 +352,6 @@ def _farmer(
     them used at once (given, or found: ``packing``; known tasks start at the profile's)."""
     planned = run.plan
     opts, settings = planned.opts, planned.settings
-    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
     plan_ = FarmPlan(
         retries=farm_opts.retries,
         grace=opts.grace_s(settings),
@@ -354,7 +361,7 @@ def _farmer(
         verify_timeout=opts.verify_timeout,
         timeout=farm_opts.timeout,
         halt=parse_halt(farm_opts.halt),
-        cpus_per_gpu=max(1, cpus // max(1, len(planned.slots))),
+        cpus_per_gpu=max(1, planned.env.cpu_count // max(1, len(planned.slots))),
     )
     now = time.time()
     known = profile.of(t.command for t in todo) if farm_opts.per_gpu is None else None
@@ -394,15 +401,14 @@ def _k_words(given: int | None, seats: int) -> str:
     return f"K found as it runs (auto: from {start_k(seats)}, at most {seats})"
 
 
-def _per_gpu(planned: Plan, given: int | None, tasks: int) -> int:
-    """The seats on each GPU: K as given, or the most auto goes to (``auto_cap``), on as
-    many GPUs as there are tasks (at most the run's); refused when they would not fit."""
+def _per_gpu(planned: Plan, given: int | None, tasks: int) -> tuple[Plan, int]:
+    """The plan on as many GPUs as there are tasks (at most the run's), and the seats on
+    each GPU: K as given, or the most auto goes to (``auto_cap``); refused when they would
+    not fit."""
     gpus = min(tasks, len(planned.slots))
-    planned.use(gpus, "block", gpus=gpus)
-    cpus = len(planned.env.cpus_allowed or ()) or os.cpu_count() or 1
-    seats = given or auto_cap(max(1, planned.free()), gpus, cpus)
-    planned.use(seats * gpus, "block")
-    return seats
+    planned = planned.use(gpus, "block", gpus=gpus)
+    seats = given or auto_cap(max(1, planned.free()), gpus, planned.env.cpu_count)
+    return planned.use(seats * gpus, "block"), seats
 
 
 def _check(farm_opts: FarmOptions) -> None:

@@ -25,7 +25,7 @@ from .._wait import end_procs
 from ..errors import MpswrapError
 from ..job import launchargs
 from ..job.launchers import SRUN, TORCHRUN, daemon_names, launcher_of
-from ..job.run import LaunchOptions, Started, execute, local_position, plan
+from ..job.run import LaunchOptions, Result, Run, local_position, plan
 from ..job.supervise import Rank, check_program, supervise, watch
 from ..jobenv import LOCAL_RANK_VARS, RANK_VARS_VAR, JobEnv
 from ..report.summary import print_summary
@@ -41,37 +41,36 @@ def per_rank(opts: LaunchOptions, command: list[str]) -> int:
     prints its summary (ranks of one node that do not overlap in time print one each)."""
     planned = plan(opts, "rank", rank=True)
     rank, size, policy = local_position(planned.env, planned.policy)
-    planned.use(size, policy)  # every local rank of this launch
+    planned = planned.use(size, policy)  # every local rank of this launch
     planned.check_program(command)
     if opts.dry_run:
-        found = planned.place(rank, size, policy=policy)
-        print(f"[{rank}] gpu {found.position} ({found.uuid}): {_shown(found.env)}", end=" ")
-        print(shlex.join(command))
+        print(planned.dry_run_line(rank, size, command, policy=policy))
         return 0
-    settings = planned.settings
-
-    def body(run: Started) -> int:
-        found = planned.place(rank, size, policy=policy)
-        outcome = supervise(
-            command,
-            {**os.environ, **found.env},
-            daemon=run.daemon(found.slot),
-            grace=opts.grace_s(settings),
-            shield=not opts.no_shield,
-            verify_attach=opts.verify_mode(settings),
-            verify_timeout=opts.verify_timeout,
-            start=run.start,
-            name=f"rank {rank if planned.env.rank is None else planned.env.rank}",
-        )
-        run.ended(outcome)
-        refused.append(outcome.refused)
-        return outcome.code
-
-    refused: list[bool] = []
-    code = execute(planned, body, summary=print_summary, counted=True, announce=False)
-    if any(refused):  # not a program's own exit code 69
+    with Run(planned, summary=print_summary, counted=True, announce=False) as run:
+        run.result = run.stopped or _supervised(run, command, rank, size, policy)
+    if run.result and run.result.refused:  # not a program's own exit code 69
         _end_fellow_tasks(planned.env)
-    return code
+    return run.code
+
+
+def _supervised(run: Run, command: list[str], rank: int, size: int, policy: str) -> Result:
+    """The rank's program, a client of its GPU's daemon, supervised to its end."""
+    planned, settings = run.plan, run.plan.settings
+    opts = planned.opts
+    found = planned.place(rank, size, policy=policy)
+    outcome = supervise(
+        command,
+        {**os.environ, **found.env},
+        daemon=run.daemon(found.slot),
+        grace=opts.grace_s(settings),
+        shield=not opts.no_shield,
+        verify_attach=opts.verify_mode(settings),
+        verify_timeout=opts.verify_timeout,
+        start=run.start,
+        name=f"rank {rank if planned.env.rank is None else planned.env.rank}",
+    )
+    run.ended(outcome)
+    return Result(outcome.code, refused=outcome.refused)
 
 
 def _end_fellow_tasks(env: JobEnv) -> None:
@@ -85,10 +84,6 @@ def _end_fellow_tasks(env: JobEnv) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if signal_step(env, signal.SIGTERM, daemon_names()):
         log.error("ending the other tasks of step %s: a rank ran without MPS", env.srun_step)
-
-
-def _shown(env: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
 
 
 # --- prefix mode ---------------------------------------------------------------------------
@@ -182,7 +177,7 @@ def _check_launch(
         return
     try:
         planned = plan(replace(opts, job=job), "launch")
-        planned.use(per_node, gpus=launchargs.gpus_per_node(line))
+        planned = planned.use(per_node, gpus=launchargs.gpus_per_node(line))
         for rank in range(per_node):
             planned.place(rank, per_node)
     except MpswrapError as exc:

@@ -9,21 +9,18 @@ end it prints the node's summary line (``report.summary``).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import shlex
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import IO, Any
 
 from .. import _proc
 from ..errors import UsageError
-from ..job.placement import Placement
-from ..job.run import LaunchOptions, Started, execute, plan
+from ..job.run import LaunchOptions, Result, Run, plan
 from ..job.supervise import (
     Rank,
     end_ranks,
@@ -57,35 +54,30 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
         raise UsageError("bad -n", thing=str(nprocs), cause="need at least one rank")
     if not command:
         raise UsageError("no command to run", hint="mpswrap run -n 4 -- python train.py")
-    planned = plan(opts, "run")
-    planned.use(nprocs)
+    planned = plan(opts, "run").use(nprocs)
     planned.check_program(command)
     if opts.dry_run:
         for rank in range(nprocs):
-            found = planned.place(rank, nprocs)
-            env = sorted(_rank_env({}, found, rank, nprocs).items())
-            shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
-            print(f"[{rank}] gpu {found.position} ({found.uuid}): {shown} {shlex.join(command)}")
+            print(planned.dry_run_line(rank, nprocs, command, _rank_vars(rank, nprocs)))
         return 0
-    return execute(
-        planned, functools.partial(_run_ranks, command=command, n=nprocs), summary=print_summary
-    )
+    with Run(planned, summary=print_summary) as run:
+        run.result = run.stopped or _run_ranks(run, command=command, n=nprocs)
+    return run.code
 
 
-def _rank_env(base: Mapping[str, str], placement: Placement, rank: int, n: int) -> dict[str, str]:
-    env = {**base, **placement.env}
-    env.update(
-        MPSWRAP_RANK=str(rank),
-        MPSWRAP_LOCAL_RANK=str(rank),
-        MPSWRAP_NPROCS=str(n),
-        MPSWRAP_LOCAL_SIZE=str(n),
-    )
-    return env
+def _rank_vars(rank: int, n: int) -> dict[str, str]:
+    """What ``mpswrap run`` tells each rank of its place among the N."""
+    return {
+        "MPSWRAP_RANK": str(rank),
+        "MPSWRAP_LOCAL_RANK": str(rank),
+        "MPSWRAP_NPROCS": str(n),
+        "MPSWRAP_LOCAL_SIZE": str(n),
+    }
 
 
-def _run_ranks(run: Started, *, command: Sequence[str], n: int) -> int:
-    """Start, watch and end the N ranks; the exit code. How each ended goes to the run
-    record (``run.outcomes``)."""
+def _run_ranks(run: Run, *, command: Sequence[str], n: int) -> Result:
+    """Start, watch and end the N ranks; what they came to. How each ended goes to the run
+    record (``run.ended``)."""
     planned = run.plan
     opts, settings = planned.opts, planned.settings
     grace = opts.grace_s(settings)
@@ -97,7 +89,7 @@ def _run_ranks(run: Started, *, command: Sequence[str], n: int) -> int:
             ranks.append(
                 spawn_rank(
                     command,
-                    _rank_env(os.environ, found, index, n),
+                    {**os.environ, **found.env, **_rank_vars(index, n)},
                     run.daemon(found.slot),
                     shield=not opts.no_shield,
                     name=f"rank {index}",
@@ -112,9 +104,8 @@ def _run_ranks(run: Started, *, command: Sequence[str], n: int) -> int:
             mode = opts.verify_mode(settings)
             checks = Verifier.for_ranks(ranks, mode, opts.verify_timeout)
             code = watch(ranks, run.trap, grace=grace, checks=checks)
-            for outcome in outcomes_of(ranks, checks, run.start):
-                run.ended(outcome)
-            return code
+            run.ended(*outcomes_of(ranks, checks, run.start))
+            return Result(code)
     except BaseException:
         end_ranks(ranks, signal.SIGTERM, grace)  # an error of ours: end them cleanly
         raise

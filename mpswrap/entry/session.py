@@ -35,8 +35,7 @@ from .. import _wait
 from ..config import load_settings
 from ..errors import DaemonError, MpswrapError
 from ..job.attached import Session
-from ..job.job import Attachment, log_teardown, release
-from ..job.run import LaunchOptions, Plan, plan
+from ..job.run import LaunchOptions, Plan, Result, Run, plan
 from ..jobenv import JobEnv
 from ..mps.cuda import cuda_error, cuda_started
 from ..mps.gpu import load_inventory
@@ -80,7 +79,7 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
         self.policy = policy
         self.timeout = timeout
         self.abort_on_error = abort_on_error
-        self._att: Attachment | None = None
+        self._run: Run | None = None
         self._session: Session | None = None
         self._saved: dict[str, str | None] = {}
 
@@ -120,14 +119,13 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             raise cuda_error(started)
         comm = self._initialised_comm()
         if comm is not None:
-            att, local = self._attach_leader_first(comm, planned)
+            run, local = self._attach_leader_first(comm, planned)
         else:  # before MPI, every rank by itself; no launcher and no MPI: a single process
             local = _launcher_local(planned.env) or (0, 1)
-            planned.use(local[1])  # every local rank of ours
-            att = self._att = planned.attach()
+            run = self._attach(planned.use(local[1]))  # every local rank of ours
         if local[0] == 0:
-            att.announce()
-        sess = self._place(planned, att, local)
+            run.attachment.announce()
+        sess = self._place(run, local)
         if started and os.environ.get(PIPE_VAR) != sess.env[PIPE_VAR]:
             raise cuda_error(started)
         self._set_environ(sess.env)
@@ -158,15 +156,20 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             return MPI.COMM_WORLD
         return None
 
-    def _attach_leader_first(self, comm: Any, planned: Plan) -> tuple[Attachment, tuple[int, int]]:
+    def _attach(self, planned: Plan) -> Run:
+        """The one context manager every run enters, here for the ``with`` block of the
+        user's program: its signals are its own, and nothing is recorded."""
+        self._run = Run(planned, signals=False, announce=False).__enter__()
+        return self._run
+
+    def _attach_leader_first(self, comm: Any, planned: Plan) -> tuple[Run, tuple[int, int]]:
         from mpi4py import MPI
 
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         rank, size = node.Get_rank(), node.Get_size()
         if rank == 0:
             try:
-                planned.use(size)  # every local rank of ours
-                att = self._att = planned.attach()
+                run = self._attach(planned.use(size))  # every local rank of ours
             except Exception as exc:
                 _tell(node, size, _as_leader_error(exc))
                 raise
@@ -175,10 +178,9 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             failed = self._wait_leader(node)
             if failed is not None:
                 raise failed  # every rank fails the same way, none waits forever
-            planned.use(size)
-            att = self._att = planned.attach()
+            run = self._attach(planned.use(size))
         node.Free()
-        return att, (rank, size)
+        return run, (rank, size)
 
     def _wait_leader(self, node: Any) -> MpswrapError | None:
         limit = self.timeout or DEFAULT_TIMEOUT
@@ -194,8 +196,9 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
             hint="is local rank 0 stuck or dead? raise timeout= if the daemons start slowly",
         )
 
-    def _place(self, planned: Plan, att: Attachment, local: tuple[int, int]) -> Session:
+    def _place(self, run: Run, local: tuple[int, int]) -> Session:
         rank, size = local
+        planned, att = run.plan, run.attachment
         found = planned.place(rank, size)
         manifest = next(m for m in att.manifests if m.gpu_uuid == found.uuid)
         shown = manifest.settings.get("active_thread_percentage")
@@ -233,7 +236,7 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
     def _cleanup(self) -> None:
         """Local only (no collective): restore the environment, drop our reference. Never
         raises: a failed stop is logged, and the watchdog or the epilog sweeps it up."""
-        att, sess, self._att, self._session = self._att, self._session, None, None
+        run, sess, self._run, self._session = self._run, self._session, None, None
         try:
             for name, value in self._saved.items():
                 if value is None:
@@ -241,8 +244,8 @@ class session:  # a class used like a function: `with mpswrap.session() as s:`
                 else:
                     os.environ[name] = value
             self._saved.clear()
-            if att is not None and att.mode == "user":
-                _release(att, sess)
+            if run is not None:
+                _leave(run, sess)
         finally:
             _ACTIVE.clear()
 
@@ -293,14 +296,15 @@ def _verify(sess: Session) -> None:
         )
 
 
-def _release(att: Attachment, sess: Session | None) -> None:
+def _leave(run: Run, sess: Session | None) -> None:
     if sess is not None and sess.is_client():
         # Our CUDA context lives until this process exits: stopping the daemons now would
         # terminate and kill this rank. The watchdog stops them once our reference is stale.
         log.debug("session: still an MPS client; daemons stop after this process exits")
-        return
+        run.keep()
+    run.result = Result(0)
     try:
-        log_teardown(release(att), "session")
+        run.__exit__(None, None, None)
     except MpswrapError as exc:
         log.warning("session: %s", exc.line())
 

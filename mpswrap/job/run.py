@@ -8,10 +8,14 @@ run -> finish -> summary. ``mpswrap run``, the launcher's per-rank mode (``srun 
   its daemons are (the prolog's, or this user's, whose directories are checked as a start
   would check them), the GPUs it uses (daemons start only for those), whether its clients
   fit. A dry run is ``plan`` and a print, so it refuses exactly what the run refuses.
-- ``execute`` attaches (signals are only recorded until the body runs: attach and release
-  always complete), runs the caller's body, and leaves: the node's last owner prints the
-  summary line made from the run record (``job.outcomes``; ``report.summary``) and a run a
-  signal ended says so in one line.
+- A plan is frozen: narrowing it to the clients a run starts (``Plan.use``) and attaching
+  (``Plan.attach``, where the prolog's daemons came up since) each give a new plan.
+- ``Run`` is the one context manager every way to run enters: it attaches (signals are only
+  recorded until its block runs: attach and release always complete), its block runs the
+  programs and sets a ``Result``, and it leaves: the node's last owner prints the summary
+  line made from the run record (``job.outcomes``; ``report.summary``) and a run a signal
+  ended says so in one line.
+- ``dry_run_line`` is the one line a dry run prints for a rank.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .._signals import TERMINATING, SignalTrap
-from .._struct import Struct, field, fields
+from .._struct import Struct, field, fields, replace
 from ..config import Settings, load_settings
 from ..errors import GpuError, MpswrapError, UsageError
 from ..jobenv import JobEnv
@@ -56,7 +61,7 @@ from .placement import (
 )
 from .supervise import check_program
 
-__all__ = ["LaunchOptions", "Plan", "Started", "execute", "grouped", "local_position", "plan"]
+__all__ = ["LaunchOptions", "Plan", "Result", "Run", "grouped", "local_position", "plan"]
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +128,9 @@ class LaunchOptions(Struct, frozen=True):
         return [*out, "--"]
 
 
-class Plan(Struct):
-    """What a run will use, decided before anything starts (``plan``)."""
+class Plan(Struct, frozen=True):
+    """What a run will use, decided before anything starts (``plan``); narrowing it or
+    attaching gives a new plan."""
 
     opts: LaunchOptions
     settings: Settings
@@ -134,9 +140,9 @@ class Plan(Struct):
     daemons: JobDaemons  # where the job's daemons are, or will be
     mode: str  # "prolog" (the hooks' daemons, never stopped by a run) or "user"
     inventory: Inventory | None
-    slots: list[Slot]  # the GPUs the run uses, in placement order
-    running: dict[str, int] = field(default_factory=dict)  # clients there now, per UUID
-    gpus: list[GpuInfo] = field(default_factory=list)  # user mode: the daemons to start
+    slots: tuple[Slot, ...]  # the GPUs the run uses, in placement order
+    running: Mapping[str, int] = field(default_factory=dict)  # clients there now, per UUID
+    gpus: tuple[GpuInfo, ...] = ()  # user mode: the daemons to start
     rank: bool = False  # one of the node's ranks: they count each other, not what runs
     start: float = field(default_factory=time.time)  # when the run began (epoch seconds)
 
@@ -165,25 +171,31 @@ class Plan(Struct):
         limits = self.limits()
         return min(limits[u] - self.running.get(u, 0) for u in self.uuids)
 
-    def use(self, clients: int, policy: str | None = None, *, gpus: int | None = None) -> None:
-        """Keep the first ``gpus`` GPUs (all: None), then those that ``clients`` clients
-        placed by ``policy`` use, and refuse when they would not fit beside the clients
-        running there. On the prolog's daemons the placement keeps every GPU: they run."""
+    def use(self, clients: int, policy: str | None = None, *, gpus: int | None = None) -> Plan:
+        """The plan narrowed to its first ``gpus`` GPUs (all: None), then to those that
+        ``clients`` clients placed by ``policy`` use; refused when they would not fit beside
+        the clients running there. On the prolog's daemons the placement keeps every GPU:
+        they run."""
         policy = policy or self.policy
+        planned = self
         if gpus is not None:
-            self.slots, self.gpus = self.slots[:gpus], self.gpus[:gpus]
-        known = self.inventory is not None and self.inventory.cuda_driver_version
-        if self.mode != "user" and self.rank and not known:
+            planned = replace(self, slots=self.slots[:gpus], gpus=self.gpus[:gpus])
+        known = planned.inventory is not None and planned.inventory.cuda_driver_version
+        if planned.mode != "user" and planned.rank and not known:
             # A rank loads no NVML for the limit the prolog's manifests do not know: its
             # launch checked (``mpswrap srun|mpirun``), at no start-up cost to every rank.
-            return
-        limits = self.limits()
-        check_total(self.uuids, clients, limits, self.running)  # before work that grows with it
-        if self.mode == "user":
-            used = gpus_used(clients, len(self.slots), policy)
-            self.slots = [self.slots[i] for i in used]
-            self.gpus = [self.gpus[i] for i in used]
-        check_capacity(self.uuids, clients, policy, limits, self.running)
+            return planned
+        limits = planned.limits()
+        check_total(planned.uuids, clients, limits, planned.running)  # before work grows with it
+        if planned.mode == "user":
+            used = gpus_used(clients, len(planned.slots), policy)
+            planned = replace(
+                planned,
+                slots=tuple(planned.slots[i] for i in used),
+                gpus=tuple(planned.gpus[i] for i in used),
+            )
+        check_capacity(planned.uuids, clients, policy, limits, planned.running)
+        return planned
 
     def place(
         self,
@@ -218,15 +230,33 @@ class Plan(Struct):
         client would not reach the run's daemons (``containers.check``)."""
         containers.check(command, [s.dirs.pipe for s in self.slots], os.environ)
 
-    def attach(self, *, counted: bool = False) -> Attachment:
-        """The daemons the plan found, or the user-mode ones it chose, started or joined."""
+    def attach(self, *, counted: bool = False) -> tuple[Attachment, Plan]:
+        """The daemons the plan found, or the user-mode ones it chose, started or joined;
+        and the plan on them (the prolog's, where they came up since it was made)."""
         keys = [s.key for s in self.slots] if self.mode == "user" else None
         att = attach(self.settings, self.env, self.job, gpus=self.gpus, keys=keys, counted=counted)
-        if att.mode == "prolog" and self.mode == "user":  # a prolog's daemons came up since
-            self.mode, self.daemons = "prolog", att.daemons
-            self.inventory = self.inventory or _manifest_inventory(att.manifests, self.settings)
-            self.slots = att.daemons.slots(self.inventory, att.manifests)
-        return att
+        if att.mode != "prolog" or self.mode != "user":
+            return att, self
+        inventory = self.inventory or _manifest_inventory(att.manifests, self.settings)
+        slots = tuple(att.daemons.slots(inventory, att.manifests))
+        return att, replace(
+            self, mode="prolog", daemons=att.daemons, inventory=inventory, slots=slots
+        )
+
+    def dry_run_line(
+        self,
+        rank: int,
+        size: int,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        **how: Any,
+    ) -> str:
+        """What a dry run prints for rank ``rank`` of ``size`` (``how``: ``place``'s
+        arguments): its GPU, its environment and its command."""
+        found = self.place(rank, size, **how)
+        both = {**(env or {}), **found.env}
+        shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(both.items()))
+        return f"[{rank}] gpu {found.position} ({found.uuid}): {shown} {shlex.join(command)}"
 
 
 def plan(
@@ -264,7 +294,17 @@ def plan(
             slots = step_slots(env.step_gpus, slots)
         running = {} if rank else admin.clients()
         return Plan(
-            opts, settings, env, kind, job, admin, "prolog", inventory, slots, running, rank=rank
+            opts,
+            settings,
+            env,
+            kind,
+            job,
+            admin,
+            "prolog",
+            inventory,
+            tuple(slots),
+            running,
+            rank=rank,
         )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
     state.check_user_tree(daemons.layout)
@@ -272,12 +312,23 @@ def plan(
     gpus = grouped(chosen if chosen is not None else visible_gpus(env, inventory), per_rank)
     keys = [f"g{i}" for i in range(len(gpus))]
     daemons.check(keys)
-    slots = [
+    own = tuple(
         Slot.of(daemons.layout.gpu(k), g.uuid, inventory) for k, g in zip(keys, gpus, strict=True)
-    ]
+    )
     running = {} if rank or not daemons.live_manifests() else daemons.clients()
     return Plan(
-        opts, settings, env, kind, job, daemons, "user", inventory, slots, running, gpus, rank=rank
+        opts,
+        settings,
+        env,
+        kind,
+        job,
+        daemons,
+        "user",
+        inventory,
+        own,
+        running,
+        tuple(gpus),
+        rank=rank,
     )
 
 
@@ -348,61 +399,124 @@ def local_position(env: JobEnv, policy: str) -> tuple[int, int, str]:
 
 
 # --- attach, run, finish ------------------------------------------------------------------------
-class Started(Struct):
-    """A run between attach and finish: what its body gets."""
+class Result(Struct, frozen=True):
+    """What a run's programs came to: the block of a ``Run`` sets it (``Run.result``)."""
 
-    plan: Plan
-    att: Attachment
-    trap: SignalTrap
-    start: float  # when the run began (epoch seconds): the summary's clock
-    #: How this owner's programs ended that are not in the job's run record yet.
-    outcomes: list[Outcome] = field(default_factory=list)
-    #: Those already in it (``ended``).
-    recorded: list[Outcome] = field(default_factory=list)
+    code: int  # the programs' exit code, as the run gives it
+    #: One of them ran without MPS under ``--verify-attach fail`` (not a program's own 69).
+    refused: bool = False
+
+
+class Run:
+    """A run between attach and leave, as the one context manager every way to run enters:
+    ``with Run(planned, summary=...) as run:`` attaches (signals are only recorded until the
+    block runs: attach and release always complete), the block runs the programs and sets
+    ``run.result``, and leaving drops this owner's reference (the node's last owner stops
+    user-mode daemons and hands the node's outcomes to ``summary``) and says in one line that
+    a signal ended the run. ``run.code`` is then the run's exit code: the result's, or 1 where
+    that is 0 and something of the job survived the teardown.
+
+    ``counted``: a rank of a launch holds the prolog's daemons too, so that the node's last
+    rank is known there as well. ``signals=False``: the program's own (``session()``, inside
+    the user's process), nothing recorded; ``keep()`` then leaves the daemons running for a
+    process that is still their client."""
+
+    def __init__(
+        self,
+        planned: Plan,
+        *,
+        summary: Callable[[Released], None] | None = None,
+        counted: bool = False,
+        announce: bool = True,
+        signals: bool = True,
+    ) -> None:
+        self.plan = planned
+        self.summary = summary
+        self.counted, self.announce, self.signals = counted, announce, signals
+        self.start = planned.start  # when the run began (epoch seconds): the summary's clock
+        self.trap = SignalTrap()
+        self.att: Attachment | None = None
+        self.result: Result | None = None
+        self.code = 1
+        self._kept = False
+        #: How this owner's programs ended that are not in the job's run record yet.
+        self.outcomes: list[Outcome] = []
+        #: Those already in it (``ended``).
+        self.recorded: list[Outcome] = []
+
+    def __enter__(self) -> Run:
+        if self.signals:
+            self.trap.__enter__()
+        try:
+            self.att, self.plan = self.plan.attach(counted=self.counted)
+        except BaseException:
+            if self.signals:
+                self.trap.__exit__(None, None, None)
+            raise
+        if self.announce:
+            self.att.announce()
+        return self
+
+    @property
+    def stopped(self) -> Result | None:
+        """A terminating signal that came before the programs started: their result (they
+        are not started)."""
+        early = [s for s in self.trap.pop() if s in TERMINATING] if self.signals else []
+        return Result(128 + early[0]) if early else None
+
+    @property
+    def attachment(self) -> Attachment:
+        assert self.att is not None, "the run is entered"
+        return self.att
 
     def daemon(self, slot: Slot) -> Daemon:
-        return self.att.daemons.daemon(slot.key)
+        return self.attachment.daemons.daemon(slot.key)
 
     def ended(self, *outcomes: Outcome) -> None:
         """Programs of the run ended: into the job's run record at once (one file for them
         all) where the run holds its job (user mode: ``status`` shows them while the run goes
         on, and the last owner's summary collects them), else kept for the summary of this
         owner alone."""
+        att = self.attachment
         if not outcomes:
             return
-        if self.att.ref is not None and records.save(self.att.layout, outcomes):
+        if att.ref is not None and records.save(att.layout, outcomes):
             self.recorded.extend(outcomes)
         else:
             self.outcomes.extend(outcomes)
 
+    def keep(self) -> None:
+        """Leave without releasing: this process is still a client of the daemons (its CUDA
+        context lives until it exits); the watchdog stops them once its reference is stale."""
+        self._kept = True
 
-def execute(
-    planned: Plan,
-    body: Callable[[Started], int],
-    *,
-    summary: Callable[[Released], None],
-    counted: bool = False,
-    announce: bool = True,
-) -> int:
-    """Attach, run ``body`` (its exit code), leave; the exit code, or 1 where it would be 0
-    and something of the job survived the teardown. ``summary`` gets what leaving did (the
-    node's last owner: every outcome of the node; ``report.summary.print_summary``).
-    ``counted``: a rank of a launch holds the prolog's daemons too, so that the node's last
-    rank is known there as well."""
-    start = planned.start
-    with SignalTrap() as trap:
-        att = planned.attach(counted=counted)
-        run = Started(planned, att, trap, start)
-        code = 1
+    def __exit__(self, *exc: object) -> None:
         try:
-            if announce:
-                att.announce()
-            early = [s for s in trap.pop() if s in TERMINATING]
-            code = 128 + early[0] if early else body(run)
+            left = 0 if self._kept else self._leave()
+            self.code = self.result.code if self.result is not None else 1
+            if self.signals:
+                _say_interrupted(self.plan, self.code, self.trap, self.start)
+            self.code = self.code or int(left > 0)
         finally:
-            left = finish(run, f"{planned.kind} {planned.job}", summary)
-        _say_interrupted(planned, code, trap, start)
-    return code or int(left > 0)
+            if self.signals:
+                self.trap.__exit__(*exc)
+
+    def _leave(self) -> int:
+        """Leave the job's daemons, log what their teardown left behind and hand what leaving
+        did to ``summary``; how many processes of the job survived the teardown. On the
+        prolog's daemons there is no teardown to lose: the summary never fails such a rank."""
+        att, planned = self.attachment, self.plan
+        try:
+            done: Released = leave(att, self.outcomes, recorded=self.recorded)
+        except (MpswrapError, OSError) as exc:
+            if att.mode == "user":
+                raise
+            log.warning("summary: this rank's outcome not recorded (%s)", exc)
+            return 0
+        log_teardown(done.teardown, f"{planned.kind} {planned.job}")
+        if self.summary is not None:
+            self.summary(done)
+        return len(done.teardown.survivors()) if done.teardown else 0
 
 
 def _say_interrupted(planned: Plan, code: int, trap: SignalTrap, start: float) -> None:
@@ -419,20 +533,3 @@ def _say_interrupted(planned: Plan, code: int, trap: SignalTrap, start: float) -
         time.time() - start,
         code,
     )
-
-
-def finish(run: Started, context: str, summary: Callable[[Released], None]) -> int:
-    """Leave the job's daemons, log what their teardown left behind and hand what leaving
-    did to ``summary``; how many processes of the job survived the teardown. On the prolog's
-    daemons there is no teardown to lose: the summary never fails such a rank."""
-    att = run.att
-    try:
-        done: Released = leave(att, run.outcomes, recorded=run.recorded)
-    except (MpswrapError, OSError) as exc:
-        if att.mode == "user":
-            raise
-        log.warning("summary: this rank's outcome not recorded (%s)", exc)
-        return 0
-    log_teardown(done.teardown, context)
-    summary(done)
-    return len(done.teardown.survivors()) if done.teardown else 0

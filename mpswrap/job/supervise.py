@@ -2,14 +2,16 @@
 
 Slurm (scancel, time limit) and mpirun signal every process of a step or rank at once, and a
 signal to a busy MPS client can wedge the server. So a rank starts with SIGTERM, SIGINT and
-SIGHUP ignored (dispositions survive exec) but stays in our process group; the supervisor
-catches those signals and runs the ladder: ``terminate_client`` through the rank's daemon for
-the rank and its descendants, then the signal itself (a program that installed its own
-handler still sees it), then SIGKILL after the grace period. SIGUSR1/SIGUSR2 are forwarded
-untouched. Exit code: the rank's, or 128+signal when it died of one or was ended because of
-one; never 0 because a signal arrived. A rank's tree ends with it: what it left running
-(which inherited the shield) is ended through the ladder once it exits, and anything that
-survives that makes the exit code 1 where it would have been 0.
+SIGHUP ignored (dispositions survive exec; ``MPSWRAP_SHIELD`` names them) but stays in our
+process group; the supervisor catches those signals and runs the ladder: ``terminate_client``
+through the rank's daemon for the rank and its descendants, then the signal to each of them as
+it would take it without the shield (a handler the program installed gets it; a process that
+ignores it only through the shield gets its default action, by SIGKILL), then SIGKILL after
+the grace period. SIGUSR1/SIGUSR2 are forwarded untouched. Exit code: the rank's, or
+128+signal when it died of one or was ended because of one; never 0 because a signal arrived.
+A rank's tree ends with it: what it left running (which inherited the shield) is ended
+through the ladder once it exits, and anything that survives that makes the exit code 1 where
+it would have been 0.
 
 ``watch`` is the one wait loop, for one rank (``srun mpswrap ./app``), N ranks
 (``mpswrap run -n N``) and a launcher (``mpswrap srun ...``).
@@ -28,7 +30,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from .. import _proc
-from .._signals import FORWARDED, TERMINATING, Guard, SignalTrap, fork_guard
+from .._signals import (
+    FORWARDED,
+    SHIELD_VAR,
+    TERMINATING,
+    Guard,
+    SignalTrap,
+    fork_guard,
+    shield_value,
+    signal_unshielded,
+)
 from .._struct import Struct, field, replace
 from .._wait import end_procs, pidfd
 from ..errors import ProcError
@@ -42,6 +53,7 @@ __all__ = [
     "VERIFY_FAILED",
     "Rank",
     "check_program",
+    "deliver",
     "end_leftovers",
     "end_ranks",
     "exit_code",
@@ -92,6 +104,10 @@ class Rank(Struct):
     #: Its program is a container runtime that starts the container outside its process
     #: tree (Podman's conmon): the container's processes are found by the tag passed in.
     detached: bool = False
+    #: Started with TERM, INT and HUP ignored (the shield).
+    shielded: bool = True
+    #: The signal whose default action a SIGKILL of it stood in for (``signal_unshielded``).
+    stood_in: int = 0
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts); for a runtime
@@ -103,6 +119,14 @@ class Rank(Struct):
 
     def running(self) -> bool:
         return self.proc.poll() is None
+
+    def code(self, returncode: int | None = None) -> int:
+        """Its shell-style exit code (0 while it runs; ``returncode``: as reaped elsewhere):
+        128+N after signal N, also where a SIGKILL stood in for the default action of N."""
+        returncode = (self.proc.poll() or 0) if returncode is None else returncode
+        if self.stood_in and returncode == -signal.SIGKILL:
+            return 128 + self.stood_in
+        return exit_code(returncode)
 
 
 def exit_code(returncode: int) -> int:
@@ -143,18 +167,20 @@ def spawn_rank(
     stderr: int | None = None,
     stdin: int | None = None,
     tag: str | None = None,
+    trapped: bool = False,
 ) -> Rank:
     """Start one client: shielded, in our process group, in the caller's directory. ``tag``:
     the caller's name for what it starts (``TREE_VAR``), whose program was checked once for
-    all (a farm's ``/bin/sh``); else a fresh one, the program checked now."""
+    all (a farm's ``/bin/sh``); else a fresh one, the program checked now. ``trapped``: the
+    program shields itself (a farm's ``sh -c "trap '' TERM INT HUP; ..."``), started as is."""
     if tag is None:
         check_program(argv, env)
         tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
     proc = _proc.spawn(
         argv,
-        env={**env, TREE_VAR: tag},
+        env={**env, TREE_VAR: tag, SHIELD_VAR: shield_value(shield)},
         new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
-        ignore_signals=_proc.SHIELDED if shield else (),
+        ignore_signals=_proc.SHIELDED if shield and not trapped else (),
         stdin=stdin,
         stdout=stdout,
         stderr=stderr,
@@ -164,7 +190,9 @@ def spawn_rank(
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
     container = runtime_of(argv)
     detached = container is not None and container[0].detached
-    return Rank(proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR), detached=detached)
+    return Rank(
+        proc, ident, daemon, name, tag=tag, job=env.get(JOB_VAR), detached=detached, shielded=shield
+    )
 
 
 def _tagged(ranks: Sequence[Rank]) -> list[tuple[_proc.ProcId, Rank]]:
@@ -211,7 +239,8 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
 
 
 def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
-    """The ladder for ranks still running: terminate_client, ``sig``, SIGKILL after ``grace``."""
+    """The ladder for ranks still running: terminate_client, ``sig`` (``deliver``), SIGKILL
+    after ``grace``."""
     live = [r for r in ranks if r.running()]
     if not live:
         return
@@ -239,7 +268,18 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
             )
         return left
 
-    end_procs([], sig, grace, children=[r.proc for r in live], tree=True, before_kill=killing)
+    deliver(live, sig)
+    end_procs([], None, grace, children=[r.proc for r in live], tree=True, before_kill=killing)
+
+
+def deliver(ranks: Sequence[Rank], sig: int) -> None:
+    """``sig`` to ranks whose clients were ended: to every process of a shielded rank as it
+    would take it without the shield (``signal_unshielded``), else to the rank's program."""
+    for rank in ranks:
+        if not rank.shielded:
+            _proc.kill_procs([rank.ident], sig)
+        elif rank.ident in signal_unshielded(rank.tree(), sig):
+            rank.stood_in = sig
 
 
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
@@ -289,7 +329,8 @@ def _end_orphans(ranks: Sequence[Rank], grace: float) -> None:
     names = ", ".join(f"{r.name} (pid {r.ident.pid})" for r in live)
     log.warning("supervisor gone: ending %s through MPS terminate_client", names)
     _terminate_clients(live)
-    end_procs([r.ident for r in live], signal.SIGTERM, grace, tree=True)
+    deliver(live, signal.SIGTERM)
+    end_procs([r.ident for r in live], None, grace, tree=True)
 
 
 @contextmanager
@@ -496,7 +537,7 @@ def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float)
     refused = {id(c.rank) for c in checks if c.refused}
 
     def code(rank: Rank) -> int:
-        return VERIFY_FAILED if id(rank) in refused else exit_code(rank.proc.poll() or 0)
+        return VERIFY_FAILED if id(rank) in refused else rank.code()
 
     def attached(rank: Rank) -> bool | None:
         seen = checked.get(id(rank))

@@ -34,6 +34,10 @@ class Conn:
         self.closed = False
         #: Set once a terminate/fault/force message went out: the client is on its way out.
         self.doomed = False
+        #: A client of long kernels back to back (``--busy``) that has not said its work
+        #: stopped and whose contexts the server has not ended: its connection closing now
+        #: is a death mid-kernel (``Pool.gone``).
+        self.busy = False
 
     def fileno(self) -> int:
         # Kept from the start: the selector must find this entry even after the close.

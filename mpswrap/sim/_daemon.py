@@ -113,6 +113,8 @@ class Daemon:
             self.pool.hello(conn, message, refusing=refusing)
         elif conn.role == "client" and message.get("event") == "fault":
             self.pool.fault(conn)
+        elif conn.role == "client" and message.get("event") == "idle":
+            conn.busy = False
 
     def _command(self, conn: Conn, line: str) -> None:
         name = (line.split() or [""])[0]

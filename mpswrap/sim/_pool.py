@@ -1,4 +1,10 @@
-"""The daemon's servers and their clients: attach, limits, faults, termination, shutdown."""
+"""The daemon's servers and their clients: attach, limits, faults, termination, shutdown.
+
+A busy client (``--busy``: long kernels back to back) that dies without ``terminate_client``
+(a signal) is a fatal error for its server, as seen on an H100 (driver 580): every other
+client fails, and a second such death while the server handles the first (8 busy clients
+SIGKILLed at once) leaves it unable to serve a new client (46) until it is restarted.
+"""
 
 from __future__ import annotations
 
@@ -109,6 +115,7 @@ class Pool:
         conn.role = "client"
         if conn.pid <= 0 or conn.uid < 0:  # no kernel credentials: trust the client's word
             conn.pid, conn.uid = int(message.get("pid", 0)), int(message.get("uid", -1))
+        conn.busy = message.get("busy") is True
         if refusing or not self.may_serve(conn.uid):
             _refuse(conn, 805)
         elif not visible(message.get("cvd"), self.gpu):
@@ -143,6 +150,9 @@ class Pool:
         self._admit(server, conn)
 
     def _admit(self, server: Server, conn: Conn) -> None:
+        if server.broken:
+            _refuse(conn, 46)  # what the next client saw on an H100 after 8 busy ones died
+            return
         if server.status == "FAULT" or server.closing:
             # A server handling a fatal error takes no new clients (807 on an H100).
             _refuse(conn, 807)
@@ -174,7 +184,9 @@ class Pool:
             f"Client process {conn.pid} disconnected",
         )
         server.sticky.discard(conn.pid)
-        if server.status == "FAULT" and not server.sticky:
+        if conn.busy:
+            self._died_busy(server, conn.pid)
+        if server.status == "FAULT" and not server.sticky and not server.broken:
             server.status = "ACTIVE"
             # An H100 logs no recovery line: the fault's end shows only as this, once the
             # last affected client has gone.
@@ -190,11 +202,22 @@ class Pool:
         for conn in queued:
             self._place(conn)
 
+    def _died_busy(self, server: Server, pid: int) -> None:
+        """A busy client died mid-kernel, its contexts never ended by the server: a fatal
+        error for the others, or, while the server already handles one, the end of it."""
+        if server.status == "FAULT":
+            server.broken = True  # no line of its own in an H100's server.log
+        else:
+            self._fatal(server, pid)
+
     def fault(self, conn: Conn) -> None:
         """A client hit an illegal address: every client of that server gets the error."""
         server = self.by_pid(conn.server_pid)
-        if server is None or server.status == "FAULT":
-            return
+        if server is not None and server.status != "FAULT":
+            self._fatal(server, conn.pid)
+
+    def _fatal(self, server: Server, culprit: int) -> None:
+        """A fatal GPU error met by ``culprit``: every client of the server gets it."""
         pids = sorted(server.clients)
         # The lines of an H100 (driver 580): every client is called an "error trigging process".
         torn = [f"Client {{PID: {p}, Context ID: 1}} on device 0 to be torn down" for p in pids]
@@ -206,7 +229,7 @@ class Pool:
             ]
         self.log.server(
             server.pid,
-            f"Client {{PID: {conn.pid}, Context: 1}} encountered a fatal GPU error.",
+            f"Client {{PID: {culprit}, Context: 1}} encountered a fatal GPU error.",
             "Server is handling a fatal GPU error.",
             *torn,
             "The following devices will be reset:",
@@ -235,6 +258,8 @@ class Pool:
 
 def _doom(conn: Conn, event: str) -> None:
     conn.doomed = True
+    if event != "fault":  # the server ended its contexts (terminate_client, a forced end)
+        conn.busy = False
     conn.send({"event": event})
 
 

@@ -42,6 +42,8 @@ class Server:
     clients: dict[int, Conn] = field(default_factory=dict)
     #: Clients that had the sticky error of the current fault and have not exited yet.
     sticky: set[int] = field(default_factory=set)
+    #: Another busy client died while it handled a fault: it serves no client again (46).
+    broken: bool = False
 
     @property
     def pid(self) -> int:

@@ -1,5 +1,6 @@
 """The simulated CUDA program: ``mps-sim-client [--seconds S] [--fault-after S] [--linger S]
-[--alloc-mib M] [--record FILE] [--tag T]``, the same command line as tests/gpu/cuda_client.cu.
+[--alloc-mib M] [--busy N] [--record FILE] [--tag T]``, the same command line as
+tests/gpu/cuda_client.cu.
 
 It attaches to the MPS daemon of ``CUDA_MPS_PIPE_DIRECTORY`` as a real client does when CUDA
 initialises, and keeps that connection for its whole life so the daemon sees when it exits.
@@ -9,7 +10,10 @@ terminate 810, fatal fault 700, forced quit 806, each with exit status 1 after `
 seconds (default: the fault file's ``client_linger``); a server shut down with
 ``shutdown_server -f`` kills it with SIGPIPE, as the real client dies writing to it. With
 ``--alloc-mib M`` it holds M MiB of its GPU's memory from its start to its exit; where the
-GPU has no room left (``memory``) it fails at once with CUDA error 2, "out of memory".
+GPU has no room left (``memory``) it fails at once with CUDA error 2, "out of memory". With
+``--busy N`` (the real client's N x N matrix products back to back) it is a busy client until
+its work ends: killed before that without ``terminate_client``, it faults its server
+(``_pool``).
 """
 
 from __future__ import annotations
@@ -52,7 +56,17 @@ class Client:
         finally:
             os.close(fd)
 
+    def idle(self) -> None:
+        """Its kernels are over (done, or a CUDA call failed): tell the daemon, which then
+        knows its exit is no death mid-kernel."""
+        if self.sock is not None and self.args.busy:
+            try:
+                self.sock.sendall(encode({"event": "idle"}))
+            except OSError:
+                pass  # the daemon is gone: nobody to tell
+
     def fail(self, code: int, reason: str) -> int:
+        self.idle()
         # Recorded when the CUDA call returns the error, before the program reports it: with
         # its supervisor gone, stderr may be a pipe nobody reads and the report kill it.
         self.record("end", reason=reason, time=time.time())
@@ -79,6 +93,7 @@ class Client:
             "pid": self.pid,
             "uid": os.getuid(),
             "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "busy": self.args.busy > 0,
         }
         try:
             sock.connect(str(pipe_dir() / CONTROL))
@@ -131,6 +146,7 @@ class Client:
                     return self.killed()
                 if message.get("event") in EVENTS:
                     return self.fail(*EVENTS[str(message["event"])])
+        self.idle()
         print(f"mps-sim-client {self.pid} done", flush=True)
         self.record("end", reason="done", time=time.time())
         return 0
@@ -190,6 +206,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--linger", type=float, default=None)
     # Device memory held for its whole life (``memory``: the simulated GPU's ledger).
     parser.add_argument("--alloc-mib", type=float, default=0.0)
+    # N x N matrix products back to back on the real client; here only "busy" (``_pool``).
+    parser.add_argument("--busy", type=int, default=0)
     parser.add_argument("--record", default=None)
     parser.add_argument("--tag", default=None)
     return parser.parse_args(argv)

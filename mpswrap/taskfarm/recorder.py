@@ -5,7 +5,7 @@ The recorder writes a line (``journal.FarmDir.write``), folds the same line into
 tally, writes the attempt's joblog line (``joblog``), and at the end of each wake of the engine
 (``flush``) shows what finished in that wake with the counts as they are then, the tasks just
 started included (``view.Progress``), and hands the attempts' outcomes to the run record, one
-write a second at most (``job.run.Started.ended``: ``mpswrap status`` and ``metrics`` read it).
+write a second at most (``job.run.Run.ended``: ``mpswrap status`` and ``metrics`` read it).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Recorder:
     ) -> None:
         self.dir, self.node = farm_dir, node
         self.view = view or View()
-        #: The run record (``Started.ended``): the outcomes of each wake's attempts.
+        #: The run record (``Run.ended``): the outcomes of each wake's attempts.
         self.ended = ended
         self.tally = Tally(records=[] if keep_records else None)
         self.joblog: Joblog | None = None

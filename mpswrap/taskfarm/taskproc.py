@@ -33,7 +33,7 @@ from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, fork_guard
 from .._wait import end_procs, pidfd
 from ..job.containers import runtime_of
-from ..job.supervise import Rank, check_program, end_leftovers, exit_code, spawn_rank
+from ..job.supervise import Rank, check_program, deliver, end_leftovers, spawn_rank
 from ..jobenv import ATTEMPT_VAR, TASK_VAR, TREE_VAR
 from ..mps.daemon import Daemon
 from .lanes import Attempt
@@ -85,7 +85,8 @@ class TaskProcs:
             argv,
             env,
             daemon,
-            shield=False,  # the shell's trap (above)
+            shield=self.shield,
+            trapped=True,  # the shell's trap (above)
             name=f"task {task.number}",
             stdout=outputs[0],
             stderr=outputs[1],
@@ -105,7 +106,7 @@ class TaskProcs:
         if reaped is None:
             return False
         returncode, attempt.cpu = reaped
-        attempt.code = exit_code(returncode)
+        attempt.code = attempt.rank.code(returncode)
         attempt.signal = -returncode if returncode < 0 else 0
         if attempt.pidfd is not None:
             os.close(attempt.pidfd)
@@ -137,15 +138,16 @@ class TaskProcs:
             log.error("farm: still running after SIGKILL: %s", _proc.describe(proc))
 
     def timeout(self, attempt: Attempt, now: float) -> None:
-        """Past ``--timeout``: its clients ended through terminate_client, then SIGTERM; SIGKILL
-        ``grace`` seconds later (``overdue``) if it still runs."""
+        """Past ``--timeout``: its clients ended through terminate_client, then SIGTERM as the
+        task would take it without the shield (``supervise.deliver``); SIGKILL ``grace``
+        seconds later (``overdue``) if it still runs."""
         attempt.ended_by = "timeout"
         tree = attempt.rank.tree()
         if attempt.rank.daemon is not None:
             attempt.rank.ended += len(
                 attempt.rank.daemon.end_clients({p.pid for p in tree}).terminated
             )
-        _proc.kill_procs(tree, signal.SIGTERM)
+        deliver([attempt.rank], signal.SIGTERM)
         attempt.kill_at = now + self.grace
 
     @staticmethod

@@ -8,6 +8,7 @@ The same assertions hold for both, so the simulator cannot drift from the driver
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -77,14 +78,24 @@ class Backend:
             time.sleep(0.02)
 
     def client(
-        self, *args: str, pipe: Path | None = None, log: Path | None = None, **extra: str
+        self,
+        *args: str,
+        pipe: Path | None = None,
+        log: Path | None = None,
+        group: int | None = None,
+        **extra: str,
     ) -> subprocess.Popen[str]:
+        """A client; with ``group``, in that process group (0: a new one it leads), which a
+        test signals as a whole: every member has the signal before any of them runs on."""
+        joins = None if group is None else functools.partial(os.setpgid, 0, group)
         proc = subprocess.Popen(
             [self.client_binary, *args],
             env=self.env(pipe, log, **extra),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            # A setpgid call alone between fork and exec (process_group= needs Python 3.11).
+            preexec_fn=joins,  # noqa: PLW1509
         )
         self.procs.append(proc)
         return proc
@@ -113,6 +124,11 @@ class Backend:
                 return servers[0]
             assert time.monotonic() < deadline, "no server started"
             time.sleep(0.05)
+
+    def recovered(self) -> bool:
+        """The server is ACTIVE again (or gone, to be restarted by the next client)."""
+        servers = self.control().server_list()
+        return not servers or self.control().server_status(servers[0]) == "ACTIVE"
 
     def server_log(self) -> str:
         path = self.log / "server.log"

@@ -209,7 +209,7 @@ def test_fatal_fault_hits_every_client_then_server_recovers(backend: Backend) ->
         "The following client process have a sticky error set:",
     ):
         assert line in backend.server_log(), line
-    wait_until(lambda: _recovered(backend), 30, "the server to recover")
+    wait_until(backend.recovered, 30, "the server to recover")
     after = backend.client("--seconds", "1")
     out, _ = after.communicate(timeout=60)
     assert after.returncode == 0, out
@@ -330,12 +330,6 @@ def test_shutdown_server_force_ends_its_clients_and_the_next_client_runs(
     after = backend.client("--seconds", "1")
     out, _ = after.communicate(timeout=60)
     assert after.returncode == 0, out
-
-
-def _recovered(backend: Backend) -> bool:
-    """The server is ACTIVE again (or gone, to be restarted by the next client)."""
-    servers = backend.control().server_list()
-    return not servers or backend.control().server_status(servers[0]) == "ACTIVE"
 
 
 def _control_log(backend: Backend) -> str:

@@ -1,4 +1,5 @@
-"""_proc's waits: woken by the exit itself (pidfd), or polling where there is none; bounded."""
+"""_proc's waits: woken by the exit itself (pidfd), or polling where there is none; bounded.
+And ``_proc.run``'s wait for a program that dies before reading its input."""
 
 from __future__ import annotations
 
@@ -72,3 +73,10 @@ def test_wait_child_returns_the_exit_code_or_times_out(waits: str) -> None:
     finally:
         slow.kill()
         slow.wait()
+
+
+def test_run_returns_the_exit_of_a_program_that_never_read_its_input() -> None:
+    """A control program killed before it read its command (Slurm signals a whole step) is
+    an exit status, not a broken pipe: the input fills the pipe until the reader is gone."""
+    res = _proc.run(["sh", "-c", "exit 3"], env={}, timeout=30, input="x" * (1 << 20), limit=4096)
+    assert res.returncode == 3

@@ -4,8 +4,10 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench torchrun (default: contract core). Each phase's log is complete when the
-# phase ends, so a visit cut short still brings back every finished phase.
+# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench torchrun signals (default: contract core). Each phase's log is complete when the
+# phase ends, so a visit cut short still brings back every finished phase. signals runs last
+# wherever it is named: it kills busy clients by signal (marker harm), which can leave an MPS
+# server unable to serve.
 # Every test phase runs on a machine of any GPU count and asserts what mpswrap promises for
 # that count (tests/gpu/conftest.py: machine_gpus). multi (tests/gpu/test_gpu_multi.py) is the
 # machine of several GPUs: on one GPU it is refused (exit 2), so leave it out there.
@@ -24,6 +26,9 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}; mkdir -p "$OUT"
 PHASES=("$@"); [ ${#PHASES[@]} -gt 0 ] || PHASES=(contract core)
+if [[ " ${PHASES[*]} " == *" signals "* ]]; then  # last: see above
+  read -ra PHASES <<<"$(printf '%s\n' "${PHASES[@]}" | grep -vx signals | tr '\n' ' ') signals"
+fi
 export PYTHONUNBUFFERED=1
 # Every skip fails a test phase, none allowed (tests/strict_skips.py).
 export MPS_STRICT_SKIPS=1; unset MPS_ALLOWED_SKIPS
@@ -88,7 +93,7 @@ rc=0
 for phase in "${PHASES[@]}"; do
   echo "=== phase $phase"
   case $phase in
-    contract) MPS_CONTRACT_BACKEND=real pt contract tests/contract || rc=1 ;;
+    contract) MPS_CONTRACT_BACKEND=real pt contract -m "not harm" tests/contract || rc=1 ;;
     core) pt core tests/gpu/test_gpu_core.py || rc=1 ;;
     launcher) pt launcher tests/gpu/test_gpu_launcher.py || rc=1 ;;
     attach) pt attach tests/gpu/test_gpu_attach.py || rc=1 ;;
@@ -124,6 +129,8 @@ for phase in "${PHASES[@]}"; do
       tail -25 "$OUT/startup.txt" ;;
     bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
       "$PY" benchmarks/run.py --out "$OUT/bench.json" "${bench_args[@]}" || rc=1 ;;
+    signals) MPS_CONTRACT_BACKEND=real pt signals -m "gpu or harm" tests/gpu/test_gpu_signals.py \
+        tests/contract || rc=1 ;;  # the supervisor's test first, on a GPU nothing has harmed
     *) echo "unknown phase $phase"; rc=2 ;;
   esac
 done

@@ -1,0 +1,164 @@
+"""Signals on busy MPS clients, the evidence for the shield (DESIGN.md, Signals), identical for
+the simulator and the real driver.
+
+Seen on an H100 (driver 580.159.04, 2026-11-27, PyTorch clients in 8192² matmul loops): busy
+clients killed by signals made an untouched client fail with a CUDA error; 8 killed at once
+left the server unable to serve the next client ("CUDA-capable device(s) is/are busy or
+unavailable"), with a fatal GPU error and a device reset in server.log. The tests that kill
+busy clients outright assert that harm: one that fails means the driver no longer shows it,
+and the shield could be reconsidered. The same clients ended through ``terminate_client``
+first, then killed, must harm nobody, on every driver.
+
+A real server may be left unable to serve: each test has a daemon of its own, the tests that
+expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
+runs them all after its other tests (marker ``harm``, phase ``signals`` of
+tests/gpu/run_gpu_tier.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.waits import wait_until
+
+from .conftest import Backend
+
+pytestmark = [pytest.mark.contract, pytest.mark.harm]
+
+#: The side of the busy clients' matrix products: the finding's 8192².
+BUSY = "8192"
+#: Busy clients the finding killed at once.
+SEVERAL = 8
+#: Seconds an untouched client is given to show the harm (or a stopped client to exit).
+SHOWN = 60
+SIGNALS = [pytest.param(signal.SIGTERM, id="TERM"), pytest.param(signal.SIGKILL, id="KILL")]
+COUNTS = [pytest.param(1, id="one"), pytest.param(SEVERAL, id="several")]
+FATAL = "encountered a fatal GPU error"
+
+
+def _busy(
+    backend: Backend, count: int, *extra: str, group: int | None = None
+) -> list[subprocess.Popen[str]]:
+    """``count`` busy clients, each past its first product (its loop under way); with
+    ``group`` (0), all in one new process group."""
+    clients: list[subprocess.Popen[str]] = []
+    for _ in range(count):
+        joins = group if group is None or not clients else clients[0].pid
+        clients.append(backend.client("--seconds", "300", "--busy", BUSY, *extra, group=joins))
+    for proc in clients:
+        backend.started(proc)
+    return clients
+
+
+def _scene(
+    backend: Backend, count: int, *victim_args: str
+) -> tuple[int, list[subprocess.Popen[str]], subprocess.Popen[str]]:
+    """A fresh daemon, ``count`` busy victims and one busy client nobody touches."""
+    backend.start_daemon()
+    victims = _busy(backend, count, *victim_args, group=0)
+    bystander = _busy(backend, 1)[0]
+    server = backend.server()
+    listed = backend.wait_clients(server, count + 1)
+    assert sorted(listed) == sorted(p.pid for p in [*victims, bystander]), listed
+    return server, victims, bystander
+
+
+def _kill(victims: list[subprocess.Popen[str]], sig: signal.Signals) -> None:
+    """``sig`` to every victim at once, to their process group (as mpirun signals a rank's),
+    then each seen dying of it."""
+    os.killpg(victims[0].pid, sig)
+    for proc in victims:
+        out, _ = proc.communicate(timeout=SHOWN)
+        assert proc.returncode == -sig, (proc.returncode, out)
+
+
+def _end(proc: subprocess.Popen[str]) -> str | None:
+    """Its output once it has exited within ``SHOWN`` seconds; None if it still runs."""
+    try:
+        return proc.communicate(timeout=SHOWN)[0]
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _next_client(backend: Backend) -> tuple[int, str]:
+    after = backend.client("--seconds", "1")
+    out, _ = after.communicate(timeout=SHOWN)
+    return after.returncode, out
+
+
+def _harm(seen: bool, what: str) -> None:
+    assert seen, (
+        f"{what}: this driver no longer shows the harm of signals on busy MPS clients (seen on "
+        "an H100, driver 580.159.04, 2026-11-27); the shield could be reconsidered "
+        "(docs/howto-users.md, Signals)"
+    )
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
+    backend: Backend, sig: signal.Signals, count: int
+) -> None:
+    """What mpswrap's supervisor does: terminate_client for each busy client, then the signal
+    at once. The untouched client runs on, the next client runs, the server stays ACTIVE."""
+    # --linger: after its 810 a victim stays on the host, so the signal finds it alive.
+    server, victims, bystander = _scene(backend, count, "--linger", str(SHOWN))
+    ctl = backend.control()
+    for proc in victims:
+        ctl.terminate_client(server, proc.pid)
+    _kill(victims, sig)
+    code, out = _next_client(backend)
+    assert code == 0, out
+    assert bystander.poll() is None, bystander.communicate()[0]
+    assert bystander.pid in ctl.client_list(server)
+    ctl.terminate_client(server, bystander.pid)  # its first CUDA error is this one
+    ended = _end(bystander)
+    assert ended is not None and "CUDA error 810" in ended, ended
+    assert ctl.server_status(server) == "ACTIVE"
+    assert FATAL not in backend.server_log(), backend.server_log()
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_a_busy_client_killed_by_a_signal_fails_an_untouched_one(
+    backend: Backend, sig: signal.Signals
+) -> None:
+    """One busy client dies of the signal: the untouched client fails with a CUDA error; once
+    it has gone the server recovers and the next client runs (seen after two such deaths)."""
+    _, victims, bystander = _scene(backend, 1)
+    _kill(victims, sig)
+    out = _end(bystander)
+    _harm(
+        out is not None and bystander.returncode != 0 and "CUDA error" in out,
+        f"the untouched client, after one busy client died of {sig.name}: {out!r}",
+    )
+    wait_until(backend.recovered, 30, "the server to recover once the failed clients are gone")
+    code, out = _next_client(backend)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_busy_clients_killed_at_once_leave_the_server_unable_to_serve(
+    backend: Backend, sig: signal.Signals
+) -> None:
+    """8 busy clients die of the signal at once: the untouched one fails, server.log has a
+    fatal GPU error, and the server, still listed, fails the next client until it is
+    restarted (``shutdown_server -f``: the next client then gets a new one)."""
+    server, victims, bystander = _scene(backend, SEVERAL)
+    _kill(victims, sig)
+    out = _end(bystander)
+    _harm(
+        out is not None and bystander.returncode != 0 and "CUDA error" in out,
+        f"the untouched client, after {SEVERAL} busy clients died of {sig.name}: {out!r}",
+    )
+    _harm(FATAL in backend.server_log(), f"no fatal GPU error in server.log after {sig.name}")
+    code, out = _next_client(backend)
+    _harm(code != 0 and "CUDA error" in out, f"the next client ran: {out!r}")
+    assert server in backend.control().server_list()
+    backend.control().command(f"shutdown_server {server} -f")
+    wait_until(lambda: server not in backend.control().server_list(), 30, "the server to go")
+    code, out = _next_client(backend)
+    assert code == 0, f"after shutdown_server -f: {out!r}"
