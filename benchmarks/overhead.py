@@ -20,6 +20,8 @@ PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
 #: The job user when the benchmarks run as root: a job of uid 0 gets no MPS, as on a cluster.
 BENCH_USER = "mpswbench"
+#: The Slurm hooks a job's start and end cost, in the order slurmd runs them.
+HOOKS = ("prolog", "epilog")
 
 
 def job_user() -> tuple[int, int]:
@@ -107,6 +109,10 @@ class Bench:
         # The installed shims use ``python -I``; here the repository is on PYTHONPATH instead.
         return _timed([PY, "-m", "mpswrap", name], self.env(job))
 
+    def hooks(self, job: str) -> dict[str, float]:
+        """A job of this many GPUs, no clients: its prolog, then its epilog, timed (s)."""
+        return {hook: self.hook(hook, job) for hook in HOOKS}
+
     def attach_clients(self, job: str, k: int) -> list[subprocess.Popen[bytes]]:
         job_dir = self.tmp / "run" / "bench" / job / "g0"
         env = dict(
@@ -161,10 +167,8 @@ def phase_overhead(res: Any, *, simulate: bool, quick: bool) -> None:
         if res.has(key):
             continue
         bench = Bench(simulate, g)
-        pro, epi = [], []
-        for r in range(repeats):
-            pro.append(bench.hook("prolog", f"p{g}r{r}"))
-            epi.append(bench.hook("epilog", f"p{g}r{r}"))
+        rounds = [bench.hooks(f"p{g}r{r}") for r in range(repeats)]
+        pro, epi = ([t[hook] for t in rounds] for hook in HOOKS)
         res.add(
             key,
             {

@@ -9,10 +9,14 @@ against mpswrap's MPS simulator (CI runs that).
     python benchmarks/run.py --quick --out /tmp/overhead.json
     python benchmarks/run.py --phases overhead --simulate --out benchmarks/results/cpu-sim.json
 
-Modes: ``timesliced`` (no MPS), ``rawmps`` (a daemon started by hand), ``mpswrap`` (``mpswrap
-run -n N``) and, on request (``--modes``), ``mpswrap-daemon``: the daemon as mpswrap starts it
-(``mpswrap start``) with the workers started plainly, no per-rank supervisor; beside
-``mpswrap`` it tells the supervisors' share of any cost from the daemon's.
+Modes: ``timesliced`` (no MPS), ``rawmps`` (daemons started by hand), ``mpswrap`` (``mpswrap
+run -n N``) and, on request (``--modes``), ``mpswrap-daemon``: the daemons as mpswrap starts
+them (``mpswrap start``) with the workers started plainly, no per-rank supervisor; beside
+``mpswrap`` it tells the supervisors' share of any cost from the daemons'.
+
+On a machine of several GPUs every mode runs as many workers on each GPU: those started by
+hand go where ``mpswrap run`` puts its ranks, each with ``CUDA_VISIBLE_DEVICES`` naming its
+GPU, and raw MPS is a daemon per GPU, as an admin runs MPS by hand on such a node.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,8 @@ class Results:
 
 
 def machine_meta() -> dict[str, Any]:
+    """The machine: Python, host, its GPUs (name and count, driver, each UUID: a run on
+    several GPUs names them all, comma-separated, as ``gpu_uuid``), PyTorch."""
     meta: dict[str, Any] = {"python": sys.version.split()[0], "host": os.uname().nodename}
     try:
         out = subprocess.run(
@@ -76,8 +82,12 @@ def machine_meta() -> dict[str, Any]:
             text=True,
             timeout=30,
         ).stdout.strip()
-        meta["gpu"], meta["driver"], meta["gpu_uuid"] = [s.strip() for s in out.split(",")][:3]
-    except (OSError, ValueError, subprocess.SubprocessError):
+        rows = [[word.strip() for word in line.split(",")] for line in out.splitlines()]
+        (name, meta["driver"], _), count = rows[0], len(rows)
+        meta["gpu"] = name if count == 1 else f"{name} x{count}"
+        meta["gpu_count"] = count
+        meta["gpu_uuid"] = ",".join(row[2] for row in rows)
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         meta["gpu"] = "none"
     try:
         import torch
@@ -88,53 +98,90 @@ def machine_meta() -> dict[str, Any]:
     return meta
 
 
-# --- one GPU run ---------------------------------------------------------------------------
+# --- the GPUs, and MPS by hand ---------------------------------------------------------------
+def gpu_uuids() -> list[str]:
+    """The machine's GPUs in NVML order, as mpswrap sees them (the simulator's, where
+    ``MPSWRAP_GPU_INVENTORY`` names its inventory)."""
+    from mpswrap.config import load_settings
+    from mpswrap.mps.gpu import load_inventory
+
+    return [gpu.uuid for gpu in load_inventory(load_settings().gpu_inventory).gpus]
+
+
+def worker_gpus(n: int, uuids: list[str]) -> list[str]:
+    """The GPU of each of ``n`` workers started by hand: where ``mpswrap run -n N`` puts its
+    ranks (block placement), so that every mode runs as many workers on each GPU."""
+    from mpswrap.job.placement import plan_positions
+
+    return [uuids[position] for position in plan_positions(n, len(uuids), "block")]
+
+
 @contextmanager
-def raw_mps(tmp: Path) -> Iterator[dict[str, str]]:
-    """An MPS daemon started by hand, the way the MPS documentation shows."""
+def raw_mps(tmp: Path, uuid: str | None = None) -> Iterator[dict[str, str]]:
+    """An MPS daemon started by hand for one GPU (the first, by default), the way the MPS
+    documentation shows; what its clients need: its pipe and log directories, and
+    ``CUDA_VISIBLE_DEVICES`` naming that GPU. On a machine of several GPUs a client left to
+    see them all, under a daemon that serves one, fails (PyTorch asserts: gpu-lab.md)."""
+    uuid = uuid or gpu_uuids()[0]
     env = dict(
         os.environ,
         CUDA_MPS_PIPE_DIRECTORY=str(tmp / "pipe"),
         CUDA_MPS_LOG_DIRECTORY=str(tmp / "log"),
-        CUDA_VISIBLE_DEVICES="0",
+        CUDA_VISIBLE_DEVICES=uuid,
     )
     for d in ("pipe", "log"):
-        (tmp / d).mkdir()
+        (tmp / d).mkdir(parents=True)
     subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
     try:
-        yield {k: env[k] for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+        yield {k: env[k] for k in (*MPS_DIRS, "CUDA_VISIBLE_DEVICES")}
     finally:
         subprocess.run(
             ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, timeout=60, check=False
         )
 
 
+#: The variables that point a client at its daemon.
+MPS_DIRS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+
+
 @contextmanager
-def mpswrap_daemon(tmp: Path) -> Iterator[dict[str, str]]:
-    """The daemon of GPU 0 as mpswrap starts it, and the variables its clients get; no
-    supervisor: the workers are started plainly."""
+def raw_mps_per_gpu(tmp: Path, uuids: list[str]) -> Iterator[dict[str, dict[str, str]]]:
+    """MPS by hand on a node of several GPUs, as an admin runs it: a daemon for each GPU;
+    each GPU's client variables, by UUID."""
+    with ExitStack() as daemons:
+        yield {u: daemons.enter_context(raw_mps(tmp / f"gpu{i}", u)) for i, u in enumerate(uuids)}
+
+
+@contextmanager
+def mpswrap_daemon(tmp: Path, uuids: list[str]) -> Iterator[dict[str, dict[str, str]]]:
+    """The daemons of these GPUs as mpswrap starts them (``mpswrap start``), and the
+    variables their clients get, by UUID; no supervisor: the workers are started plainly."""
     base = [PY, "-m", "mpswrap"]
     where = ["--run-dir", str(tmp / "run"), "--job", "bench"]
     out = subprocess.run(
-        [*base, "start", *where, "--gpus", "0"],
+        [*base, "start", *where, "--gpus", ",".join(uuids)],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     ).stdout
-    # "g0 <uuid> daemon <pid> user <name> cpus <list> pipe <dir>"
-    words = out.split()
-    pipe = Path(words[words.index("pipe") + 1])
+    envs = {}
+    for words in (line.split() for line in out.splitlines()):
+        # "g0 <uuid> daemon <pid> user <name> cpus <list> pipe <dir>", a line per GPU
+        if "pipe" in words and words[0].startswith("g"):
+            pipe = Path(words[words.index("pipe") + 1])
+            envs[words[1]] = {
+                "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+                "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
+                "CUDA_VISIBLE_DEVICES": words[1],
+            }
     try:
-        yield {
-            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-            "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
-            "CUDA_VISIBLE_DEVICES": words[1],
-        }
+        yield envs
     finally:
         subprocess.run([*base, "stop", *where], capture_output=True, timeout=120, check=False)
 
 
+# --- one run ----------------------------------------------------------------------------------
 def _worker_argv(workload: str, tmp: Path, steps: int, weights: str | None) -> list[str]:
     argv = [
         PY,
@@ -150,8 +197,16 @@ def _worker_argv(workload: str, tmp: Path, steps: int, weights: str | None) -> l
 
 
 def _spawn(
-    mode: str, n: int, argv: list[str], tmp: Path, mps_env: dict[str, str], threads: str | None
+    mode: str,
+    argv: list[str],
+    tmp: Path,
+    gpus: list[str],
+    mps_envs: dict[str, dict[str, str]],
+    threads: str | None,
 ) -> list[subprocess.Popen[str]]:
+    """The workers of a run, one on each of ``gpus`` (``mpswrap run`` places its own): each
+    started by hand sees only its GPU, and under MPS gets that GPU's daemon (``mps_envs``)."""
+    n = len(gpus)
     if mode == "mpswrap":
         wrap = [PY, "-m", "mpswrap", "run", "-n", str(n)]
         wrap += ["--threads", threads] if threads else []
@@ -159,22 +214,24 @@ def _spawn(
         return [subprocess.Popen([*wrap, "--", *argv], env=env, text=True, stdout=subprocess.PIPE)]
     if threads:
         raise ValueError(f"--threads is mpswrap's: not for mode {mode}")
-    base = dict(os.environ, **mps_env)
-    if mode == "timesliced":  # make sure no default daemon is found either
-        base.update(CUDA_MPS_PIPE_DIRECTORY=str(tmp / "no-mps"))
-    return [
-        subprocess.Popen(
-            argv, env=dict(base, MPSWRAP_RANK=str(i)), text=True, stdout=subprocess.PIPE
-        )
-        for i in range(n)
-    ]
+    procs = []
+    for i, gpu in enumerate(gpus):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, MPSWRAP_RANK=str(i))
+        if mode == "timesliced":  # make sure no default daemon is found either
+            env.update(CUDA_MPS_PIPE_DIRECTORY=str(tmp / "no-mps"))
+        env.update(mps_envs.get(gpu, {}))
+        procs.append(subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE))
+    return procs
 
 
-def _mps_for(mode: str, tmp: Path) -> Any:
+def _mps_for(mode: str, tmp: Path, uuids: list[str]) -> Any:
+    """The daemons a mode starts on these GPUs before its workers: by hand (``rawmps``), by
+    ``mpswrap start`` (``mpswrap-daemon``) or none (time-sliced; ``mpswrap run`` starts its
+    own); each GPU's client variables, by UUID."""
     if mode == "rawmps":
-        return raw_mps(tmp)
+        return raw_mps_per_gpu(tmp, uuids)
     if mode == "mpswrap-daemon":
-        return mpswrap_daemon(tmp)
+        return mpswrap_daemon(tmp, uuids)
     return _nothing()
 
 
@@ -193,12 +250,12 @@ def run_once(
     workload by default: the mixed set is MLP workers of several weights)."""
     tmp = Path(tempfile.mkdtemp(prefix="mpsb-", dir="/tmp"))
     (tmp / "ready").mkdir()
+    gpus = worker_gpus(n, gpu_uuids())
     try:
-        with _mps_for(mode, tmp) as mps_env:
+        with _mps_for(mode, tmp, list(dict.fromkeys(gpus))) as mps_envs:
             t_spawn = time.time()
-            procs = _spawn(
-                mode, n, _worker_argv(workload, tmp, steps, weights), tmp, mps_env, threads
-            )
+            argv = _worker_argv(workload, tmp, steps, weights)
+            procs = _spawn(mode, argv, tmp, gpus, mps_envs, threads)
             _wait(lambda: len(os.listdir(tmp / "ready")) >= n, timeout, procs)
             t_go = time.time()
             (tmp / "go").touch()
@@ -232,7 +289,7 @@ def run_once(
 
 
 @contextmanager
-def _nothing() -> Iterator[dict[str, str]]:
+def _nothing() -> Iterator[dict[str, dict[str, str]]]:
     yield {}
 
 

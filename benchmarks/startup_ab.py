@@ -38,11 +38,10 @@ overhead.compiled()
 out = overhead._supervisor_costs(overhead.Bench({simulate!r}, 1), "ab", {repeats})
 for gpus in {gpus!r}:
     bench = overhead.Bench({simulate!r}, gpus)
-    hooks = {{"prolog": [], "epilog": []}}
-    for r in range({repeats}):
-        for hook in hooks:
-            hooks[hook].append(bench.hook(hook, f"h{{r}}"))
-    out[f"hooks{{gpus}}"] = {{hook: overhead._median(t) for hook, t in hooks.items()}}
+    rounds = [bench.hooks(f"h{{r}}") for r in range({repeats})]
+    out[f"hooks{{gpus}}"] = {{
+        hook: overhead._median([t[hook] for t in rounds]) for hook in overhead.HOOKS
+    }}
 print(json.dumps(out))
 """
 

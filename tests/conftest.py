@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests import strict_skips
+from tests.procs import described
 from tests.simenv import SimNode, sim_node
 
 #: Variables that would change behaviour when the tests run inside an allocation.
@@ -57,9 +58,9 @@ def no_leftover_children() -> Iterator[None]:
     for pid, start in _descendants() - before:
         try:
             proc = psutil.Process(pid)
-            if proc.create_time() != start:
+            if proc.create_time() != start or (what := described(proc)) is None:
                 continue
-            left.append(f"{pid} {' '.join(proc.cmdline())}")
+            left.append(what)
             proc.kill()
             proc.wait(5)
         except psutil.Error:

@@ -19,6 +19,7 @@ import psutil
 
 from mpswrap._cgroup import Cgroup, parent_dir
 from mpswrap.paths import GpuDirs, JobLayout
+from tests.procs import described
 from tests.tree import REPO
 from tests.users import run_as
 
@@ -192,7 +193,7 @@ def finish_sim_node(node: SimNode) -> list[str]:
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = node.leftovers()
-    report = [f"{p.pid} {' '.join(p.cmdline())}" for p in left if p.is_running()]
+    report = [what for p in left if (what := described(p)) is not None]
     for proc in left:
         try:
             proc.kill()

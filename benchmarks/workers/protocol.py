@@ -5,7 +5,8 @@ A worker starts up (CUDA, its model, a warm-up: timed as ``init``), creates a fi
 its PID in the ``--ready`` directory, waits for the ``--go`` file (run.py creates it once
 every worker is ready, so all time the same contention), runs ``--steps`` steps and prints
 one JSON line: ``pid``, ``init``, ``start``, ``end``, its ``weight`` if it has one,
-``threads`` (its MPS thread share).
+``threads`` (its MPS thread share), ``gpu`` (its ``CUDA_VISIBLE_DEVICES``: the GPU it was
+given, on a machine of several).
 
 ``MPS_BENCH_WORKER=stand-in`` (tests/functional/test_benchmarks.py): the same protocol
 without a GPU or torch. The work is the MPS simulator's client (``mps-sim-client`` on PATH)
@@ -77,6 +78,7 @@ def serve(
     if weight is not None:
         record["weight"] = weight
     record["threads"] = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     if stand_in is not None:
         record["mps"] = stand_in.mps
     print(json.dumps(record), flush=True)

@@ -7,11 +7,15 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mpswrap.mps.gpu import load_inventory
+from tests.placed import placed
 from tests.simenv import SimNode, sim_node
 from tests.tree import REPO
 
@@ -51,6 +55,31 @@ def sim() -> Iterator[SimNode]:
         yield node
 
 
+def _bench(sim: SimNode, out: Path, *args: str) -> dict[str, dict[str, Any]]:
+    """benchmarks/run.py with the workers as CPU stand-ins on the simulated node; its runs."""
+    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out), *args]
+    path = f"{sim.bin}:{os.environ['PATH']}"
+    env = sim.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
+    res = subprocess.run(argv, env=env, cwd=out.parent, capture_output=True, text=True, timeout=540)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return {r["key"]: r for r in json.loads(out.read_text())["runs"]}
+
+
+def _check_workers(sim: SimNode, runs: dict[str, dict[str, Any]]) -> None:
+    """Each run's workers are MPS clients exactly where they should be, each on the GPU
+    ``mpswrap run`` gives its rank, in every mode alike (raw MPS: a daemon per GPU)."""
+    gpus = [gpu.uuid for gpu in load_inventory(str(sim.inventory)).gpus]
+    for key, run in runs.items():
+        assert len(run["workers"]) == run["n"], key
+        attached = {w["mps"] for w in run["workers"]}
+        assert attached == {run["mode"] != "timesliced"}, f"{key}: MPS clients {attached}"
+        on = Counter(w["gpu"] for w in run["workers"])
+        assert on == Counter(placed("block", run["n"], gpus)), f"{key}: workers by GPU {on}"
+
+
+MODES = "timesliced,rawmps,mpswrap,mpswrap-daemon"
+
+
 @pytest.mark.timeout(600)
 def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     sim: SimNode, tmp_path: Path
@@ -60,16 +89,9 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     mixed-set worker gets the weight and the thread share its policy gives it, and the report
     renders."""
     out = tmp_path / "bench.json"
-    modes = "timesliced,rawmps,mpswrap,mpswrap-daemon"
-    argv = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out)]
-    argv += ["--phases", "mlp,nbody,provision", "--modes", modes, "--ns", "1,3", "--repeats", "1"]
-    argv += ["--mlp-steps", "40", "--nbody-steps", "20"]
-    path = f"{sim.bin}:{os.environ['PATH']}"
-    env = sim.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
-    res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    runs = {r["key"]: r for r in json.loads(out.read_text())["runs"]}
-    plain = modes.split(",")
+    args = ["--phases", "mlp,nbody,provision", "--modes", MODES, "--ns", "1,3", "--repeats", "1"]
+    runs = _bench(sim, out, *args, "--mlp-steps", "40", "--nbody-steps", "20")
+    plain = MODES.split(",")
     expected = {f"{w}/{m}/n{n}/r0" for w in ("mlp", "nbody") for m in plain for n in (1, 3)}
     expected |= {"mixed/timesliced/n10/r0", "mixed/rawmps/n10/r0", "mixed/mpswrap-daemon/n10/r0"}
     expected |= {
@@ -77,10 +99,7 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
         for p in ("none", "uniform", "oversubscribe", "4-4-1-1-1-1-1-1-1-1")
     }
     assert set(runs) == expected
-    for key, run in runs.items():
-        assert len(run["workers"]) == run["n"], key
-        attached = {w["mps"] for w in run["workers"]}
-        assert attached == {run["mode"] != "timesliced"}, f"{key}: MPS clients {attached}"
+    _check_workers(sim, runs)
     shares: dict[str, Sequence[str | None]] = {
         "none": [None] * 10,
         "uniform": ["10"] * 10,
@@ -96,6 +115,48 @@ def test_throughput_and_provisioning_phases_run_every_mode_on_the_simulator(
     shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "Workload `nbody`" in shown and "Workload `mixed`" in shown
     assert "| mpswrap --threads uniform |" in shown, shown
+
+
+@pytest.mark.timeout(300)
+def test_every_mode_runs_as_many_workers_on_each_of_two_gpus(tmp_path: Path) -> None:
+    """On a node of two GPUs, workers started by hand go where mpswrap run puts its ranks,
+    each seeing only its GPU, and raw MPS is a daemon per GPU (as an admin runs it): a
+    worker left to see both GPUs under a one-GPU daemon fails (PyTorch asserts,
+    gpu-lab.md)."""
+    with sim_node(gpus=2) as two:
+        args = ["--phases", "mlp", "--modes", MODES, "--ns", "1,3,4", "--repeats", "1"]
+        runs = _bench(two, tmp_path / "bench.json", *args, "--mlp-steps", "40")
+        assert set(runs) == {f"mlp/{m}/n{n}/r0" for m in MODES.split(",") for n in (1, 3, 4)}
+        _check_workers(two, runs)
+
+
+@pytest.mark.timeout(300)
+def test_multigpu_benchmark_runs_each_part_for_the_gpu_counts_the_node_has(tmp_path: Path) -> None:
+    """benchmarks/multigpu.py on two simulated GPUs, the tasks as CPU stand-ins: the hooks of
+    jobs of 1 and 2 GPUs (4 left out: the node has 2), the farm each way and every task done;
+    a second call runs nothing again; ``--report`` prints both tables."""
+    out = tmp_path / "multigpu.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "multigpu.py"), "--out", str(out)]
+    argv += ["--simulate", "--counts", "1,2,4", "--repeats", "1", "--tasks-per-gpu", "3"]
+    argv += ["--per-gpu", "2", "--steps", "100"]
+    with sim_node(gpus=2) as two:
+        path = f"{two.bin}:{os.environ['PATH']}"
+        env = two.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
+        for _ in range(2):
+            res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "counts [4] left out" in res.stdout
+    runs = {r["key"]: r for r in json.loads(out.read_text())["runs"]}
+    farm = {f"farm/gpus{g}/{m}/r0" for g in (1, 2) for m in ("rawmps", "mpswrap")}
+    assert set(runs) == {"hooks/gpus1", "hooks/gpus2", *farm}, "the second call ran again"
+    for key in farm:
+        assert (runs[key]["tasks"], runs[key]["failed"]) == (3 * runs[key]["gpus"], 0), runs[key]
+    for g in (1, 2):
+        hooks = runs[f"hooks/gpus{g}"]
+        assert all(0 < hooks[h]["min_ms"] <= hooks[h]["max_ms"] for h in ("prolog", "epilog"))
+    report = [sys.executable, str(REPO / "benchmarks" / "multigpu.py"), "--report", str(out)]
+    shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "| 2 | 6 (2) |" in shown and "prolog / 1 GPU" in shown, shown
 
 
 @pytest.mark.timeout(120)

@@ -25,6 +25,7 @@ import pytest
 from mpswrap import _lock
 from mpswrap.errors import LockTimeout, MpswrapError
 from tests.functional.test_faults import admin_config, admin_job, daemons_of, gone, manifests
+from tests.procs import described
 from tests.simenv import SimNode
 from tests.tree import PACKAGE, REPO
 from tests.users import ensure_test_user, run_as
@@ -171,7 +172,7 @@ def start(node: SimNode, hooks: Path, gpus: str = "0,1") -> None:
 def end(node: SimNode, hooks: Path) -> None:
     expect("epilog-clean", "epilog", run(hooks / "epilog", slurmd_env(node, "epilog")))
     assert not admin_job(node).exists()
-    assert not node.leftovers(), [p.cmdline() for p in node.leftovers()]
+    assert not node.leftovers(), [described(p) for p in node.leftovers()]
 
 
 # --- the table -------------------------------------------------------------------------------

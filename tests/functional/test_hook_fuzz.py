@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.functional.test_faults import admin_config
+from tests.procs import described
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.tree import REPO
 from tests.users import ensure_test_user, run_as, spawn_as
@@ -137,7 +138,7 @@ def test_any_hook_environment_keeps_the_contract(node: SimNode, env: dict[str, s
         assert res.returncode == 0, (hook, env, res.returncode, res.stderr)
     exports = runs["task-prolog"].stdout.splitlines()
     assert all(line.startswith("export ") for line in exports), exports
-    assert _settled(node), (env, [p.cmdline() for p in node.leftovers()])
+    assert _settled(node), (env, [described(p) for p in node.leftovers()])
     node_dir = node.run_dir / "n1"
     assert not node_dir.exists() or not any(p for p in node_dir.iterdir() if p.is_dir()), (
         env,
@@ -198,7 +199,7 @@ def test_any_cli_argv_gives_an_exit_code_and_no_traceback(node: SimNode, argv: l
         assert "Traceback" not in res.stderr, (argv, res.stderr)
     node.mpswrap("stop", timeout=120)  # whatever a start started
     # A rank's owner watchdog notices within a few seconds that its job is over.
-    assert _settled(node), (argv, [p.cmdline() for p in node.leftovers()])
+    assert _settled(node), (argv, [described(p) for p in node.leftovers()])
     assert _snapshot(node.root / "sentinel") == before
 
 
@@ -299,7 +300,7 @@ def test_any_job_file_keeps_the_epilogs_contract(node: SimNode, case: tuple[str,
             fake.communicate(timeout=30)
     assert end.returncode == 0 and "Traceback" not in end.stderr, (name, end.stderr)
     assert "internal error" not in end.stderr, end.stderr
-    assert _settled(node), (name, [p.cmdline() for p in node.leftovers()])
+    assert _settled(node), (name, [described(p) for p in node.leftovers()])
     assert not (node.run_dir / "n1" / "301").exists()
 
 

@@ -25,8 +25,10 @@ import psutil
 import pytest
 
 from mpswrap import _proc
+from mpswrap.mps.gpu import load_inventory
+from tests.placed import placed
 from tests.procs import signal_tree
-from tests.simenv import SimNode
+from tests.simenv import MPSWRAP, SimNode, sim_node
 from tests.users import ensure_test_user
 from tests.waits import sh_wait_for_records, wait_until
 
@@ -165,6 +167,29 @@ def test_run_dry_run_prints_ranks_and_starts_nothing(node: SimNode) -> None:
     assert "/g1/pipe" in lines[3] and "MPSWRAP_LOCAL_SIZE=4" in lines[3]
     assert lines[0].endswith("echo 'x y'")
     assert not node.user_run_dir.exists() or not any(node.user_run_dir.iterdir())
+
+
+@pytest.mark.parametrize("policy", ["block", "cyclic", "affinity"])
+def test_run_dry_run_puts_eight_ranks_on_four_gpus_where_the_policy_says(policy: str) -> None:
+    """What the GPU tier's multi-GPU phase checks against real runs (tests/placed.py),
+    checked here against the dry run on four simulated GPUs, which alternate between two
+    halves of the CPUs: affinity with the run pinned to the CPUs near GPU 1."""
+    with sim_node(gpus=4) as node:
+        inventory = load_inventory(str(node.inventory)).gpus
+        gpus, near = [g.uuid for g in inventory], [g.cpus for g in inventory]
+        cpus = near[1] if policy == "affinity" else frozenset(os.sched_getaffinity(0))
+        pin = ["taskset", "-c", ",".join(map(str, sorted(cpus)))]
+        argv = [*pin, *MPSWRAP, "run", "-n", "8", "--policy", policy, "--dry-run", "--", "true"]
+        res = subprocess.run(
+            argv, env=node.env(), cwd=node.root, text=True, capture_output=True, timeout=60
+        )
+    assert res.returncode == 0, res.stderr
+    shown = re.findall(r"^\[(\d+)\] gpu \d+ \((\S+)\): ", res.stdout, re.M)
+    assert [int(rank) for rank, _ in shown] == list(range(8)), res.stdout
+    want = placed(policy, 8, gpus, gpu_cpus=near, rank_cpus=cpus)
+    assert [uuid for _, uuid in shown] == want
+    if policy == "affinity" and near[0] != near[1]:  # two halves: only GPUs 1 and 3 are near
+        assert set(want) == {gpus[1], gpus[3]}, want
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import pytest
 
 from mpswrap._cgroup import member_of
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
+from tests.procs import described
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.users import (
     basics,
@@ -87,7 +88,7 @@ def _epilog_within(node: SimNode, job: str = "101", **env: str) -> tuple[float, 
 
 def _all_gone(node: SimNode, pids: list[int], job: str = "101") -> None:
     assert all(gone(pid) for pid in pids), [
-        psutil.Process(p).cmdline() for p in pids if not gone(p)
+        described(psutil.Process(p)) for p in pids if not gone(p)
     ]
     assert not admin_job(node, job).exists(), sorted(map(str, admin_job(node, job).rglob("*")))
     assert not list((node.run_dir / ".locks").glob(f"n1.{job}.*")), "root's record left"

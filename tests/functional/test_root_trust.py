@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.functional.test_hook_fuzz import FUZZ
 from tests.functional.test_security import tree
+from tests.procs import described
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.tree import REPO
 from tests.users import basics, ensure_other_user, ensure_test_user, run_as, spawn_as
@@ -73,7 +74,7 @@ def _daemons(node: SimNode) -> list[int]:
 
 def _nothing_of_the_job(node: SimNode) -> None:
     assert not admin_job(node).exists(), sorted(map(str, admin_job(node).rglob("*")))
-    assert not node.leftovers(), [p.cmdline() for p in node.leftovers()]
+    assert not node.leftovers(), [described(p) for p in node.leftovers()]
 
 
 # --- what root reads and runs ---------------------------------------------------------------

@@ -27,6 +27,7 @@ from mpswrap.jobenv import JobEnv
 from mpswrap.mps.gpu import load_inventory
 from mpswrap.mps.start import Defaults
 from mpswrap.paths import JobLayout
+from tests.procs import described
 from tests.simenv import SimFiles
 
 pytestmark = [
@@ -113,9 +114,10 @@ def finish(client: subprocess.Popen[str]) -> int:
 def finish_sim(sim: Sim) -> None:
     """Kill and report whatever of this root survived, then remove it."""
     left = sim.wait_nothing_left(timeout=8.0)
-    described = [f"{p.pid} {' '.join(p.cmdline())}" for p in left if _kill(p)]
+    # Named before the kill: a killed process is a zombie, whose command line is refused.
+    named = [what for p in left if (what := described(p)) is not None and _kill(p)]
     shutil.rmtree(sim.root, ignore_errors=True)
-    assert not described, f"left behind: {described}"
+    assert not named, f"left behind: {named}"
 
 
 def _kill(proc: psutil.Process) -> bool:

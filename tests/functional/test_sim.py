@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from mpswrap.sim.inventory import fake_inventory, write_inventory
+from tests.procs import interruptible
 from tests.simenv import SimFiles
 from tests.waits import wait_until
 
@@ -440,7 +441,8 @@ def test_server_has_no_arguments_and_inherits_env_uid_and_cpus(sim: Sim) -> None
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_client_dies_by_signals_unless_they_are_ignored(sim: Sim, sig: int) -> None:
-    plain = sim.client("--seconds", "30")
+    with interruptible():
+        plain = sim.client("--seconds", "30")
     assert "started" in (plain.stdout.readline() if plain.stdout else "")
     plain.send_signal(sig)
     plain.communicate(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mpswrap.mps.gpu import Inventory, load_inventory
 from tests.tree import REPO
 from tests.users import ensure_user
 
@@ -58,6 +60,49 @@ def shared_tmp() -> Iterator[Path]:
     path.chmod(0o1777)  # sticky, like /tmp: run_dir's ancestors must be safe
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@functools.cache
+def machine_gpus() -> tuple[str, ...]:
+    """The machine's GPUs (UUIDs) in NVML index order, as nvidia-smi lists them: what each
+    GPU test asserts against (how many there are, which one a rank is on). Empty without
+    nvidia-smi (the tests then skip, see above)."""
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+        text=True,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    rows = sorted((int(i), u.strip()) for i, u in (ln.split(",") for ln in out.splitlines() if ln))
+    return tuple(uuid for _, uuid in rows)
+
+
+def gpu_inventory() -> Inventory:
+    """mpswrap's inventory of the machine's GPUs, in NVML order (each one's local CPUs and
+    device minor number), from NVML, or from ``MPSWRAP_GPU_INVENTORY``'s file where that
+    is set, as mpswrap itself reads it."""
+    return load_inventory(os.environ.get("MPSWRAP_GPU_INVENTORY", "nvml"))
+
+
+def compute_apps() -> dict[int, set[str]]:
+    """The GPUs (UUIDs) each compute process is on now, by PID, as nvidia-smi lists them: an
+    MPS client under its own PID, on its GPU (and its server, on the same GPU)."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+        text=True,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    found: dict[int, set[str]] = {}
+    for line in out.splitlines():
+        pid, _, uuid = line.partition(",")
+        if pid.strip().isdigit():
+            found.setdefault(int(pid), set()).add(uuid.strip())
+    return found
 
 
 def gpu_processes(timeout: float = SETTLE) -> list[str]:

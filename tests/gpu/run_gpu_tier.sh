@@ -4,10 +4,15 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm trust teardown containers container-ranks startup bench farmbench signals (default: contract core). Each phase's log is complete when the
+# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench torchrun signals (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase. signals runs last
 # wherever it is named: it kills busy clients by signal (marker harm), which can leave an MPS
 # server unable to serve.
+# Every test phase runs on a machine of any GPU count and asserts what mpswrap promises for
+# that count (tests/gpu/conftest.py: machine_gpus). multi (tests/gpu/test_gpu_multi.py) is the
+# machine of several GPUs: on one GPU it is refused (exit 2), so leave it out there.
+# multibench (benchmarks/multigpu.py; MULTIBENCH_ARGS, e.g. "--counts 1,2 --repeats 2") writes
+# multigpu.json: prolog and epilog for jobs of 1, 2, 4 GPUs, a farm over them against raw MPS.
 # PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
 # be here).
@@ -57,8 +62,12 @@ export PYTHONPATH=$SRC:/opt/mpswrap-site
 nvcc -O2 -o /opt/mpswrap-site/cuda_client tests/gpu/cuda_client.cu 2>&1 | tail -3
 chmod a+rx /opt/mpswrap-site/cuda_client
 export MPS_CONTRACT_CLIENT=/opt/mpswrap-site/cuda_client
-{ date -u +%FT%TZ; echo "$REVISION"
-  nvidia-smi --query-gpu=name,uuid,driver_version,compute_mode --format=csv,noheader
+# How many GPUs: what the multi phase needs, and what machine.txt says first.
+GPUS=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | grep -c .)
+{ date -u +%FT%TZ; echo "$REVISION"; echo "gpus: $GPUS"
+  nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,compute_mode \
+    --format=csv,noheader
+  nvidia-smi topo -m  # which CPUs and NUMA node are near each GPU (the affinity policy)
   "$PY" -c 'import sys,torch,psutil,filelock,mpi4py; print(sys.version.split()[0], torch.__version__, psutil.__version__, filelock.__version__, mpi4py.__version__)'
 } | tee "$OUT/machine.txt"
 
@@ -72,6 +81,13 @@ pt() {  # pt NAME ARGS... : one pytest run with its own log, junit XML and slowe
     -o addopts="--strict-markers --strict-config" -o timeout=300 -rA \
     --junitxml="$OUT/$name.xml" --durations=10 --durations-min=1 \
     "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
+}
+torch_bytecode() {  # PyTorch's bytecode, as an installed one has: the benchmarks' tasks import it
+  # Without it each task's import compiles torch again (14-16 s a task alone on 2026-11-24,
+  # where PYTHONDONTWRITEBYTECODE is set).
+  local torch_dir
+  torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  "$PY" -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1
 }
 rc=0
 for phase in "${PHASES[@]}"; do
@@ -90,12 +106,16 @@ for phase in "${PHASES[@]}"; do
     metrics) pt metrics tests/gpu/test_gpu_metrics.py || rc=1 ;;
     farm) pt farm tests/gpu/test_gpu_farm.py || rc=1 ;;
     trust) pt trust tests/gpu/test_gpu_trust.py || rc=1 ;;
+    torchrun) pt torchrun tests/gpu/test_gpu_torchrun.py || rc=1 ;;
     farmbench) read -ra farm_args <<<"${FARM_ARGS:-}"  # e.g. FARM_ARGS="--quick", "--parts memory"
-      # Bytecode for PyTorch, as an installed one has: without it each task's import compiles
-      # torch again (14-16 s a task alone on 2026-11-24, where PYTHONDONTWRITEBYTECODE is set).
-      torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-      "$PY" -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1
+      torch_bytecode
       "$PY" benchmarks/farm_bench.py --out "$OUT/farm.json" "${farm_args[@]}" || rc=1 ;;
+    multi) if [ "$GPUS" -lt 2 ]; then
+        echo "phase multi needs 2 GPUs or more; this machine has $GPUS: leave it out"; rc=2
+      else pt multi tests/gpu/test_gpu_multi.py || rc=1; fi ;;
+    multibench) read -ra multi_args <<<"${MULTIBENCH_ARGS:-}"
+      torch_bytecode
+      bounded "$PY" benchmarks/multigpu.py --out "$OUT/multigpu.json" "${multi_args[@]}" || rc=1 ;;
     probe) bounded bash tests/gpu/probe_mps.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       tail -40 "$OUT/probe/probe.txt" ;;
     containers) bounded bash tests/gpu/probe_containers.sh "$OUT/probe" >/dev/null 2>&1 || rc=1

@@ -18,7 +18,7 @@ import pytest
 
 from tests.users import popen_as, run_as
 
-from .conftest import base_env, gpu_processes, leftovers
+from .conftest import base_env, gpu_processes, leftovers, machine_gpus
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -32,7 +32,9 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
     env = base_env({"MPSWRAP_USER_RUN_DIR": str(shared_tmp / "run"), "SLURM_JOB_ID": "gpu1"})
     started = _mpswrap(gpu_user, ["start", "--gpus", "0", "--cpus", "2-3", "--json"], env)
     assert started.returncode == 0, started.stderr
-    manifest = json.loads(started.stdout)[0]
+    # One daemon, for NVML's GPU 0, however many GPUs the machine has.
+    (manifest,) = json.loads(started.stdout)
+    assert manifest["gpu_uuid"] == machine_gpus()[0], manifest
     daemon = psutil.Process(manifest["daemon_pid"])
     assert daemon.username() == gpu_user
     assert sorted(daemon.cpu_affinity()) == [2, 3]
@@ -59,6 +61,7 @@ def test_user_start_pinned_four_torch_clients_status_stop(gpu_user: str, shared_
                 break
             time.sleep(1)
         print(json.dumps(status, indent=1))
+        assert [g["uuid"] for g in status["jobs"][0]["gpus"]] == [manifest["gpu_uuid"]]
         assert len(servers) == 1 and len(pids) == 4
         server = psutil.Process(servers[0]["pid"])
         assert sorted(server.cpu_affinity()) == [2, 3]  # the server inherits the daemon's CPUs

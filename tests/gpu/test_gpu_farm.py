@@ -1,5 +1,6 @@
-"""Issue-18 gpu tier: ``mpswrap farm`` with the real MPS: each task a client of the GPU's
-daemon, the tasks a real fatal fault ended retried, and a SIGTERM that leaves nothing."""
+"""Issue-18 gpu tier: ``mpswrap farm`` with the real MPS: each task a client of its GPU's
+daemon, the tasks a real fatal fault ended retried, and a SIGTERM that leaves nothing. The
+farm uses every GPU of the machine, K tasks on each (issue 43)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from .conftest import leftovers
+from tests.procs import ended, signal_tree
+
+from .conftest import leftovers, machine_gpus
 
 pytestmark = pytest.mark.gpu
 CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
+#: Tasks at once on each GPU (``--per-gpu``).
+K = 4
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -45,12 +50,15 @@ def _farm_status(root: Path, farm_dir: Path) -> dict[str, Any]:
 def test_farm_status_from_another_shell_mid_run(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    """``mpswrap farm status --json DIR`` from another process while 8 real clients run 4 at a
-    time: the running tasks, their GPU and since when, the counts and an ETA; then done."""
+    """``mpswrap farm status --json DIR`` from another process while real clients run 4 at a
+    time on each GPU of the machine (twice as many tasks as run at once): the running tasks,
+    4 on each GPU, since when, the counts and an ETA; then all done."""
+    gpus = machine_gpus()
+    running, tasks_n = K * len(gpus), 2 * K * len(gpus)
     tasks = shared_tmp / "tasks.txt"
-    tasks.write_text("".join(f"{CLIENT} --seconds 6\n" for _ in range(8)))
+    tasks.write_text("".join(f"{CLIENT} --seconds 6\n" for _ in range(tasks_n)))
     farm_dir = shared_tmp / "farm"
-    argv = [sys.executable, "-m", "mpswrap", "farm", "--per-gpu", "4", "--dir", str(farm_dir)]
+    argv = [sys.executable, "-m", "mpswrap", "farm", "--per-gpu", str(K), "--dir", str(farm_dir)]
     proc = subprocess.Popen(
         [*argv, str(tasks)],
         env=_env(shared_tmp),
@@ -58,32 +66,30 @@ def test_farm_status_from_another_shell_mid_run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    try:
+    with ended(proc):
         deadline = time.monotonic() + 90
         status: dict[str, Any] = {}
+        journal = farm_dir / "state.jsonl"
         while time.monotonic() < deadline and proc.poll() is None:
-            if farm_dir.exists():
+            if journal.exists() and journal.stat().st_size:  # the farm's first line is out
                 status = _farm_status(shared_tmp, farm_dir)
-                if status["running"] == 4:
+                if status["running"] == running:
                     break
             time.sleep(0.2)
         print(json.dumps(status, indent=1))
-        assert status.get("running") == 4, status
+        assert status.get("running") == running, status
         (share,) = status["shares"]
-        assert share["state"] == "running" and share["tasks"] == 8, share
-        running = share["running_tasks"]
-        assert len(running) == 4 and all(t["gpu"] and t["since"] for t in running), running
-        assert share["not_run"] + share["done"] + share["failed"] + 4 == 8, share
+        assert share["state"] == "running" and share["tasks"] == tasks_n, share
+        now = share["running_tasks"]
+        assert len(now) == running and all(t["gpu"] and t["since"] for t in now), now
+        assert Counter(t["gpu"] for t in now) == dict.fromkeys(gpus, K), now
+        assert share["not_run"] + share["done"] + share["failed"] + running == tasks_n, share
         out, err = proc.communicate(timeout=180)
         print(out, err)
         assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=120)
     after = _farm_status(shared_tmp, farm_dir)
     print(json.dumps(after, indent=1))
-    assert (after["done"], after["failed"], after["running"]) == (8, 0, 0), after
+    assert (after["done"], after["failed"], after["running"]) == (tasks_n, 0, 0), after
     assert leftovers(shared_tmp, mps_baseline) == []
 
 
@@ -134,8 +140,11 @@ def test_a_real_fault_is_retried_and_every_task_is_a_client(
 def test_sigterm_mid_farm_ends_tasks_through_terminate_client_and_leaves_nothing(
     shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
+    """SIGTERM to the farm's every process once 4 tasks run on each GPU of the machine (as
+    many again wait): each running task ended by terminate_client, none started after."""
+    running = K * len(machine_gpus())
     tasks = shared_tmp / "tasks.txt"
-    tasks.write_text("".join(f"{CLIENT} --seconds 60\n" for _ in range(8)))
+    tasks.write_text("".join(f"{CLIENT} --seconds 60\n" for _ in range(2 * running)))
     farm_dir = shared_tmp / "farm"
     argv = [
         sys.executable,
@@ -143,7 +152,7 @@ def test_sigterm_mid_farm_ends_tasks_through_terminate_client_and_leaves_nothing
         "mpswrap",
         "farm",
         "--per-gpu",
-        "4",
+        str(K),
         "--dir",
         str(farm_dir),
         str(tasks),
@@ -156,23 +165,21 @@ def test_sigterm_mid_farm_ends_tasks_through_terminate_client_and_leaves_nothing
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while sum("started" in p.read_text() for p in farm_dir.glob("logs/*.out")) < 4:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
-    t0 = time.monotonic()
-    for member in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
-        try:
-            member.send_signal(signal.SIGTERM)  # as scancel signals a step: all at once
-        except psutil.Error:
-            pass
-    out, err = proc.communicate(timeout=120)
+    with ended(proc):
+        deadline = time.monotonic() + 60
+        while sum("started" in p.read_text() for p in farm_dir.glob("logs/*.out")) < running:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        signal_tree(proc, signal.SIGTERM)  # as scancel signals a step: all at once
+        out, err = proc.communicate(timeout=120)
     print(f"ended in {time.monotonic() - t0:.2f} s", out, err)
     assert proc.returncode == 128 + signal.SIGTERM, err
     started = [
         o for p in sorted((farm_dir / "logs").glob("*.out")) if "started" in (o := p.read_text())
     ]
     # Each client saw CUDA_ERROR_MPS_CLIENT_TERMINATED (810): terminate_client, not a signal.
-    assert len(started) == 4 and all("CUDA error 810" in o for o in started), started
-    assert _state(farm_dir) == []
+    assert len(started) == running and all("CUDA error 810" in o for o in started), started
+    # Recorded as interrupted (the signal ended them), never as done: they run again next time.
+    assert [r["status"] for r in _state(farm_dir)] == ["interrupted"] * running, _state(farm_dir)
     assert leftovers(shared_tmp, mps_baseline) == []

@@ -1,5 +1,7 @@
 """Issue-4 gpu tier: `mpswrap mpirun -np 12` with the small-MLP worker, against raw MPS
-started by hand in the same run; then SIGTERM to the whole process tree mid-run."""
+started by hand in the same run (a daemon per GPU, each worker on the GPU mpswrap would give
+it: benchmarks/run.py); then SIGTERM to the whole process tree mid-run. On every GPU of the
+machine (issue 43)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.placed import placed
+from tests.procs import ended, signal_tree
 from tests.tree import REPO
 
-from .conftest import leftovers
+from .conftest import leftovers, machine_gpus
 
 pytestmark = pytest.mark.gpu
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -146,21 +149,18 @@ def test_sigterm_to_the_whole_tree_ends_every_client_through_mps(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 180
-    while len(os.listdir(ready)) < 12:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    (shared_tmp / "go").touch()
-    time.sleep(3)
-    logs = list((shared_tmp / "run").rglob("server.log"))
-    assert len(logs) == 1
-    tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    for pid in tree:  # like scancel: every process of the step at once
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    out = proc.communicate(timeout=120)[0]
+    with ended(proc):  # a failed assertion before the signal leaves no run behind
+        deadline = time.monotonic() + 180
+        while len(os.listdir(ready)) < 12:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (shared_tmp / "go").touch()
+        time.sleep(3)
+        # One daemon, so one server and its log, per GPU the 12 ranks are on (by block).
+        logs = list((shared_tmp / "run").rglob("server.log"))
+        assert len(logs) == len(set(placed("block", 12, machine_gpus()))), logs
+        signal_tree(proc, signal.SIGTERM)  # like scancel: every process of the step at once
+        out = proc.communicate(timeout=120)[0]
     left = leftovers(shared_tmp, mps_baseline)  # waits for the daemons to stop (log archived)
     log_copy = "".join(p.read_text() for p in archive.glob("*-server.log"))
     print(out[-4000:])

@@ -1,11 +1,13 @@
 """Issue-17 gpu tier: each client's GPU memory in ``status --json`` and ``metrics`` against what it
 allocated and what nvidia-smi says; the job's record after the epilog; a fault in all three.
-The hooks run as slurmd runs them (root, the job's variables), without a Slurm."""
+The hooks run as slurmd runs them (root, the job's variables), without a Slurm, for a job of
+the unprivileged test user (a job of uid 0 gets no MPS), whose clients run as that user."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +16,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.users import run_as, spawn_as
 from tests.waits import wait_until
 
-from .conftest import leftovers
+from .conftest import base_env, leftovers
 
 pytestmark = pytest.mark.gpu
 CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "cuda_client")
@@ -36,7 +39,7 @@ def _mpswrap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     )
 
 
-def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
+def _job(tmp: Path, job: str, user: str) -> tuple[dict[str, str], dict[str, str]]:
     """The job's daemon started by the prolog hook, as slurmd runs it (root, the job's
     variables, an admin file with log_archive); the environment for the hooks and for
     mpswrap's commands, and the one for its clients."""
@@ -49,8 +52,9 @@ def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
         os.environ,
         MPSWRAP_CONFIG=str(conf),
         SLURM_JOB_ID=job,
-        SLURM_JOB_UID="0",
-        SLURM_JOB_GID="0",
+        SLURM_JOB_UID=str(pwd.getpwnam(user).pw_uid),
+        SLURM_JOB_GID=str(pwd.getpwnam(user).pw_gid),
+        SLURM_JOB_USER=user,
         SLURMD_NODENAME="node1",
         SLURM_JOB_GPUS="0",
         SLURM_CONF=str(tmp / "slurm.conf"),
@@ -59,11 +63,12 @@ def _job(tmp: Path, job: str) -> tuple[dict[str, str], dict[str, str]]:
     assert started.returncode == 0, started.stderr
     g = tmp / "run" / "node1" / job / "g0"
     manifest = json.loads((g / "manifest.json").read_text())
-    cenv = dict(
-        env,
-        CUDA_MPS_PIPE_DIRECTORY=str(g / "pipe"),
-        CUDA_MPS_LOG_DIRECTORY=str(g / "log"),
-        CUDA_VISIBLE_DEVICES=str(manifest["gpu_uuid"]),
+    cenv = base_env(
+        {
+            "CUDA_MPS_PIPE_DIRECTORY": str(g / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(g / "log"),
+            "CUDA_VISIBLE_DEVICES": str(manifest["gpu_uuid"]),
+        }
     )
     return env, cenv
 
@@ -90,7 +95,7 @@ def _smi() -> dict[int, int]:
 
 
 def _held(
-    env: dict[str, str], procs: list[subprocess.Popen[bytes]]
+    env: dict[str, str], procs: list[subprocess.Popen[str]]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, int]] | None:
     """Status's clients and nvidia-smi's memory by PID, once status lists every client with
     what it allocated (its memset done) and nvidia-smi agrees on each (the two are read a
@@ -106,15 +111,15 @@ def _held(
 
 
 def test_each_clients_memory_in_status_metrics_and_the_record(
-    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    env, cenv = _job(shared_tmp, "met17")
-    procs: list[subprocess.Popen[bytes]] = [
-        subprocess.Popen(
+    env, cenv = _job(shared_tmp, "met17", gpu_user)
+    procs = [
+        spawn_as(
+            gpu_user,
             [CLIENT, "--seconds", "120", "--alloc-mib", str(size)],
-            env=dict(cenv, MPSWRAP_RANK=str(r)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            **cenv,
+            MPSWRAP_RANK=str(r),
         )
         for r, size in enumerate(SIZES)
     ]
@@ -150,7 +155,7 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
         for p in procs:
             if p.poll() is None:
                 p.kill()
-            p.wait()
+            p.communicate()
     report = json.loads(_mpswrap(env, "report", "met17", "--json").stdout)[0]
     print(json.dumps(report, indent=1)[:3000])
     assert sorted(report["ended_by_terminate_client"]) == sorted(p.pid for p in procs)
@@ -159,28 +164,16 @@ def test_each_clients_memory_in_status_metrics_and_the_record(
 
 
 def test_a_fault_shows_in_status_metrics_and_the_record(
-    shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    env, cenv = _job(shared_tmp, "fault17")
-    bystander = subprocess.Popen(
-        [CLIENT, "--seconds", "60"],
-        env=cenv,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    env, cenv = _job(shared_tmp, "fault17", gpu_user)
+    bystander = spawn_as(gpu_user, [CLIENT, "--seconds", "60"], **cenv)
     # The bystander is a client of the server, and in its kernel loop, before the fault.
     pid = bystander.pid
     wait_until(lambda: pid in {c["pid"] for c in _clients(env)}, 120, f"client {pid} listed")
     line = bystander.stdout.readline() if bystander.stdout else ""
     assert "started" in line, line
-    culprit = subprocess.run(
-        [CLIENT, "--seconds", "60", "--fault-after", "1"],
-        env=cenv,
-        text=True,
-        capture_output=True,
-        timeout=120,
-    )
+    culprit = run_as(gpu_user, [CLIENT, "--seconds", "60", "--fault-after", "1"], cenv)
     bystander.communicate(timeout=120)
     assert "CUDA error 700" in culprit.stdout, culprit.stdout
     status = json.loads(_mpswrap(env, "status", "--json").stdout)["jobs"][0]["gpus"][0]

@@ -25,7 +25,7 @@ import pytest
 from tests.tree import PACKAGE, REPO
 from tests.users import run_as
 
-from .conftest import gpu_processes, new_mps
+from .conftest import gpu_inventory, gpu_processes, new_mps
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
@@ -112,6 +112,10 @@ def slurm_cluster(
         PLUGSTACK=f"optional {hooks / 'mpswrap_spank.so'}\n" if spank else "",
     )
     env.update(knobs)
+    # The node's fake GPU devices carry the real GPUs' minor numbers, so that a gres position
+    # names a real GPU (the first GPUS_PER_NODE in NVML order, unless the caller says).
+    count = int(env["GPUS_PER_NODE"])
+    env.setdefault("GPU_MINORS", " ".join(str(m) for m in nvml_minors()[:count]))
     up = _sh(
         ["bash", str(REPO / "tests/integration/cluster/up.sh"), str(state)], env=env, timeout=120
     )
@@ -125,6 +129,11 @@ def slurm_cluster(
         }
     finally:
         _sh(["bash", str(REPO / "tests/integration/cluster/down.sh"), str(state)], timeout=120)
+
+
+def nvml_minors() -> list[int]:
+    """Each GPU's device minor number (``/dev/nvidiaN``), in NVML index order."""
+    return [gpu.minor for gpu in gpu_inventory().gpus]
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +190,18 @@ def job_status(job: str, config: str | None = None) -> dict[str, Any]:
 
 def client_pids(status: dict[str, Any]) -> set[int]:
     return {c["pid"] for g in status.get("gpus", []) for s in g["servers"] for c in s["clients"]}
+
+
+def wait_clients(job: str, config: str, count: int) -> dict[str, Any]:
+    """The job's status once its daemons list ``count`` clients (within 120 s)."""
+    deadline = time.monotonic() + 120
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = job_status(job, config)
+        if len(client_pids(status)) == count:
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"{count} clients did not attach: {json.dumps(status, indent=1)}")
 
 
 def test_sbatch_eight_plain_srun_tasks_are_mps_clients(

@@ -15,7 +15,6 @@ carried too) and named in plugstack.conf; ``opt_in = spank, gres-mps``.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +22,15 @@ from typing import Any
 import pytest
 
 from mpswrap.jobenv import parse_int_list
-from mpswrap.mps.gpu import load_inventory
 
+from .conftest import gpu_inventory
 from .test_gpu_slurm import (
     _as_user,
     _wait_job_gone,
     assert_job_left_nothing,
-    job_status,
     slurm_cluster,
     submit,
+    wait_clients,
 )
 
 pytestmark = pytest.mark.gpu
@@ -48,17 +47,6 @@ def _clients(status: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for g in status.get("gpus", []) for s in g["servers"] for c in s["clients"]]
 
 
-def _wait_clients(job: str, config: str, count: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 120
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = job_status(job, config)
-        if len(_clients(status)) == count:
-            return status
-        time.sleep(0.5)
-    raise AssertionError(f"{count} clients did not attach: {json.dumps(status, indent=1)}")
-
-
 def test_sbatch_mps_uniform_opts_in_and_gives_each_task_its_share(
     cluster: dict[str, str], gpu_user: str, mps_baseline: set[tuple[int, float]]
 ) -> None:
@@ -67,7 +55,7 @@ def test_sbatch_mps_uniform_opts_in_and_gives_each_task_its_share(
     job = submit(
         cluster, gpu_user, "flag", "--mps=uniform -n 4 --gres=gpu:1", f"srun {CLIENT} --seconds 20"
     )
-    status = _wait_clients(job, cluster["config"], 4)
+    status = wait_clients(job, cluster["config"], 4)
     print(json.dumps(status, indent=1))
     shares = sorted(c["active_thread_percentage"] for c in _clients(status))
     assert shares == [25, 25, 25, 25], shares
@@ -93,8 +81,8 @@ def test_two_jobs_daemons_run_on_their_own_cpus(
         )
         for i in range(2)
     ]
-    statuses = [_wait_clients(job, cluster["config"], 1) for job in jobs]
-    local = set(load_inventory("nvml").gpus[0].cpus)  # the GPU's NUMA-local CPUs (NVML)
+    statuses = [wait_clients(job, cluster["config"], 1) for job in jobs]
+    local = set(gpu_inventory().gpus[0].cpus)  # the GPU's NUMA-local CPUs (NVML)
     seen = []
     for i, status in enumerate(statuses):
         daemon = status["gpus"][0]["daemon"]["cpus"]
@@ -121,7 +109,7 @@ def test_plain_mps_flag_logs_no_error_in_any_step(
     job = submit(
         cluster, gpu_user, "plain", "--mps -n 2 --gres=gpu:1", f"srun {CLIENT} --seconds 8"
     )
-    _wait_clients(job, cluster["config"], 2)
+    wait_clients(job, cluster["config"], 2)
     _wait_job_gone(cluster, job)
     errors = []
     for log in logs:

@@ -2,7 +2,8 @@
 
 `mpswrap run -n 48` of the CUDA test client gets SIGTERM on its whole tree (as scancel or a
 time limit does): the ladder terminates clients one by one for ``terminate_window`` seconds,
-then shuts the job's server down with the rest (``shutdown_server -f``), then quits. The time
+then shuts the job's server down with the rest (``shutdown_server -f``), then quits. On a
+machine of several GPUs the 48 are spread over them (block), a server on each. The time
 from the signal to the run's exit is printed, and the GPU must serve a new client after."""
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
 import pytest
 
-from .conftest import base_env, leftovers
+from tests.placed import placed
+
+from .conftest import base_env, leftovers, machine_gpus
 
 pytestmark = pytest.mark.gpu
 CLIENT = os.environ.get("MPS_CONTRACT_CLIENT", "/opt/mpswrap-site/cuda_client")
@@ -132,10 +136,18 @@ def test_sigterm_to_a_run_of_48_clients(
         )
     print(f"teardown of {N} live clients after SIGTERM: {took:.2f} s (target {TARGET_S} s)")
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
-    terminated = len(re.findall(r"'terminate_client \d+ \d+' -> '0'", out))
-    shut_down = re.findall(r"'shutdown_server \d+ -f' ->", out)
-    print(f"terminate_client: {terminated}; shutdown_server -f: {len(shut_down)}")
-    assert terminated == N or len(shut_down) == 1, out[-3000:]
+    # By server: the clients it ended by terminate_client; the servers shut down with the rest.
+    pairs = set(re.findall(r"'terminate_client (\d+) (\d+)' -> '0'", out))
+    terminated = Counter(server for server, _ in pairs)
+    shut_down = re.findall(r"'shutdown_server (\d+) -f' ->", out)
+    on_each = Counter(placed("block", N, machine_gpus()))  # clients on each GPU used
+    print(f"terminate_client by server: {dict(terminated)}; shutdown_server -f: {shut_down}")
+    # Every GPU's server is dealt with, once: all its clients ended by terminate_client
+    # within the window, or itself shut down with those left.
+    assert len(set(terminated) | set(shut_down)) == len(on_each), out[-3000:]
+    assert len(set(shut_down)) == len(shut_down), shut_down
+    for server, ended_there in terminated.items():
+        assert server in shut_down or ended_there in on_each.values(), (server, ended_there)
     assert "teardown clean" in out, out[-3000:]
     assert leftovers(shared_tmp, mps_baseline) == []
     server_log = "".join(p.read_text() for p in archive.glob("*-server.log"))
@@ -152,6 +164,10 @@ def test_sigterm_to_a_run_of_48_clients(
     # and the run exits soon after its last client could be reaped. The clients' own exit
     # after shutdown_server -f is the driver's (1.1 to 2.3 s for 48 on an H100): the total is
     # printed against the target above, not asserted.
-    shutdown_at = next(t for t, line in timeline if "'shutdown_server " in line)
-    assert shutdown_at <= WINDOW_S + 0.75, f"shutdown_server at {shutdown_at:.2f} s"
-    assert exits and took - exits[-1] <= 0.5, f"exit {took:.2f} s, last client {exits[-1]:.2f} s"
+    # The run's ladder ends its GPUs' clients one GPU after another: the first server is shut
+    # down within the window; the times of the others are printed.
+    shutdowns = [t for t, line in timeline if "'shutdown_server " in line]
+    print("shutdown_server -f at (s after the signal): " + ", ".join(f"{t:.2f}" for t in shutdowns))
+    if shutdowns:
+        assert shutdowns[0] <= WINDOW_S + 0.75, f"shutdown_server at {shutdowns[0]:.2f} s"
+    assert exits and took - exits[-1] <= 0.5, f"exit {took:.2f} s, clients gone at {exits[-1:]}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,15 +17,10 @@ import pytest
 
 from tests.users import run_as
 
-from .conftest import base_env, gpu_processes, leftovers
+from .conftest import base_env, gpu_processes, leftovers, machine_gpus
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
-
-
-def _gpu_count() -> int:
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def _torchrun(where: Path) -> str:
@@ -44,7 +38,7 @@ def _torchrun(where: Path) -> str:
 def test_torchrun_workers_are_each_an_mps_client_of_their_gpu(
     gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
 ) -> None:
-    nproc = 2 * _gpu_count()
+    nproc = 2 * len(machine_gpus())
     bindir = shared_tmp / "bin"
     bindir.mkdir()
     bindir.chmod(0o755)

@@ -32,6 +32,7 @@ import psutil
 
 from mpswrap._cgroup import Cgroup, parent_dir
 from mpswrap.paths import JobLayout
+from tests.procs import described
 from tests.simenv import SimFiles
 from tests.tree import PACKAGE, REPO
 from tests.users import ensure_user, user_argv
@@ -290,11 +291,10 @@ class Cluster:
         """down.sh; raise if anything of the cluster survived it."""
         env = dict(os.environ, PATH=SAFE_PATH, PURGE="1" if purge else "0")
         res = sh([str(SCRIPTS / "down.sh"), str(self.state)], env=env, timeout=120, check=False)
-        left = self._processes()
+        left = [what for p in self._processes() if (what := described(p)) is not None]
         if res.returncode != 0 or left:
             raise AssertionError(
-                f"down.sh exited {res.returncode}: {res.stderr}\nstill running: "
-                + "; ".join(describe(p) for p in left)
+                f"down.sh exited {res.returncode}: {res.stderr}\nstill running: " + "; ".join(left)
             )
         return res.stderr
 
@@ -614,9 +614,10 @@ class Cluster:
             problems.append("nodes not healthy (sinfo -N '%N %t %E'): " + "; ".join(bad))
             self.resume_all()
         procs, dirs = self.wait_clean()
-        if procs:
-            problems.append("processes left behind: " + "; ".join(describe(p) for p in procs))
-            self.kill(procs)
+        named = [what for p in procs if (what := described(p)) is not None]
+        if named:
+            problems.append("processes left behind: " + "; ".join(named))
+        self.kill(procs)
         if dirs:
             problems.append("job directories left behind: " + ", ".join(map(str, dirs)))
             for path in dirs:
@@ -641,10 +642,3 @@ def running_cluster(failed: Any, **options: Any) -> Iterator[Cluster]:
         made.stop(purge=not keep)
         if keep:
             print(f"\nSlurm test cluster logs kept in {made.state}/log")
-
-
-def describe(proc: psutil.Process) -> str:
-    try:
-        return f"{proc.pid} ({proc.username()}) {' '.join(proc.cmdline())[:200]}"
-    except psutil.Error:
-        return f"{proc.pid} (gone)"

@@ -34,6 +34,9 @@
 #                      SlurmdParameters=config_overrides); = max concurrent
 #                      1-CPU jobs per node
 #   GPUS_PER_NODE=2    fake GPUs per node (gres "gpu"); 0 = no GRES at all
+#   GPU_MINORS=        the device minor number of each fake GPU, in gres.conf order (default
+#                      0 1 ... GPUS_PER_NODE-1); on a real GPU machine the real GPUs' minors
+#                      (nvidia-smi -q: Minor Number), so that a gres position names that GPU
 #   SHARING=mps        extra sharing GRES on those GPUs: mps | shard | none
 #                      (do NOT configure both: 22.05 then computes a wrong
 #                      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
@@ -110,6 +113,9 @@ case "$ISOLATE" in none|uts|netns) ;; *) die "ISOLATE must be none, uts or netns
 [[ $NODES =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer"
 [[ $GPUS_PER_NODE =~ ^[0-9]+$ ]] || die "GPUS_PER_NODE must be an integer"
 [ "$GPUS_PER_NODE" -gt 0 ] || SHARING=none
+read -ra MINORS <<<"${GPU_MINORS:-$(seq -s ' ' 0 $((GPUS_PER_NODE - 1)))}"
+[ "${#MINORS[@]}" = "$GPUS_PER_NODE" ] || die "GPU_MINORS names ${#MINORS[@]} minors for $GPUS_PER_NODE GPUs"
+for m in "${MINORS[@]}"; do [[ $m =~ ^[0-9]+$ ]] || die "GPU_MINORS: '$m' is not a minor number"; done
 
 export SLURM_CONF=$D/etc/slurm.conf
 
@@ -247,15 +253,15 @@ munge -n -S "$D/munge/sock/munge.sock" | unmunge -S "$D/munge/sock/munge.sock" >
 # Slurm only needs File= to name a character device (it stat()s it; a regular
 # file is rejected with "not a valid character or block device" and then no
 # CUDA_VISIBLE_DEVICES/SLURM_JOB_GPUS is set at all).  We mknod c 195 N
-# (the nvidia major) under STATE_DIR; no driver is needed since nothing opens
-# them.  If mknod is not allowed, fall back to distinct existing char devices.
+# (the nvidia major; N from GPU_MINORS) under STATE_DIR; no driver is needed since
+# nothing opens them.  If mknod is not allowed, fall back to distinct existing char devices.
 gpu_files=()  # gpu_files[node-1] = space separated device paths
 fallback=(/dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/tty)
 for ((n=1; n<=NODES; n++)); do
   files=""
   for ((g=0; g<GPUS_PER_NODE; g++)); do
     f=$D/dev/node$n/nvidia$g; mkdir -p "$D/dev/node$n"; chmod 0755 "$D/dev/node$n"
-    if ! mknod -m 0666 "$f" c 195 "$g" 2>/dev/null; then
+    if ! mknod -m 0666 "$f" c 195 "${MINORS[g]}" 2>/dev/null; then
       [ "$g" -lt ${#fallback[@]} ] || die "mknod not permitted and GPUS_PER_NODE>${#fallback[@]}"
       f=${fallback[$g]}
     fi
