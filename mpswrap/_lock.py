@@ -34,7 +34,10 @@ class FileLock:
     """A lock on ``path`` (created if missing), re-entrant within the object that holds it.
 
     Keep one object per path and process: two objects of one process on one path exclude
-    each other like two processes would (the second waits its whole timeout).
+    each other like two processes would (the second waits its whole timeout). The object,
+    not a thread, holds it: a daemon's start takes its lock in one thread and ends in
+    another (a node's GPUs come up side by side), which releases it (filelock's own locks
+    are per thread by default, and one released in another thread stays held).
     """
 
     def __init__(self, path: Path, timeout: float) -> None:
@@ -42,7 +45,7 @@ class FileLock:
 
         self.path = path
         self.timeout = timeout
-        self._lock = filelock.FileLock(str(path), timeout=timeout)
+        self._lock = filelock.FileLock(str(path), timeout=timeout, thread_local=False)
 
     def acquire(self) -> None:
         try:

@@ -13,7 +13,9 @@
 # machine of several GPUs: on one GPU it is refused (exit 2), so leave it out there.
 # multibench (benchmarks/multigpu.py; MULTIBENCH_ARGS, e.g. "--counts 1,2 --repeats 2") writes
 # multigpu.json: prolog and epilog for jobs of 1, 2, 4 GPUs, a farm over them against raw MPS.
-# PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench. The exit code is 1 if any
+# PHASE_TIMEOUT (seconds, default 540) bounds each phase but bench; TEST_TIMEOUT (default 300)
+# each test, so that a test that hangs is reported (with its stack) before its phase ends;
+# PYTEST_ARGS are added to each test phase's pytest (e.g. "-x", "-k block"). The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
 # be here).
 # machine.txt names the commit and whether the tree differed from it. The GPU machine gets a
@@ -76,11 +78,12 @@ bounded() {  # a phase that hangs fails, and the phases after it still run
 }
 pt() {  # pt NAME ARGS... : one pytest run with its own log, junit XML and slowest tests
   local name=$1; shift
+  local extra; read -ra extra <<<"${PYTEST_ARGS:-}"
   # pyproject's strictness kept (filterwarnings = error is not an addopt); -rA reports all.
   bounded "$PY" -m pytest -p no:cacheprovider \
-    -o addopts="--strict-markers --strict-config" -o timeout=300 -rA \
+    -o addopts="--strict-markers --strict-config" -o timeout="${TEST_TIMEOUT:-300}" -rA \
     --junitxml="$OUT/$name.xml" --durations=10 --durations-min=1 \
-    "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
+    "${extra[@]}" "$@" 2>&1 | tee "$OUT/$name.log" | tail -15
 }
 torch_bytecode() {  # PyTorch's bytecode, as an installed one has: the benchmarks' tasks import it
   # Without it each task's import compiles torch again (14-16 s a task alone on 2026-11-24,

@@ -39,12 +39,14 @@ def _sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def _install_slurm() -> None:
-    if shutil.which("slurmctld"):
-        return
-    debs = sorted(str(p) for p in (REPO / ".debs").glob("*.deb"))
-    if not debs:
-        pytest.skip("Slurm is not installed and no .debs were carried")
-    _sh(["dpkg", "-i", "--force-depends", *debs], check=True)
+    """Slurm from the carried .debs where it is missing; then, wherever it came from, the
+    cgroup v2 controllers and ``system.slice`` its cgroup/v2 plugin needs on a machine
+    without systemd (both idempotent)."""
+    if not shutil.which("slurmctld"):
+        debs = sorted(str(p) for p in (REPO / ".debs").glob("*.deb"))
+        if not debs:
+            pytest.skip("Slurm is not installed and no .debs were carried")
+        _sh(["dpkg", "-i", "--force-depends", *debs], check=True)
     for c in ("cpuset", "cpu", "memory"):
         Path("/sys/fs/cgroup/cgroup.subtree_control").write_text(f"+{c}")
     Path("/sys/fs/cgroup/system.slice").mkdir(exist_ok=True)

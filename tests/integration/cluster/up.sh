@@ -392,10 +392,10 @@ EOF
 cd /   # daemons must not pin the caller's cwd
 T_CONF=$(now)
 slurmctld -c </dev/null >>"$D/log/slurmctld.stdout" 2>&1 ||
-  { tail -20 "$D/log/slurmctld.log" "$D/log/slurmctld.stdout" >&2 || true; die "slurmctld failed to start"; }
+  { tail -n 20 "$D/log/slurmctld.log" "$D/log/slurmctld.stdout" >&2 || true; die "slurmctld failed to start"; }
 for ((n=1; n<=NODES; n++)); do
   start_slurmd "$n" </dev/null >>"$D/log/slurmd.node$n.stdout" 2>&1 ||
-    { tail -20 "$D/log/slurmd.node$n.log" "$D/log/slurmd.node$n.stdout" >&2 || true; die "slurmd node$n failed to start"; }
+    { tail -n 20 "$D/log/slurmd.node$n.log" "$D/log/slurmd.node$n.stdout" >&2 || true; die "slurmd node$n failed to start"; }
 done
 
 # ------------------------------------------------------------ wait until idle
@@ -406,7 +406,7 @@ while :; do
   [ "$nidle" = "$NODES" ] && break
   if [ "$(date +%s)" -ge "$deadline" ]; then
     echo "--- sinfo:" >&2; sinfo -N -o '%N %t %E' >&2 || true
-    tail -15 "$D/log/slurmctld.log" "$D"/log/slurmd.node*.log >&2 || true
+    tail -n 15 "$D/log/slurmctld.log" "$D"/log/slurmd.node*.log >&2 || true
     die "nodes not idle after ${UP_TIMEOUT}s (logs in $D/log)"
   fi
   sleep 0.1
@@ -416,7 +416,7 @@ T_IDLE=$(now)
 
 if [ "$SMOKE" = 1 ]; then
   out=$(timeout 60 srun -Q -N"$NODES" -n"$NODES" hostname 2>&1) ||
-    { echo "$out" >&2; tail -15 "$D"/log/slurmd.node*.log >&2; die "smoke test 'srun -N$NODES hostname' failed"; }
+    { echo "$out" >&2; tail -n 15 "$D"/log/slurmd.node*.log >&2; die "smoke test 'srun -N$NODES hostname' failed"; }
 fi
 T_END=$(now)
 touch "$D/run/up.ok"; UP_OK=1
