@@ -46,6 +46,14 @@ def revision(root: Path = REPO, environ: Mapping[str, str] = os.environ) -> dict
     return {"commit": commit, "dirty": bool(changes)}
 
 
+def tree_revision(tree: Path) -> dict[str, Any]:
+    """``revision`` of one tree an A/B benchmark measures: this checkout's (the variables
+    apply: on the GPU machine its copy's own ``.git`` may name another commit), or another
+    checkout's own."""
+    mine = tree.resolve() == REPO.resolve()
+    return revision(tree, environ=os.environ if mine else {})
+
+
 def main() -> int:
     rev = revision(environ={})
     dirty = {True: "1", False: "0"}.get(rev["dirty"], "unknown")

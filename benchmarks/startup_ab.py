@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from revision import revision
+from revision import revision, tree_revision
 
 HERE = Path(__file__).resolve().parent
 #: This checkout's measuring code, pointed at the tree measured (its mpswrap and simulator).
@@ -102,7 +102,7 @@ def main() -> int:
         starts = [m["start"]["median_ms"] for m in mine]
         summary = {
             "tree": str(tree),
-            **revision(tree, environ={}),  # each tree is a checkout of its own
+            **tree_revision(tree),
             "start_median_ms": round(statistics.median(starts), 1),
             "start_round_medians_ms": starts,
             **{

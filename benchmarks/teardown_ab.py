@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from revision import revision
+from revision import revision, tree_revision
 
 HERE = Path(__file__).resolve().parent
 #: This checkout's measuring code, pointed at the tree measured (its mpswrap and simulator).
@@ -42,10 +42,15 @@ t0 = time.perf_counter()
 subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json"], env=env, check=True,
                capture_output=True, cwd="/")
 status = time.perf_counter() - t0
+# Once more, untimed, with its debug lines (each stamped with its millisecond): where the
+# time went.
+trace = subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json", "-v"], env=env,
+                       capture_output=True, text=True, cwd="/").stderr.splitlines()[-80:]
 epilog = bench.hook("epilog", job)
 for c in clients:
     c.wait(timeout=120)
-print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3)}}))
+print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3),
+                  "status_trace": trace}}))
 """
 
 
@@ -79,7 +84,7 @@ def main() -> int:
         mine = runs[str(tree)]
         summary = {
             "tree": str(tree),
-            **revision(tree, environ={}),
+            **tree_revision(tree),
             **{
                 f"{what}_median_s": round(statistics.median(m[f"{what}_s"] for m in mine), 3)
                 for what in ("status", "epilog")
