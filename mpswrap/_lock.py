@@ -4,7 +4,10 @@ filelock is imported when a lock is first made, not with mpswrap: with what it b
 (secrets, hashlib, decimal, platform, threading) it cost every per-rank supervisor 4.6 MiB
 and some milliseconds (docs/benchmarks.md), and a rank that joins the prolog's daemons never
 takes a lock. Root's hooks take ``RootLock`` instead: a plain ``flock`` on a file only root
-can reach, never one in a directory a job user owns. Errors do not leave this module: a lock
+can reach, never one in a directory a job user owns. A job's owner lock is a ``DirLock``: a
+plain ``flock`` on a file of the job directory held open, so that a directory removed
+meanwhile is never made again at its path (as filelock makes a lock's missing directories).
+Errors do not leave this module: a lock
 not had in time is ``LockTimeout`` (a ``TimeoutError``), a lock file that cannot be opened a
 ``LayoutError`` (an ``OSError``).
 """
@@ -25,7 +28,7 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["FileLock", "RootLock", "file_lock", "maybe_locked"]
+__all__ = ["DirLock", "FileLock", "RootLock", "file_lock", "maybe_locked"]
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,52 @@ class RootLock:
 def file_lock(path: Path, timeout: float) -> FileLock:
     """A lock on ``path``; see ``FileLock``."""
     return FileLock(path, timeout)
+
+
+class DirLock:
+    """An exclusive lock on a file of a directory held open (``directory_fd``), made there if
+    missing: where that directory has been removed, the lock cannot be had (``LayoutError``)
+    instead of being taken in one made again at its path (filelock makes the missing
+    directories of a lock's path, with its own mode). The same lock as a ``FileLock`` on the
+    file's path while that path names this directory. ``path``: the file's path, for messages.
+    """
+
+    def __init__(self, directory_fd: int, path: Path, timeout: float) -> None:
+        self.directory_fd = directory_fd
+        self.path = path
+        self.timeout = timeout
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path.name, _ROOT_OPEN, 0o600, dir_fd=self.directory_fd)
+        except OSError as exc:
+            raise LayoutError("cannot take lock", thing=str(self.path), cause=exc.strerror) from exc
+        for _ in backoff(self.timeout, cap=0.05):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            self._fd = fd
+            return
+        os.close(fd)
+        raise LockTimeout(
+            "lock busy",
+            thing=str(self.path),
+            cause=f"another process held it for {self.timeout:g} s",
+        )
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 @contextmanager

@@ -20,10 +20,10 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .. import _lock, _proc, _wait, trust
+from .. import _proc, _wait, trust
 from .._struct import Struct, field
 from ..config import Settings
 from ..errors import DaemonError, LayoutError, MpswrapError, internal_error, one_line, shown
@@ -37,7 +37,7 @@ from ..removal import remove_tree
 from . import outcomes as records
 from . import state
 from .outcomes import Outcome
-from .owners import OWNER_LOCK, add_ref, counted_ref, dir_identity, ensure_watchdog, live_refs
+from .owners import add_ref, counted_ref, ensure_watchdog, live_refs, owner_lock
 from .placement import Slot
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -408,11 +408,7 @@ def attach(
     state.check_user_tree(daemons.layout)  # before anything is created
     daemons.check(keys)
     user = _proc.lookup_user()
-    state.create(daemons.layout, user.uid, user.gid, shared_parents=False)
-    dir_id = dir_identity(daemons.layout.job_dir)  # the directory the daemons' sockets go in
-    if dir_id is None:
-        raise LayoutError("job directory removed as it was made", thing=str(daemons.layout.job_dir))
-    with _lock.file_lock(daemons.layout.job_dir / OWNER_LOCK, timeout=settings.start_timeout * 4):
+    with job_dir_held(daemons.layout, user, settings) as dir_id:
         manifests = daemons.start(
             gpus,
             user,
@@ -424,6 +420,35 @@ def attach(
         ref = add_ref(daemons.layout)
         ensure_watchdog(daemons.layout, dir_id, manifests)
     return Attachment(daemons, manifests, "user", ref)
+
+
+#: Times a rank makes the user-mode job directory again where the job's last owner removed
+#: it meanwhile.
+JOIN_TRIES = 3
+
+
+@contextlib.contextmanager
+def job_dir_held(
+    layout: JobLayout, user: _proc.UserIds, settings: Settings
+) -> Iterator[tuple[int, int]]:
+    """The user-mode job directory, made where missing, with its owner lock held: its identity
+    (the directory the daemons' sockets go in).
+
+    Another rank of the job that ended at once may, as the last owner it then was, remove the
+    directory between this rank's making it and taking its lock (``leave``); the directory is
+    then made again, at most ``JOIN_TRIES`` times.
+    """
+    for _ in range(JOIN_TRIES):
+        state.create(layout, user.uid, user.gid, shared_parents=False)
+        with owner_lock(layout.job_dir, settings.start_timeout * 4) as held:
+            if held is not None:
+                yield held
+                return
+    raise LayoutError(
+        "job directory removed as it was made",
+        thing=str(layout.job_dir),
+        cause=f"{JOIN_TRIES} times: the job's last owner tore it down each time",
+    )
 
 
 class Released(Struct):
@@ -451,10 +476,10 @@ def leave(
     (counted from the directory, or from here where the directory is gone). An owner
     without a reference (``mpswrap run`` on the prolog's daemons) is alone."""
     done = Released(att)
-    if att.ref is None or not att.layout.job_dir.exists():
-        done.outcomes = [*recorded, *outcomes]
-        return done
-    with _lock.file_lock(att.layout.job_dir / OWNER_LOCK, timeout=30):
+    with owner_lock(att.layout.job_dir, 30) if att.ref else contextlib.nullcontext() as held:
+        if att.ref is None or held is None:  # alone, or the directory is gone
+            done.outcomes = [*recorded, *outcomes]
+            return done
         att.ref.unlink(missing_ok=True)
         att.ref = None
         if live_refs(att.layout):

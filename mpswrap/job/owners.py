@@ -14,10 +14,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from .. import _proc
+from .. import _lock, _proc
+from ..errors import LayoutError
 from ..jobenv import TREE_VAR
 from ..mps.manifest import Manifest
 from ..paths import JobLayout, read_job_file
@@ -26,7 +27,15 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["OWNER_LOCK", "add_ref", "counted_ref", "dir_identity", "ensure_watchdog", "live_refs"]
+__all__ = [
+    "OWNER_LOCK",
+    "add_ref",
+    "counted_ref",
+    "dir_identity",
+    "ensure_watchdog",
+    "live_refs",
+    "owner_lock",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,36 @@ def dir_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+@contextlib.contextmanager
+def owner_lock(job_dir: Path, timeout: float) -> Iterator[tuple[int, int] | None]:
+    """Hold the job directory's ``OWNER_LOCK``: the directory's identity, or None where the
+    directory is gone (before the lock was had, or while it was awaited: the owner that held
+    it removed it). Taken on the directory held open (``_lock.DirLock``), never on its path:
+    a lock on a path makes a removed directory again."""
+    try:
+        fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        held = os.fstat(fd)
+        lock = _lock.DirLock(fd, job_dir / OWNER_LOCK, timeout)
+        try:
+            lock.acquire()
+        except LayoutError:
+            if dir_identity(job_dir) == (held.st_dev, held.st_ino):
+                raise  # the directory is there: another cause
+            yield None  # removed: its lock file could not be made
+            return
+        try:  # where the path names another directory now, this one was removed
+            same = dir_identity(job_dir) == (held.st_dev, held.st_ino)
+            yield (held.st_dev, held.st_ino) if same else None
+        finally:
+            lock.release()
+    finally:
+        os.close(fd)
 
 
 def ensure_watchdog(

@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from .. import _lock, _proc
+from .. import _proc
 from .._struct import Struct
 from .._wait import end_procs
 from ..config import Settings, load_settings
 from ..errors import MpswrapError
 from ..paths import JobLayout
 from .job import JobDaemons
-from .owners import OWNER_LOCK, dir_identity, live_refs
+from .owners import dir_identity, live_refs, owner_lock
 
 __all__ = ["Seen", "watchdog"]
 
@@ -100,11 +100,9 @@ def watchdog(job_dir: Path, seen_text: str | None = None) -> int:
 
 def _stop_if_ownerless(layout: JobLayout, seen: Seen, settings: Settings) -> bool:
     """Stop the daemons through their sockets unless an owner is back, or the directory went
-    (the lock would make its path again: the caller's loop then sees another directory)."""
-    if dir_identity(layout.job_dir) != seen.dir:
-        return False
-    with _lock.file_lock(layout.job_dir / OWNER_LOCK, timeout=30):
-        if dir_identity(layout.job_dir) != seen.dir or live_refs(layout):
+    (the caller's loop then sees another directory, or none)."""
+    with owner_lock(layout.job_dir, 30) as held:
+        if held != seen.dir or live_refs(layout):
             return False
         JobDaemons(layout, settings).stop()
         return True

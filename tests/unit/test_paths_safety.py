@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from mpswrap import _lock, _proc
 from mpswrap.config import load_settings
-from mpswrap.errors import LayoutError
+from mpswrap.errors import LayoutError, LockTimeout
 from mpswrap.job import state
-from mpswrap.job.job import JobDaemons, Teardown
+from mpswrap.job.job import JobDaemons, Teardown, job_dir_held
+from mpswrap.job.owners import OWNER_LOCK, dir_identity
 from mpswrap.paths import JobLayout, check_dirs
 from mpswrap.removal import remove_tree
 from tests.tree import REPO
@@ -171,6 +173,33 @@ def test_a_prolog_keeps_its_job_dir_when_another_jobs_epilog_removes_the_node_di
     made = state.create(starting, os.getuid(), os.getgid(), shared_parents=True)
     assert epilogs and epilogs[0].clean
     assert made == starting.job_dir and made.is_dir() and not ending.job_dir.exists()
+
+
+def test_a_rank_joins_when_the_jobs_last_owner_removes_the_directory_before_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-rank user mode (``srun mpswrap`` without the prolog): a rank that ended at once was
+    the job's last owner and tore its directory down right between another rank's making it
+    and taking its owner lock (seen in CI: "cannot take lock (…/.owner.lock): No such file or
+    directory", exit 1). The joining rank makes it again and holds the lock of the new one."""
+    layout = JobLayout(tmp_path / "run", "n1", "j1")
+    settings = load_settings({"run_dir": str(tmp_path / "run")}, env={})
+    user = _proc.lookup_user()
+    real_acquire, torn = _lock.DirLock.acquire, list[Teardown]()
+
+    def acquire(self: _lock.DirLock) -> None:
+        if not torn:  # the other rank leaves, last, now
+            torn.append(JobDaemons(layout, settings).stop())
+            assert not layout.job_dir.exists(), "the last owner's teardown should remove it"
+        real_acquire(self)
+
+    monkeypatch.setattr(_lock.DirLock, "acquire", acquire)
+    with job_dir_held(layout, user, settings) as dir_id:
+        assert layout.job_dir.is_dir() and dir_identity(layout.job_dir) == dir_id
+        held = _lock.file_lock(layout.job_dir / OWNER_LOCK, timeout=0.1)
+        with pytest.raises(LockTimeout):
+            held.acquire()  # the lock of the directory that is there now is held
+    assert torn and torn[0].clean
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes a directory for another uid")
