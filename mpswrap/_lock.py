@@ -76,11 +76,70 @@ class FileLock:
         self.release()
 
 
-#: Open flags of a root lock: never through a link, never blocking on a FIFO.
-_ROOT_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: Open flags of a plain lock's file: never through a link, never blocking on a FIFO.
+_FLOCK_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class RootLock:
+class _Flock:
+    """An exclusive ``flock`` on ``path``, tried every few milliseconds until its timeout;
+    each try opens the file anew (``_open``) and keeps the lock only if ``_names`` says the
+    locked file is still the one meant."""
+
+    #: Who holds it, where it cannot be had.
+    holder = "another process"
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        raise NotImplementedError
+
+    def _names(self, fd: int) -> bool:
+        return True
+
+    def _take(self, wait: float) -> None:
+        for _ in backoff(wait, cap=0.05):
+            self._fd = self._try()
+            if self._fd is not None:
+                return
+        raise LockTimeout(
+            "lock busy", thing=str(self.path), cause=f"{self.holder} held it for {wait:g} s"
+        )
+
+    def _try(self) -> int | None:
+        """The locked descriptor, or None."""
+        try:
+            fd = self._open()
+        except OSError as exc:
+            raise LayoutError("cannot take lock", thing=str(self.path), cause=exc.strerror) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._names(fd):
+                return fd
+        except OSError:
+            pass  # held elsewhere, or removed by its holder meanwhile: try again
+        os.close(fd)
+        return None
+
+    def release(self, remove: bool = False) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> _Flock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        self._take(self.timeout)
+
+
+class RootLock(_Flock):
     """An exclusive lock of root's hooks on a file in a directory only root can write
     (``<run_dir>/.locks``): no job user can open, replace or hold it, so none can make a
     teardown wait for it or fail on it.
@@ -92,63 +151,36 @@ class RootLock:
     takes the lock again, so two holders never hold two different files of one path.
     """
 
+    holder = "another hook"
+
     def __init__(self, path: Path, timeout: float, prepare: Callable[[], None]) -> None:
-        self.path = path
-        self.timeout = timeout
+        super().__init__(path, timeout)
         self._prepare = prepare
-        self._fd: int | None = None
 
     def acquire(self, timeout: float | None = None) -> None:
         """Take the lock within ``timeout`` seconds (default: the lock's own; a teardown gives
         what is left of its deadline, if less)."""
-        wait = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
             self._prepare()
         except LayoutError as exc:
             log.warning("%s: going on without root's lock", exc.line())
             return
-        for _ in backoff(wait, cap=0.05):
-            self._fd = self._try()
-            if self._fd is not None:
-                return
-        raise LockTimeout(
-            "lock busy", thing=str(self.path), cause=f"another hook held it for {wait:g} s"
-        )
+        self._take(self.timeout if timeout is None else min(timeout, self.timeout))
 
-    def _try(self) -> int | None:
-        """The locked descriptor of the file the path names now, or None."""
-        try:
-            fd = os.open(self.path, _ROOT_OPEN, 0o600)
-        except OSError as exc:
-            raise LayoutError("cannot take lock", thing=str(self.path), cause=exc.strerror) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = os.fstat(fd)
-            now = os.stat(self.path, follow_symlinks=False)
-            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
-                return fd
-        except OSError:
-            pass  # held elsewhere, or removed by its holder meanwhile: try again
-        os.close(fd)
-        return None
+    def _open(self) -> int:
+        return os.open(self.path, _FLOCK_OPEN, 0o600)
+
+    def _names(self, fd: int) -> bool:
+        held, now = os.fstat(fd), os.stat(self.path, follow_symlinks=False)
+        return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
     def release(self, remove: bool = False) -> None:
-        if self._fd is None:
-            return
-        if remove:
+        if self._fd is not None and remove:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> RootLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+        super().release()
 
 
 def file_lock(path: Path, timeout: float) -> FileLock:
@@ -156,7 +188,7 @@ def file_lock(path: Path, timeout: float) -> FileLock:
     return FileLock(path, timeout)
 
 
-class DirLock:
+class DirLock(_Flock):
     """An exclusive lock on a file of a directory held open (``directory_fd``), made there if
     missing: where that directory has been removed, the lock cannot be had (``LayoutError``)
     instead of being taken in one made again at its path (filelock makes the missing
@@ -165,41 +197,11 @@ class DirLock:
     """
 
     def __init__(self, directory_fd: int, path: Path, timeout: float) -> None:
+        super().__init__(path, timeout)
         self.directory_fd = directory_fd
-        self.path = path
-        self.timeout = timeout
-        self._fd: int | None = None
 
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path.name, _ROOT_OPEN, 0o600, dir_fd=self.directory_fd)
-        except OSError as exc:
-            raise LayoutError("cannot take lock", thing=str(self.path), cause=exc.strerror) from exc
-        for _ in backoff(self.timeout, cap=0.05):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            self._fd = fd
-            return
-        os.close(fd)
-        raise LockTimeout(
-            "lock busy",
-            thing=str(self.path),
-            cause=f"another process held it for {self.timeout:g} s",
-        )
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> DirLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+    def _open(self) -> int:
+        return os.open(self.path.name, _FLOCK_OPEN, 0o600, dir_fd=self.directory_fd)
 
 
 @contextmanager

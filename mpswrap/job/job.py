@@ -475,11 +475,13 @@ def leave(
     lock, collects every one left there. ``recorded``: this owner's outcomes already there
     (counted from the directory, or from here where the directory is gone). An owner
     without a reference (``mpswrap run`` on the prolog's daemons) is alone."""
+    alone = Released(att, outcomes=[*recorded, *outcomes])
+    if att.ref is None:
+        return alone
     done = Released(att)
-    with owner_lock(att.layout.job_dir, 30) if att.ref else contextlib.nullcontext() as held:
-        if att.ref is None or held is None:  # alone, or the directory is gone
-            done.outcomes = [*recorded, *outcomes]
-            return done
+    with owner_lock(att.layout.job_dir, 30) as held:
+        if held is None:  # the directory is gone, and with it every other owner's outcomes
+            return alone
         att.ref.unlink(missing_ok=True)
         att.ref = None
         if live_refs(att.layout):
