@@ -33,6 +33,9 @@ import overhead
 overhead.REPO = Path({root!r})
 overhead.compiled()
 bench = overhead.Bench({simulate!r}, 1)
+# Debug lines, each stamped with its millisecond, from every command: where the time went.
+with (bench.tmp / "mpswrap.conf").open("a") as conf:
+    conf.write("log_level = debug\\n")
 job = "ab{round}"
 bench.hook("prolog", job)
 clients = bench.attach_clients(job, {clients})
@@ -42,22 +45,60 @@ t0 = time.perf_counter()
 subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json"], env=env, check=True,
                capture_output=True, cwd="/")
 status = time.perf_counter() - t0
-# Once more, untimed, with its debug lines (each stamped with its millisecond): where the
-# time went.
+# Once more, untimed, with its debug lines: where the time went.
 trace = subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json", "-v"], env=env,
                        capture_output=True, text=True, cwd="/").stderr.splitlines()[-80:]
-epilog = bench.hook("epilog", job)
+# NVML's calls one by one, as status makes them (the real GPU only): where NVML's time goes.
+nvml_trace = [] if {simulate!r} else subprocess.run(
+    [overhead.PY, "-c", NVML_PROBE], capture_output=True, text=True, cwd="/", timeout=120
+).stdout.splitlines()
+t0 = time.perf_counter()
+done = subprocess.run([overhead.PY, "-m", "mpswrap", "epilog"], env=bench.env(job),
+                      capture_output=True, text=True, cwd="/", timeout=120)
+epilog = time.perf_counter() - t0
+if done.returncode != 0:
+    raise SystemExit(f"epilog exited {{done.returncode}}: {{done.stderr[-500:]}}")
 for c in clients:
     c.wait(timeout=120)
 print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3),
-                  "status_trace": trace}}))
+                  "status_trace": trace, "nvml_trace": nvml_trace,
+                  "epilog_trace": done.stderr.splitlines()[-120:]}}))
+"""
+#: Each NVML call status makes, timed on its own, for the GPU the job uses.
+NVML_PROBE = """
+import time
+t0 = time.perf_counter()
+def said(what):
+    print(f"{(time.perf_counter() - t0) * 1000:.0f} ms {what}", flush=True)
+import pynvml as n
+said("import")
+n.nvmlInit()
+said("nvmlInit")
+count = n.nvmlDeviceGetCount()
+said(f"count {count}")
+h = n.nvmlDeviceGetHandleByIndex(0)
+said("handle by index 0")
+uuid = n.nvmlDeviceGetUUID(h)
+said("uuid")
+h = n.nvmlDeviceGetHandleByUUID(uuid)
+said("handle by uuid")
+n.nvmlDeviceGetMemoryInfo(h)
+said("memory")
+n.nvmlDeviceGetUtilizationRates(h)
+said("utilisation")
+said(f"compute processes {len(n.nvmlDeviceGetComputeRunningProcesses(h))}")
+said(f"MPS compute processes {len(n.nvmlDeviceGetMPSComputeRunningProcesses(h))}")
+n.nvmlInit()
+said("nvmlInit again")
+n.nvmlShutdown(); n.nvmlShutdown()
+said("shutdown")
 """
 
 
 def measure(root: Path, args: argparse.Namespace, round_: int) -> dict[str, float]:
     code = MEASURE.format(
         here=str(HERE), root=str(root), simulate=not args.gpu, clients=args.clients, round=round_
-    )
+    ).replace("NVML_PROBE", repr(NVML_PROBE))
     out = subprocess.run(
         [args.python, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     ).stdout

@@ -78,6 +78,8 @@ class _JobFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = f"{self.prefix}: {one_line(record.getMessage())}"
+        if record.levelno <= logging.DEBUG:  # when (ms since the hook started): where it waits
+            text = f"{self.prefix}: {record.relativeCreated:.0f} ms {one_line(record.getMessage())}"
         if record.exc_info and record.levelno <= logging.DEBUG:
             trace = self.formatException(record.exc_info).splitlines()
             text += "".join(f"\n{self.prefix}:   {line}" for line in trace)

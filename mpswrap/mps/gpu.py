@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -225,10 +226,12 @@ def init_nvml() -> Any:
             cause=str(exc),
             hint="pip install nvidia-ml-py",
         ) from exc
+    began = time.monotonic()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         raise nvml_failed("nvmlInit", exc) from exc
+    log.debug("NVML started in %.0f ms", (time.monotonic() - began) * 1000)
     return nvml
 
 
@@ -337,6 +340,7 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
     memory folder (``MEMORY_DIR_SUFFIX``)."""
     if source != "nvml":
         return _file_usage(uuid, source)
+    began = time.monotonic()
     try:
         nvml = init_nvml()
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -345,12 +349,20 @@ def usage(uuid: str, source: str) -> dict[str, Any] | None:
         return None
     memory = _asked(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
     util = _asked(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+    figures = (time.monotonic() - began) * 1000
     processes: dict[int, int] = {}
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
         query = getattr(nvml, name, None)  # the MPS view last: it wins
         for proc in (_asked(lambda q=query: q(handle)) or []) if query else []:
             if getattr(proc, "usedGpuMemory", None) is not None:
                 processes[int(proc.pid)] = int(proc.usedGpuMemory)
+    log.debug(
+        "NVML figures of %s: memory and utilisation in %.0f ms, %d processes in %.0f ms",
+        uuid,
+        figures,
+        len(processes),
+        (time.monotonic() - began) * 1000 - figures,
+    )
     return {
         "memory_used_bytes": int(memory.used) if memory else None,
         "memory_total_bytes": int(memory.total) if memory else None,

@@ -135,9 +135,11 @@ class Ladder(Struct):
         elif self.control is not None and ident.daemon_alive():
             log.debug("%s: stopping daemon %s", dirs.key, ident.daemon)
             self._end_clients(report, None, ident)
+            log.debug("%s: clients gone; quit", dirs.key)
             self._quit(report)
             # quit returns before the server has exited (about 80 ms later on an H100).
             _wait.wait_gone(ident.members(), self.deadline.bound(self.settings.quit_timeout))
+            log.debug("%s: daemon and servers gone", dirs.key)
         report.forced += [p.pid for p in ident.members()]
         report.leftovers += [_proc.describe(p) for p in ident.end(self.deadline)]
         if self.identity is None:
@@ -146,6 +148,7 @@ class Ladder(Struct):
             report.log_terminations = terminations(dirs.server_log)
             report.log_faults = len(read_faults(dirs.server_log))
             self._archive_logs(report)
+        log.debug("%s: ended what was left; logs read and archived", dirs.key)
         if not report.leftovers:
             problem = remove_tree(dirs.root, self.deadline)
             if problem:
@@ -270,6 +273,7 @@ class Ladder(Struct):
                         break
                     clients += self._terminate(server, pid, report)
         clients = [c for c in clients if self._may_end(c, ident)]
+        log.debug("%s: %d client(s) asked to end; waiting for them", self.dirs.key, len(clients))
 
         def killed(left: list[_proc.ProcId]) -> list[_proc.ProcId]:
             """Terminated but still running (not in a CUDA call for that long): SIGKILLed."""
