@@ -48,10 +48,13 @@ status = time.perf_counter() - t0
 # Once more, untimed, with its debug lines: where the time went.
 trace = subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json", "-v"], env=env,
                        capture_output=True, text=True, cwd="/").stderr.splitlines()[-80:]
-# NVML's calls one by one, as status makes them (the real GPU only): where NVML's time goes.
-nvml_trace = [] if {simulate!r} else subprocess.run(
-    [overhead.PY, "-c", NVML_PROBE], capture_output=True, text=True, cwd="/", timeout=120
-).stdout.splitlines()
+# NVML's calls one by one (the real GPU only), in status's environment: the GPU found by
+# index first, by UUID first, and by UUID after nvmlInit in a thread of its own.
+nvml_trace = [] if {simulate!r} else [
+    subprocess.run([overhead.PY, "-c", NVML_PROBE, how], env=env, capture_output=True,
+                   text=True, cwd="/", timeout=120).stdout.splitlines()
+    for how in ("index", "uuid", "thread", "index")
+]
 t0 = time.perf_counter()
 done = subprocess.run([overhead.PY, "-m", "mpswrap", "epilog"], env=bench.env(job),
                       capture_output=True, text=True, cwd="/", timeout=120)
@@ -66,20 +69,29 @@ print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3),
 """
 #: Each NVML call status makes, timed on its own, for the GPU the job uses.
 NVML_PROBE = """
-import time
+import sys, threading, time
 t0 = time.perf_counter()
 def said(what):
     print(f"{(time.perf_counter() - t0) * 1000:.0f} ms {what}", flush=True)
 import pynvml as n
 said("import")
-n.nvmlInit()
-said("nvmlInit")
-count = n.nvmlDeviceGetCount()
-said(f"count {count}")
-h = n.nvmlDeviceGetHandleByIndex(0)
-said("handle by index 0")
-uuid = n.nvmlDeviceGetUUID(h)
-said("uuid")
+how = sys.argv[1]
+if how == "thread":
+    started = threading.Thread(target=n.nvmlInit)
+    started.start()
+    started.join()
+else:
+    n.nvmlInit()
+said(f"nvmlInit ({how})")
+if how == "index":
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    said("handle by index 0")
+    uuid = n.nvmlDeviceGetUUID(h)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    said("uuid")
+else:
+    uuid = open("/proc/driver/nvidia/gpus/" + sorted(__import__("os").listdir(
+        "/proc/driver/nvidia/gpus"))[0] + "/information").read().split("GPU UUID:")[1].split()[0]
 h = n.nvmlDeviceGetHandleByUUID(uuid)
 said("handle by uuid")
 n.nvmlDeviceGetMemoryInfo(h)
@@ -88,9 +100,7 @@ n.nvmlDeviceGetUtilizationRates(h)
 said("utilisation")
 said(f"compute processes {len(n.nvmlDeviceGetComputeRunningProcesses(h))}")
 said(f"MPS compute processes {len(n.nvmlDeviceGetMPSComputeRunningProcesses(h))}")
-n.nvmlInit()
-said("nvmlInit again")
-n.nvmlShutdown(); n.nvmlShutdown()
+n.nvmlShutdown()
 said("shutdown")
 """
 

@@ -4,10 +4,12 @@ the simulator and the real driver.
 Seen on an H100 (driver 580.159.04, 2026-11-27, PyTorch clients in 8192² matmul loops): busy
 clients killed by signals made an untouched client fail with a CUDA error; 8 killed at once
 left the server unable to serve the next client ("CUDA-capable device(s) is/are busy or
-unavailable"), with a fatal GPU error and a device reset in server.log. The tests that kill
-busy clients outright assert that harm: one that fails means the driver no longer shows it,
-and the shield could be reconsidered. The same clients ended through ``terminate_client``
-first, then killed, must harm nobody, on every driver.
+unavailable"), with a fatal GPU error and a device reset in server.log; in a later run on the
+same driver the server served the next client after such a fault (the untouched client still
+failed). The tests that kill busy clients outright assert the harm seen every time: one that
+fails means the driver no longer shows it, and the shield could be reconsidered. The same
+clients ended through ``terminate_client`` first, then killed or left to exit on their own,
+must harm nobody, on every driver.
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
@@ -122,6 +124,30 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
     assert FATAL not in backend.server_log(), backend.server_log()
 
 
+@pytest.mark.parametrize("count", COUNTS)
+def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm_nobody(
+    backend: Backend, count: int
+) -> None:
+    """What a terminated client does when nothing signals it: its next CUDA call fails with
+    810 and it exits at once, its work just ended by the server. The untouched client runs
+    on, the next client runs, the server stays ACTIVE."""
+    server, victims, bystander = _scene(backend, count)
+    ctl = backend.control()
+    for proc in victims:
+        ctl.terminate_client(server, proc.pid)
+    for proc in victims:
+        out = _end(proc)
+        assert out is not None and "CUDA error 810" in out, out
+    code, out = _next_client(backend)
+    assert code == 0, out
+    assert bystander.poll() is None, bystander.communicate()[0]
+    ctl.terminate_client(server, bystander.pid)
+    ended = _end(bystander)
+    assert ended is not None and "CUDA error 810" in ended, ended
+    assert ctl.server_status(server) == "ACTIVE"
+    assert FATAL not in backend.server_log(), backend.server_log()
+
+
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_a_busy_client_killed_by_a_signal_fails_an_untouched_one(
     backend: Backend, sig: signal.Signals
@@ -141,12 +167,13 @@ def test_a_busy_client_killed_by_a_signal_fails_an_untouched_one(
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
-def test_busy_clients_killed_at_once_leave_the_server_unable_to_serve(
+def test_busy_clients_killed_at_once_fail_an_untouched_one_with_a_fatal_gpu_error(
     backend: Backend, sig: signal.Signals
 ) -> None:
-    """8 busy clients die of the signal at once: the untouched one fails, server.log has a
-    fatal GPU error, and the server, still listed, fails the next client until it is
-    restarted (``shutdown_server -f``: the next client then gets a new one)."""
+    """8 busy clients die of the signal at once: the untouched one fails and server.log has a
+    fatal GPU error. The next client may fail too: the server, still listed, failed it in the
+    first finding, and ran it on the same driver in a later run (2026-11-27), so either is
+    allowed, and said. ``shutdown_server -f`` then gives the next client a new server."""
     server, victims, bystander = _scene(backend, SEVERAL)
     _kill(victims, sig)
     out = _end(bystander)
@@ -156,7 +183,9 @@ def test_busy_clients_killed_at_once_leave_the_server_unable_to_serve(
     )
     _harm(FATAL in backend.server_log(), f"no fatal GPU error in server.log after {sig.name}")
     code, out = _next_client(backend)
-    _harm(code != 0 and "CUDA error" in out, f"the next client ran: {out!r}")
+    failed = code != 0 and "CUDA error" in out
+    print(f"the next client {'failed' if failed else 'ran'} after {sig.name}: {out!r}")
+    assert failed or code == 0, out
     assert server in backend.control().server_list()
     backend.control().command(f"shutdown_server {server} -f")
     wait_until(lambda: server not in backend.control().server_list(), 30, "the server to go")
