@@ -113,7 +113,9 @@ class Bench:
         """A job of this many GPUs, no clients: its prolog, then its epilog, timed (s)."""
         return {hook: self.hook(hook, job) for hook in HOOKS}
 
-    def attach_clients(self, job: str, k: int) -> list[subprocess.Popen[bytes]]:
+    def attach_clients(self, job: str, k: int, said: bool = False) -> list[subprocess.Popen[bytes]]:
+        """K test clients of the job's GPU as its user; ``said``: their stdout a pipe, for
+        ``wait_started``."""
         job_dir = self.tmp / "run" / "bench" / job / "g0"
         env = dict(
             self.env(job),
@@ -124,13 +126,23 @@ class Bench:
             subprocess.Popen(
                 self.client,
                 env=env,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if said else subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd="/",
                 **as_job_user(),
             )
             for _ in range(k)
         ]
+
+
+def wait_started(clients: list[subprocess.Popen[bytes]]) -> None:
+    """Until each client (``attach_clients(said=True)``) has said "started": its CUDA context
+    is up and its first allocation made. A client is listed by its server before that."""
+    for client in clients:
+        assert client.stdout is not None
+        line = client.stdout.readline()  # the test clients flush it; EOF if one died
+        if b" started" not in line:
+            raise RuntimeError(f"client {client.pid} did not start: {line!r}")
 
 
 def _median(values: list[float]) -> dict[str, float]:

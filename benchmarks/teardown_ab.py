@@ -6,7 +6,9 @@
 Each round measures both trees, one after the other (the order alternates), against the real
 GPU and MPS (``--gpu``; else the simulator), with this checkout's ``overhead.py`` pointed at the
 tree's mpswrap: a one-GPU job's prolog, K clients attached (the CUDA test client, as the job's
-user), root's ``mpswrap status --json`` timed once they are all listed, then the epilog timed.
+user), root's ``mpswrap status --json`` timed once they are all listed (``status_listed``:
+some still making their CUDA contexts) and again once each has said it started (``status``:
+the clients as they run), then the epilog timed.
 Medians over the rounds, and each round's figures.
 """
 
@@ -38,13 +40,19 @@ with (bench.tmp / "mpswrap.conf").open("a") as conf:
     conf.write("log_level = debug\\n")
 job = "ab{round}"
 bench.hook("prolog", job)
-clients = bench.attach_clients(job, {clients})
+clients = bench.attach_clients(job, {clients}, said=True)
 overhead._wait_listed(bench, job, {clients})
 env = dict(bench.env(job), SLURM_SCRIPT_CONTEXT="")
-t0 = time.perf_counter()
-subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json"], env=env, check=True,
-               capture_output=True, cwd="/")
-status = time.perf_counter() - t0
+def timed_status():
+    t0 = time.perf_counter()
+    subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json"], env=env, check=True,
+                   capture_output=True, cwd="/")
+    return time.perf_counter() - t0
+# Once every client is listed (some still making their CUDA context), then once each has
+# said it started (its context up): the job's clients as they run.
+status_listed = timed_status()
+overhead.wait_started(clients)
+status = timed_status()
 # Once more, untimed, with its debug lines: where the time went.
 trace = subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json", "-v"], env=env,
                        capture_output=True, text=True, cwd="/").stderr.splitlines()[-80:]
@@ -64,6 +72,7 @@ if done.returncode != 0:
 for c in clients:
     c.wait(timeout=120)
 print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3),
+                  "status_listed_s": round(status_listed, 3),
                   "status_trace": trace, "nvml_trace": nvml_trace,
                   "epilog_trace": done.stderr.splitlines()[-120:]}}))
 """
@@ -138,7 +147,7 @@ def main() -> int:
             **tree_revision(tree),
             **{
                 f"{what}_median_s": round(statistics.median(m[f"{what}_s"] for m in mine), 3)
-                for what in ("status", "epilog")
+                for what in ("status", "status_listed", "epilog")
             },
             "rounds": mine,
         }
