@@ -148,6 +148,29 @@ def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm
     assert FATAL not in backend.server_log(), backend.server_log()
 
 
+@pytest.mark.parametrize("count", COUNTS)
+def test_busy_clients_stopped_then_ended_through_terminate_client_then_killed_harm_nobody(
+    backend: Backend, count: int
+) -> None:
+    """Busy clients stopped (SIGSTOP) before ``terminate_client``, then SIGKILLed while still
+    stopped: none runs its CUDA teardown after its work was ended. The untouched client runs
+    on, the next client runs, the server stays ACTIVE."""
+    server, victims, bystander = _scene(backend, count)
+    os.killpg(victims[0].pid, signal.SIGSTOP)
+    ctl = backend.control()
+    for proc in victims:
+        ctl.terminate_client(server, proc.pid)
+    _kill(victims, signal.SIGKILL)
+    code, out = _next_client(backend)
+    assert code == 0, out
+    assert bystander.poll() is None, bystander.communicate()[0]
+    ctl.terminate_client(server, bystander.pid)
+    ended = _end(bystander)
+    assert ended is not None and "CUDA error 810" in ended, ended
+    assert ctl.server_status(server) == "ACTIVE"
+    assert FATAL not in backend.server_log(), backend.server_log()
+
+
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_a_busy_client_killed_by_a_signal_fails_an_untouched_one(
     backend: Backend, sig: signal.Signals
