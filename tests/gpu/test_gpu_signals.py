@@ -42,8 +42,17 @@ def _started(proc: subprocess.Popen[str], timeout: float = 120) -> str:
     return "".join(lines)
 
 
+#: The ended rank's program: its busy client under a shell with a child that is no client, or
+#: the client alone (the rank's program itself).
+PROGRAMS = {
+    "child": lambda: ["sh", "-c", f"sleep 600 & {CLIENT} --seconds 300 {' '.join(BUSY)}; wait"],
+    "alone": lambda: [CLIENT, "--seconds", "300", *BUSY],
+}
+
+
+@pytest.mark.parametrize("program", list(PROGRAMS))
 def test_sigterm_to_a_rank_with_a_busy_client_and_a_child_ends_it_at_once_and_harms_no_other(
-    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]], program: str
 ) -> None:
     archive = shared_tmp / "logs"
     env = base_env(
@@ -54,8 +63,8 @@ def test_sigterm_to_a_rank_with_a_busy_client_and_a_child_ends_it_at_once_and_ha
     procs = [other]
     try:
         shown = _started(other)
-        script = f"sleep 600 & {CLIENT} --seconds 300 {' '.join(BUSY)}; wait"
-        ended = spawn_as(gpu_user, [*rank, "sh", "-c", script], **env)
+        # Its supervisor's debug lines, each with its millisecond: the ladder's steps.
+        ended = spawn_as(gpu_user, [*rank, *PROGRAMS[program]()], **env, MPSWRAP_DEBUG="1")
         procs.append(ended)
         shown += _started(ended)
         start = time.monotonic()
@@ -64,7 +73,7 @@ def test_sigterm_to_a_rank_with_a_busy_client_and_a_child_ends_it_at_once_and_ha
         took = time.monotonic() - start
         print(
             f"SIGTERM to the rank's supervisor: exit {ended.returncode} after {took:.2f} s "
-            f"(grace {GRACE} s)\n{out[-3000:]}"
+            f"(grace {GRACE} s)\n{out[-8000:]}"
         )
         other_out = other.communicate(timeout=180)[0]
         print(other_out[-2000:])
@@ -72,10 +81,10 @@ def test_sigterm_to_a_rank_with_a_busy_client_and_a_child_ends_it_at_once_and_ha
         for proc in (p for p in procs if p.poll() is None):
             proc.kill()
             proc.communicate()
+    assert other.returncode == 0 and "done" in other_out, other_out  # first: the harm
     assert ended.returncode == 128 + signal.SIGTERM, shown + out
     assert "CUDA error 810" in out, out  # its client was ended through terminate_client
     assert took < GRACE / 2, f"{took:.1f} s: the grace period ran out"
-    assert other.returncode == 0 and "done" in other_out, other_out
     left = leftovers(shared_tmp, mps_baseline)  # waits for the daemon to stop (log archived)
     logs = "".join(p.read_text() for p in archive.glob("*-server.log"))
     print(logs[-3000:])
