@@ -42,11 +42,11 @@ def _started(proc: subprocess.Popen[str], timeout: float = 120) -> str:
     return "".join(lines)
 
 
-#: The ended rank's program: its busy client under a shell with a child that is no client, or
-#: the client alone (the rank's program itself).
+#: The ended rank's program: its busy client alone (the rank's program itself), or under a
+#: shell with a child that is no client.
 PROGRAMS = {
-    "child": lambda: ["sh", "-c", f"sleep 600 & {CLIENT} --seconds 300 {' '.join(BUSY)}; wait"],
     "alone": lambda: [CLIENT, "--seconds", "300", *BUSY],
+    "child": lambda: ["sh", "-c", f"sleep 600 & {CLIENT} --seconds 300 {' '.join(BUSY)}; wait"],
 }
 
 
