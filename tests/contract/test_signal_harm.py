@@ -39,6 +39,8 @@ SEVERAL = 8
 SHOWN = 60
 SIGNALS = [pytest.param(signal.SIGTERM, id="TERM"), pytest.param(signal.SIGKILL, id="KILL")]
 COUNTS = [pytest.param(1, id="one"), pytest.param(SEVERAL, id="several")]
+#: Whether the untouched client started before the victims (it started the server).
+FIRST = [pytest.param(False, id="victims-first"), pytest.param(True, id="bystander-first")]
 FATAL = "encountered a fatal GPU error"
 
 
@@ -57,12 +59,14 @@ def _busy(
 
 
 def _scene(
-    backend: Backend, count: int, *victim_args: str
+    backend: Backend, count: int, *victim_args: str, bystander_first: bool = False
 ) -> tuple[int, list[subprocess.Popen[str]], subprocess.Popen[str]]:
-    """A fresh daemon, ``count`` busy victims and one busy client nobody touches."""
+    """A fresh daemon, ``count`` busy victims and one busy client nobody touches (started
+    after the victims, or with ``bystander_first`` before them)."""
     backend.start_daemon()
+    early = _busy(backend, 1) if bystander_first else []
     victims = _busy(backend, count, *victim_args, group=0)
-    bystander = _busy(backend, 1)[0]
+    bystander = early[0] if early else _busy(backend, 1)[0]
     server = backend.server()
     listed = backend.wait_clients(server, count + 1)
     assert sorted(listed) == sorted(p.pid for p in [*victims, bystander]), listed
@@ -124,14 +128,16 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
     assert FATAL not in backend.server_log(), backend.server_log()
 
 
+@pytest.mark.parametrize("first", FIRST)
 @pytest.mark.parametrize("count", COUNTS)
 def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm_nobody(
-    backend: Backend, count: int
+    backend: Backend, count: int, first: bool
 ) -> None:
     """What a terminated client does when nothing signals it: its next CUDA call fails with
-    810 and it exits at once, its work just ended by the server. The untouched client runs
-    on, the next client runs, the server stays ACTIVE."""
-    server, victims, bystander = _scene(backend, count)
+    810 and it exits at once, its work just ended by the server. The untouched client (started
+    after the victims, or before them) runs on, the next client runs, the server stays
+    ACTIVE."""
+    server, victims, bystander = _scene(backend, count, bystander_first=first)
     ctl = backend.control()
     for proc in victims:
         ctl.terminate_client(server, proc.pid)
