@@ -104,15 +104,19 @@ def _harm(seen: bool, what: str) -> None:
     )
 
 
+@pytest.mark.parametrize("first", FIRST)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
-    backend: Backend, sig: signal.Signals, count: int
+    backend: Backend, sig: signal.Signals, count: int, first: bool
 ) -> None:
     """What mpswrap's supervisor does: terminate_client for each busy client, then the signal
-    at once. The untouched client runs on, the next client runs, the server stays ACTIVE."""
+    at once. The untouched client (started after the victims, or before them) runs on, the
+    next client runs, the server stays ACTIVE."""
     # --linger: after its 810 a victim stays on the host, so the signal finds it alive.
-    server, victims, bystander = _scene(backend, count, "--linger", str(SHOWN))
+    server, victims, bystander = _scene(
+        backend, count, "--linger", str(SHOWN), bystander_first=first
+    )
     ctl = backend.control()
     for proc in victims:
         ctl.terminate_client(server, proc.pid)
