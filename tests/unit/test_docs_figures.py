@@ -300,6 +300,32 @@ def h100x4_teardown_ab() -> list[str]:
     return [row("bbecafa", trees[0]), row("096b0e3", trees[1])]
 
 
+def h100_teardown_ab_running() -> list[str]:
+    trees = load("2026-11-28-h100-teardown-ab-67f6e67.json")["trees"]
+
+    def row(name: str, tree: dict[str, Any]) -> str:
+        cells = []
+        for what in ("status", "status_listed", "epilog"):
+            rounds = ", ".join(f"{r[what + '_s']:.3f}" for r in tree["rounds"])
+            cells.append(f"{tree[what + '_median_s']:.3f} ({rounds})")
+        return f"| {name} | {' | '.join(cells)} |"
+
+    return [row("bbecafa", trees[0]), row("67f6e67", trees[1])]
+
+
+def h100_teardown_ab_listed() -> list[str]:
+    trees = load("2026-11-28-h100-teardown-ab-7bca5b2.json")["trees"]
+
+    def row(name: str, tree: dict[str, Any]) -> str:
+        cells = []
+        for what in ("status", "epilog"):
+            rounds = ", ".join(f"{r[what + '_s']:.3f}" for r in tree["rounds"])
+            cells.append(f"{tree[what + '_median_s']:.3f} ({rounds})")
+        return f"| {name} | {cells[0]} | {cells[1]} |"
+
+    return [row("bbecafa", trees[0]), row("7bca5b2", trees[1])]
+
+
 def h100_farm() -> list[str]:
     runs = load("2026-11-24-h100-farm-59fb4ea.json")["runs"]
 
@@ -421,6 +447,8 @@ STATEMENTS = {
     "h100-farm": h100_farm,
     "cpu-farm-parallel": cpu_farm_parallel,
     "h100x4-teardown-ab": h100x4_teardown_ab,
+    "h100-teardown-ab-running": h100_teardown_ab_running,
+    "h100-teardown-ab-listed": h100_teardown_ab_listed,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
     "startup-costs": startup_costs,
