@@ -326,6 +326,12 @@ def h100_teardown_ab_listed() -> list[str]:
     return [row("bbecafa", trees[0]), row("7bca5b2", trees[1])]
 
 
+def h200x4_multigpu_hooks() -> list[str]:
+    runs = load("2026-11-28-h200x4-multigpu-hooks-744c6a0.json")["runs"]
+    table = _module("multigpu")._hooks_table([r for r in runs if r["what"] == "hooks"])
+    return [line for line in table if line.startswith(("| 1 |", "| 2 |", "| 4 |", "Prolog"))]
+
+
 def h100_farm() -> list[str]:
     runs = load("2026-11-24-h100-farm-59fb4ea.json")["runs"]
 
@@ -449,6 +455,7 @@ STATEMENTS = {
     "h100x4-teardown-ab": h100x4_teardown_ab,
     "h100-teardown-ab-running": h100_teardown_ab_running,
     "h100-teardown-ab-listed": h100_teardown_ab_listed,
+    "h200x4-multigpu-hooks": h200x4_multigpu_hooks,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
     "startup-costs": startup_costs,
