@@ -315,19 +315,18 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
     return out
 
 
-def usage(uuid: str, source: str, index: int | None = None) -> dict[str, Any] | None:
+def usage(uuid: str, source: str) -> dict[str, Any] | None:
     """What NVML says the GPU is using now: memory used and total, utilisation, and the GPU
     memory of each process it lists (MPS clients through the MPS-aware query where the driver
     has it). Each figure on its own (None where NVML cannot give it, e.g. utilisation on MIG);
     None where NVML does not answer at all. A file inventory gives the same figures from its
-    memory folder (``MEMORY_DIR_SUFFIX``). ``index``: NVML's index of the GPU where known
-    (``handle``)."""
+    memory folder (``MEMORY_DIR_SUFFIX``)."""
     if source != "nvml":
         return _file_usage(uuid, source)
     began = time.monotonic()
     try:
         nvml = init_nvml()
-        handle = _handle(nvml, uuid, index)
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
     except Exception as exc:  # GpuError, or NVML's own error types
         log.debug("no NVML figures for %s: %s", uuid, exc)
         return None
@@ -353,22 +352,6 @@ def usage(uuid: str, source: str, index: int | None = None) -> dict[str, Any] | 
         "utilization_percent": int(util.gpu) if util else None,
         "processes": processes,
     }
-
-
-def _handle(nvml: Any, uuid: str, index: int | None) -> Any:
-    """The GPU's NVML handle: by ``index`` where that GPU is the one named by ``uuid``, else by
-    UUID. A process's first handle by UUID took about a second on an H100 while its first by
-    index took a tenth of that (2026-11-27, docs/benchmarks.md): ``status`` looks its GPUs up
-    by the index the node's inventory gives."""
-    if index is not None:
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            found = nvml.nvmlDeviceGetUUID(handle)
-            if (found.decode() if isinstance(found, bytes) else str(found)).lower() == uuid.lower():
-                return handle
-        except Exception as exc:  # NVML's own error types: a renumbered or missing index
-            log.debug("NVML index %d: %s", index, exc)
-    return nvml.nvmlDeviceGetHandleByUUID(uuid)
 
 
 #: A file inventory's memory figures: a directory beside the file (``<FILE>.mem``), one folder

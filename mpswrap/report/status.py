@@ -4,55 +4,34 @@ words for a teardown's record (``mpswrap report``, ``mps.record``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .. import trust
 from ..config import Settings
-from ..errors import MpswrapError, shown
+from ..errors import shown
 from ..job.job import JobDaemons
-from ..job.state import node_inventory
 from ..mps.gpu import usage
 from ..paths import JobLayout
 from .summary import codes_words
 
 __all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
 
-log = logging.getLogger(__name__)
-
 
 def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> dict[str, Any]:
     """The jobs' daemons, servers and clients on this node, with NVML's figures where it
     answers: each GPU's memory and utilisation, each client's GPU memory."""
     jobs = [JobDaemons(layout, settings).status() for layout in layouts]
-    indexes = _indexes(settings, node) if any(job["gpus"] for job in jobs) else {}
     asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
     for gpu in (g for job in jobs for g in job["gpus"]):
         uuid = gpu.get("uuid")
         if uuid and uuid not in asked:
-            asked[uuid] = usage(uuid, settings.gpu_inventory, indexes.get(uuid.lower()))
+            asked[uuid] = usage(uuid, settings.gpu_inventory)
         found = dict(asked.get(uuid) or {}) if uuid else {}
         processes = found.pop("processes", {})
         gpu["usage"] = found or None
         for client in (c for s in gpu.get("servers", []) for c in s["clients"]):
             client["gpu_memory_bytes"] = processes.get(client["pid"])
     return {"node": node, "jobs": jobs}
-
-
-def _indexes(settings: Settings, node: str) -> dict[str, int]:
-    """NVML's index of each GPU (by lower-case UUID) as root's hooks keep the node's inventory
-    (``state.node_inventory``): NVML finds a GPU by index much sooner than by UUID. Root only:
-    a user's view of the GPUs may be narrowed and renumbered by a job's cgroup; none where the
-    inventory cannot be had (the lookup by UUID then)."""
-    if settings.gpu_inventory != "nvml" or not trust.is_root():
-        return {}
-    try:
-        inventory = node_inventory(settings, node)
-    except MpswrapError as exc:
-        log.debug("no inventory for NVML's indexes: %s", exc.line())
-        return {}
-    return {gpu.uuid.lower(): gpu.index for gpu in inventory.gpus}
 
 
 def unhealthy(job: dict[str, Any]) -> list[str]:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from mpswrap.errors import GpuError
-from mpswrap.mps import gpu
 from mpswrap.mps.gpu import GpuInfo, Inventory, resolve_gpus
 from mpswrap.slurm.gpus import resolve_gres_positions
 
@@ -73,44 +72,3 @@ def test_user_lists_are_nvml_indices_and_uuids(tmp_path: Path) -> None:
         resolve_gpus(f"2,{uuid}", INVENTORY)
     with pytest.raises(GpuError, match="no such GPU"):
         resolve_gpus("3", INVENTORY)
-
-
-class _Nvml:
-    """NVML with two GPUs, counting each lookup."""
-
-    UUIDS = ("GPU-aaaa", "GPU-bbbb")
-
-    def __init__(self, broken: bool = False) -> None:
-        self.calls: list[str] = []
-        self.broken = broken
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        self.calls.append(f"index {index}")
-        if self.broken or index >= len(self.UUIDS):
-            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
-        return index
-
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        return self.UUIDS[handle].encode()
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
-        self.calls.append("uuid")
-        return [u.lower() for u in self.UUIDS].index(uuid.lower())
-
-
-@pytest.mark.parametrize(
-    ("index", "broken", "calls"),
-    [
-        (1, False, ["index 1"]),  # the index names the GPU: no lookup by UUID
-        (0, False, ["index 0", "uuid"]),  # another GPU there (renumbered): by UUID
-        (7, False, ["index 7", "uuid"]),  # no such index
-        (1, True, ["index 1", "uuid"]),  # NVML's error
-        (None, False, ["uuid"]),  # no index known
-    ],
-)
-def test_a_gpus_handle_is_found_by_its_index_only_where_that_index_is_the_gpu(
-    index: int | None, broken: bool, calls: list[str]
-) -> None:
-    nvml = _Nvml(broken)
-    assert gpu._handle(nvml, "GPU-BBBB", index) == 1  # NVML's UUIDs are lower-case
-    assert nvml.calls == calls
