@@ -4,6 +4,9 @@ A busy client (``--busy``: long kernels back to back) that dies without ``termin
 (a signal) is a fatal error for its server, as seen on an H100 (driver 580): every other
 client fails, and a second such death while the server handles the first (8 busy clients
 SIGKILLed at once) leaves it unable to serve a new client (46) until it is restarted.
+``terminate_client`` of a busy client while its server's first client (attached before any
+other still there) is busy is one too, seen on the same driver (2026-11-28): the ended client
+gets its 810, every other client fails, and the server serves no new client (46).
 """
 
 from __future__ import annotations
@@ -216,9 +219,10 @@ class Pool:
         if server is not None and server.status != "FAULT":
             self._fatal(server, conn.pid)
 
-    def _fatal(self, server: Server, culprit: int) -> None:
-        """A fatal GPU error met by ``culprit``: every client of the server gets it."""
-        pids = sorted(server.clients)
+    def _fatal(self, server: Server, culprit: int, spared: int | None = None) -> None:
+        """A fatal GPU error met by ``culprit``: every client of the server gets it (but
+        ``spared``, one the server has just ended)."""
+        pids = sorted(p for p in server.clients if p != spared)
         # The lines of an H100 (driver 580): every client is called an "error trigging process".
         torn = [f"Client {{PID: {p}, Context ID: 1}} on device 0 to be torn down" for p in pids]
         for p in pids:
@@ -252,7 +256,12 @@ class Pool:
                 "Client termination failed with invalid device context.",
             )
             return False
+        first = next(iter(server.clients.values()))
+        harms = conn.busy and first is not conn and first.busy and not first.doomed
         _doom(conn, "terminate")
+        if harms:
+            self._fatal(server, pid, spared=pid)
+            server.broken = True
         return True
 
 
