@@ -76,6 +76,7 @@ def part_hooks(res: Results, counts: list[int], repeats: int, simulate: bool) ->
         for g in rotated(tuple(todo), r):
             for hook, took in benches[g].hooks(f"m{g}r{r}").items():
                 times[g][hook].append(took)
+    most = max(todo)
     for g in todo:
         res.add(
             f"hooks/gpus{g}",
@@ -84,8 +85,29 @@ def part_hooks(res: Results, counts: list[int], repeats: int, simulate: bool) ->
                 "gpus": g,
                 "simulated": simulate,
                 **{hook: {**_median(t), "runs_ms": _ms(t)} for hook, t in times[g].items()},
+                **({"trace": _traced(benches[g], f"m{g}trace")} if g == most else {}),
             },
         )
+
+
+def _traced(bench: Bench, job: str) -> dict[str, list[str]]:
+    """One more prolog and epilog of the bench's job, untimed, at log level debug: each line
+    stamped with its millisecond (where a GPU's start goes: cgroup and record, '-d', the
+    daemon's first answer)."""
+    with (bench.tmp / "mpswrap.conf").open("a") as conf:
+        conf.write("log_level = debug\n")
+    lines: dict[str, list[str]] = {}
+    for hook in HOOKS:
+        done = subprocess.run(
+            [sys.executable, "-m", "mpswrap", hook],
+            env=bench.env(job),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        lines[hook] = [ln for ln in done.stderr.splitlines() if " ms " in ln][-60:]
+    return lines
 
 
 def _ms(seconds: list[float]) -> list[float]:

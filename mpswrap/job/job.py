@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -177,6 +178,7 @@ class JobDaemons(Struct):
         self.check(keys)
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
+        began = time.monotonic()
         try:
             for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=True):
                 steps = self.daemon(key).starting(
@@ -190,7 +192,14 @@ class JobDaemons(Struct):
                 )
                 next(steps)  # launched, its lock held
                 pending.append(steps)
+            launched = time.monotonic()
             done = _wait.side_by_side([functools.partial(finish, steps) for steps in pending])
+            log.debug(
+                "%d daemon(s) launched in %.0f ms, all started %.0f ms later",
+                len(pending),
+                (launched - began) * 1000,
+                (time.monotonic() - launched) * 1000,
+            )
             started = [r for r in done if isinstance(r, Manifest)]
             for manifest in started:  # also those a failed GPU's start will stop
                 log_started(manifest)

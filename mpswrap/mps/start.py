@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from .. import _proc, _wait
@@ -90,7 +91,9 @@ class Start(Struct):
     def launch(self) -> _proc.Popen[str]:
         """As root, the cgroup and the record first; then ``nvidia-cuda-mps-control -d`` as
         the user on ``cpus``, in that cgroup, not waited for."""
+        began = time.monotonic()
         cgroup = self._hold()
+        held = time.monotonic()
         env = daemon_env(
             self.dirs.pipe,
             self.dirs.log,
@@ -100,7 +103,7 @@ class Start(Struct):
             _proc.adopt_orphans()  # the daemon '-d' forks becomes our child: ``_ours``
         out = create_job_file(self.dirs.log / START_ERR)  # root's, in the user's directory
         try:
-            return _proc.spawn(
+            launched = _proc.spawn(
                 [self.binary, "-d"],
                 env=env,
                 user=self.user,
@@ -111,6 +114,13 @@ class Start(Struct):
             )
         finally:
             os.close(out)
+        log.debug(
+            "%s: cgroup and record in %s, '-d' launched %s later",
+            self.dirs.key,
+            _ms(held - began),
+            _ms(time.monotonic() - held),
+        )
+        return launched
 
     def _hold(self) -> Cgroup | None:
         """As root, before the daemon starts: its cgroup, and root's record naming it."""
@@ -149,8 +159,11 @@ class Start(Struct):
     def finish(self, launched: _proc.Popen[str]) -> Manifest:
         """Once launched: ``-d`` returned, the daemon answers, the defaults are applied, the
         manifest and root's record name it."""
+        began = time.monotonic()
         self._wait_detached(launched)
+        detached = time.monotonic()
         daemon = self._wait_ready()
+        ready = time.monotonic()
         applied = self._apply_defaults()
         # A new daemon has a server only if prestarted: otherwise no query (one command less
         # per GPU in the prolog). Servers started later are its children.
@@ -160,6 +173,14 @@ class Start(Struct):
         if self.root is not None and self.held is not None:
             self.held = replace(self.held, daemon=daemon, settings=applied)
             write_held(self.root.record, self.held)
+        log.debug(
+            "%s: '-d' returned in %s, the daemon answered %s later, defaults, manifest and "
+            "record %s",
+            self.dirs.key,
+            _ms(detached - began),
+            _ms(ready - detached),
+            _ms(time.monotonic() - ready),
+        )
         return manifest
 
     def _manifest(
@@ -254,6 +275,10 @@ class Start(Struct):
         if defaults.task_threads:
             applied["task_threads"] = defaults.task_threads
         return applied
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
 
 
 def tail(path: Path, lines: int = 3) -> str:

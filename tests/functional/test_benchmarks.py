@@ -154,6 +154,11 @@ def test_multigpu_benchmark_runs_each_part_for_the_gpu_counts_the_node_has(tmp_p
     for g in (1, 2):
         hooks = runs[f"hooks/gpus{g}"]
         assert all(0 < hooks[h]["min_ms"] <= hooks[h]["max_ms"] for h in ("prolog", "epilog"))
+    # The largest count's prolog once more at debug: where each GPU's start went.
+    trace = runs["hooks/gpus2"]["trace"]["prolog"]
+    assert any("2 daemon(s) launched in" in line for line in trace), trace
+    assert sum("the daemon answered" in line for line in trace) == 2, trace
+    assert "trace" not in runs["hooks/gpus1"]
     report = [sys.executable, str(REPO / "benchmarks" / "multigpu.py"), "--report", str(out)]
     shown = subprocess.run(report, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "| 2 | 6 (2) |" in shown and "prolog / 1 GPU" in shown, shown
