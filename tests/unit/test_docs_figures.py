@@ -287,43 +287,32 @@ def cpu_farm_parallel() -> list[str]:
     ]
 
 
-def h100x4_teardown_ab() -> list[str]:
-    trees = load("2026-11-27-h100x4-teardown-ab-096b0e3.json")["trees"]
+def _teardown_rows(name: str, trees: list[str], whats: tuple[str, ...]) -> list[str]:
+    """teardown_ab.py's table: a row a tree, a cell each of ``whats``: median (rounds)."""
 
-    def row(name: str, tree: dict[str, Any]) -> str:
+    def row(label: str, tree: dict[str, Any]) -> str:
         cells = []
-        for what in ("status", "epilog"):
+        for what in whats:
             rounds = ", ".join(f"{r[what + '_s']:.3f}" for r in tree["rounds"])
             cells.append(f"{tree[what + '_median_s']:.3f} ({rounds})")
-        return f"| {name} | {cells[0]} | {cells[1]} |"
+        return f"| {label} | {' | '.join(cells)} |"
 
-    return [row("bbecafa", trees[0]), row("096b0e3", trees[1])]
+    return [row(label, tree) for label, tree in zip(trees, load(name)["trees"], strict=True)]
+
+
+def h100x4_teardown_ab() -> list[str]:
+    trees = ["bbecafa", "096b0e3"]
+    return _teardown_rows("2026-11-27-h100x4-teardown-ab-096b0e3.json", trees, ("status", "epilog"))
 
 
 def h100_teardown_ab_running() -> list[str]:
-    trees = load("2026-11-28-h100-teardown-ab-67f6e67.json")["trees"]
-
-    def row(name: str, tree: dict[str, Any]) -> str:
-        cells = []
-        for what in ("status", "status_listed", "epilog"):
-            rounds = ", ".join(f"{r[what + '_s']:.3f}" for r in tree["rounds"])
-            cells.append(f"{tree[what + '_median_s']:.3f} ({rounds})")
-        return f"| {name} | {' | '.join(cells)} |"
-
-    return [row("bbecafa", trees[0]), row("67f6e67", trees[1])]
+    name, trees = "2026-11-28-h100-teardown-ab-67f6e67.json", ["bbecafa", "67f6e67"]
+    return _teardown_rows(name, trees, ("status", "status_listed", "epilog"))
 
 
 def h100_teardown_ab_listed() -> list[str]:
-    trees = load("2026-11-28-h100-teardown-ab-7bca5b2.json")["trees"]
-
-    def row(name: str, tree: dict[str, Any]) -> str:
-        cells = []
-        for what in ("status", "epilog"):
-            rounds = ", ".join(f"{r[what + '_s']:.3f}" for r in tree["rounds"])
-            cells.append(f"{tree[what + '_median_s']:.3f} ({rounds})")
-        return f"| {name} | {cells[0]} | {cells[1]} |"
-
-    return [row("bbecafa", trees[0]), row("7bca5b2", trees[1])]
+    trees = ["bbecafa", "7bca5b2"]
+    return _teardown_rows("2026-11-28-h100-teardown-ab-7bca5b2.json", trees, ("status", "epilog"))
 
 
 def h200x4_multigpu_hooks() -> list[str]:
