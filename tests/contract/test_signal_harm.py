@@ -181,8 +181,8 @@ def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_
     """The untouched busy client starts first (it starts the server), then the victim; the
     victim is ended through terminate_client, then exits on its own or is killed. Seen on an
     H100 (driver 580.159.04, 2026-11-28, every run): the next client is refused with 46, "busy
-    or unavailable"; under mpswrap the earlier client failed with 700. What happens to the
-    untouched client is printed."""
+    or unavailable"; with ranks under mpswrap (per-rank mode) the earlier client failed with
+    700. What happens to the untouched client is printed."""
     extra = [] if sig is None else ["--linger", str(SHOWN)]
     server, victims, bystander = _scene(backend, 1, *extra, bystander_first=True)
     ctl = backend.control()
