@@ -5,7 +5,8 @@ K around the best, on the three sets; ratios and OOM counts at the end), resumab
 ``--out`` where one 10-minute call does not finish it:
 
     python benchmarks/farm_bench.py --out benchmarks/results/DATE-h100-farm-auto-44.json \
-        --parts light,hetero,memory --modes auto,fixed --fixed-k 8,16 --mem-k 3,16 --repeats 3
+        --parts light,hetero,memory --modes auto,auto-known,fixed --fixed-k 8,16 --mem-k 3,16 \
+        --repeats 3
 
 Three task sets on GPU 0, each run every way in ``--modes``, ``--repeats`` times, the order
 rotated each repeat (interleaved), makespan from the command's start to its end (the daemon's
@@ -17,7 +18,10 @@ start and teardown included):
   ``--hold`` s: the sum of their peaks is about 3x an 80 GB H100 (3 fit at once, 4 do not:
   22 GiB leaves room for the MPS contexts beside 3 of them).
 
-Modes: ``auto`` (``mpswrap farm --per-gpu auto``); ``fixed`` (``--per-gpu K``: light and
+Modes: ``auto`` (``mpswrap farm --per-gpu auto`` of commands it has not seen: no farm
+profile to start from, ``taskfarm.profile``); ``auto-known`` (the same, starting from the
+profile the set's last ``auto`` run wrote, ``<out>.profiles/<set>.json``: a farm of known
+commands; in the first repeat it runs after ``auto``); ``fixed`` (``--per-gpu K``: light and
 hetero at the best K, that of this file's ``calibrate`` record if the part ran, else
 ``--best-k``; memory at each K of ``--mem-k``); ``default`` (today's default K, entry/farm.py
 ``default_per_gpu``: a CPU per task, at most 16; run once where it equals a fixed K); ``waves``
@@ -74,7 +78,7 @@ from run import PY, Results, machine_meta, raw_mps, rotated  # noqa: E402
 
 SETS = ("memory", "light", "hetero")
 PARTS = (*SETS, "calibrate", "alone", "serial", "compare")
-MODES = ("auto", "fixed", "default", "waves")
+MODES = ("auto", "auto-known", "fixed", "default", "waves")
 #: MPS's client limit on Volta and later: above the 16 of today's default, so never its bound.
 CLIENT_LIMIT = 48
 #: What calibrate recommended on the H100 (benchmarks/results/2026-11-24-h100-farm-59fb4ea.json).
@@ -155,24 +159,32 @@ def waves(n: int, k: int, steps: int, tmp: Path) -> float:
     return float(run["makespan_s"])
 
 
-def _mpswrap(*args: str, tmp: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(tmp / "run"))
+def _mpswrap(
+    *args: str, tmp: Path, timeout: float, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MPSWRAP_USER_RUN_DIR=str(tmp / "run"), **extra)
     argv = [PY, "-m", "mpswrap", *args]
     return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
 
 
 def run_farm(
-    argvs: list[list[str]], per_gpu: str, tmp: Path, plot: Path | None = None
+    argvs: list[list[str]],
+    per_gpu: str,
+    tmp: Path,
+    plot: Path | None = None,
+    profile: str = "off",
 ) -> dict[str, Any]:
     """``mpswrap farm --per-gpu PER_GPU`` of the lines, then its ``farm status --json`` (and
     ``--plot``): makespan, exit code, the status's counts and ``packing``. Tasks that fail are
     recorded, not raised (today's default fails on the memory set); a farm that refuses to run
-    (exit 2) or leaves no status is raised."""
+    (exit 2) or leaves no status is raised. ``profile``: the ``farm_profile`` setting."""
     tasks, farm_dir = tmp / "tasks.txt", tmp / "farm"
     tasks.write_text("".join(shlex.join(a) + "\n" for a in argvs))
     args = ["--gpus", "0", "--per-gpu", per_gpu, "--progress", "off", "--dir", str(farm_dir)]
     start = time.monotonic()
-    res = _mpswrap("farm", *args, str(tasks), tmp=tmp, timeout=FARM_TIMEOUT)
+    res = _mpswrap(
+        "farm", *args, str(tasks), tmp=tmp, timeout=FARM_TIMEOUT, MPSWRAP_FARM_PROFILE=profile
+    )
     took = time.monotonic() - start
     status = _mpswrap("farm", "status", "--json", str(farm_dir), tmp=tmp, timeout=60)
     if res.returncode == 2 or status.returncode:
@@ -274,8 +286,8 @@ def variants(
     fixed = mem_ks if name == "memory" else (fixed_ks or [best])
     out: list[tuple[str, int | None]] = []
     for mode in modes:
-        if mode == "auto":
-            out.append(("auto", None))
+        if mode in ("auto", "auto-known"):
+            out.append((mode, None))
         elif mode == "fixed":
             out += [("fixed", k) for k in fixed]
         elif mode == "default" and not ("fixed" in modes and default in fixed):
@@ -283,6 +295,25 @@ def variants(
         elif mode == "waves" and name != "memory":
             out.append(("waves", best))
     return out
+
+
+def _run_way(
+    plan: SetPlan, mode: str, k: int | None, tmp: Path, plot: Path | None
+) -> dict[str, Any]:
+    """One run of a set one way. ``auto`` starts from no profile and leaves what it learned
+    as the set's profile; ``auto-known`` starts from a copy of that."""
+    if mode == "waves":
+        return run_waves(plan.argvs, int(k or 1), tmp)
+    if k is not None:
+        return run_farm(plan.argvs, str(k), tmp, plot)
+    profile = tmp / "profile.json"
+    if mode == "auto-known":
+        shutil.copyfile(plan.profile, profile)
+    run = run_farm(plan.argvs, "auto", tmp, plot, profile=str(profile))
+    if mode == "auto" and profile.exists():
+        plan.profile.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(profile, plan.profile)
+    return run
 
 
 def set_key(name: str, mode: str, k: int | None, rep: int) -> str:
@@ -310,24 +341,26 @@ class SetPlan:
     variants: list[tuple[str, int | None]]
     repeats: int
     plot: Path | None  # where the first auto farm is plotted (hetero)
+    #: What the set's last ``auto`` run learned (its farm profile), for ``auto-known``.
+    profile: Path
 
 
 def phase_set(res: Results, plan: SetPlan, clock: Clock) -> bool:
     """Every variant of one set, ``repeats`` times interleaved; False when the budget ran out."""
     for rep in range(plan.repeats):
-        for mode, k in rotated(tuple(plan.variants), rep):
+        order = list(rotated(tuple(plan.variants), rep))
+        if rep == 0:  # auto-known starts from what an auto run learned
+            order.sort(key=lambda v: v[0] == "auto-known")
+        for mode, k in order:
             key = set_key(plan.name, mode, k, rep)
-            if res.has(key):
+            if res.has(key) or (mode == "auto-known" and not plan.profile.exists()):
                 continue
             if not clock.allows(plan.name):
                 return False
             plot = plan.plot if mode == "auto" and not _plotted(res, plan.name) else None
             tmp = _fresh()
             try:
-                if mode == "waves":
-                    run = run_waves(plan.argvs, int(k or 1), tmp)
-                else:
-                    run = run_farm(plan.argvs, "auto" if k is None else str(k), tmp, plot)
+                run = _run_way(plan, mode, k, tmp, plot)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             clock.took(plan.name, run["makespan_s"])
@@ -391,6 +424,7 @@ def _part(res: Results, part: str, args: argparse.Namespace, sizes: Sizes, clock
             variants(part, modes, best, default, mem_ks, fixed_ks),
             args.repeats,
             plot,
+            args.out.with_name(f"{args.out.stem}.profiles") / f"{part}.json",
         )
         return phase_set(res, plan, clock)
     return True

@@ -222,6 +222,27 @@ def test_farm_benchmark_sets_run_each_way_on_the_simulator_resume_and_report(
     assert not (tmp_path / "spent.json").exists(), "nothing ran, nothing written"
 
 
+def test_farm_benchmark_auto_known_starts_from_what_auto_learned(
+    sim: SimNode, tmp_path: Path
+) -> None:
+    """farm_bench.py's two auto ways on a tiny light set: ``auto`` starts from no profile and
+    leaves what it learned as the set's profile (beside the results file); ``auto-known``
+    starts from that, even when listed first; the report judges each."""
+    out = tmp_path / "farm.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "farm_bench.py"), "--out", str(out)]
+    argv += ["--parts", "light", "--modes", "auto-known,auto,fixed", "--repeats", "1"]
+    argv += ["--best-k", "2", "--default-k", "2", "--light", "3", "--steps", "50"]
+    path = f"{sim.bin}:{os.environ['PATH']}"
+    env = sim.env(PATH=path, PYTHONPATH=str(REPO), MPS_BENCH_WORKER="stand-in")
+    res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    keys = [r["key"] for r in json.loads(out.read_text())["runs"]]
+    assert keys.index("light/auto/r0") < keys.index("light/auto-known/r0"), keys
+    learned = json.loads((tmp_path / "farm.profiles" / "light.json").read_text())
+    assert learned, "the auto run left no profile"
+    assert "auto, known commands / best fixed K (fixed K=2) throughput:" in res.stdout, res.stdout
+
+
 @pytest.mark.timeout(300)
 def test_farm_beside_gnu_parallel_quick_runs_and_records(tmp_path: Path) -> None:
     """benchmarks/farm_parallel.py --quick (issue 44): the farm and, where installed, GNU

@@ -95,3 +95,28 @@ def test_memory_wants_the_default_failing_auto_clean_and_within_ten_percent() ->
     assert "auto: 3 failed, 0 oom over all runs: 0 failures NOT met" in report.render(_data(*lost))
     passing = [_run("memory", "default", 16, 12)] * 3 + runs[3:]
     assert "in 0 of 3 runs (0 failed, 0 oom): NOT failing" in report.render(_data(*passing))
+
+
+def test_auto_known_runs_beside_auto_and_is_judged_on_its_own() -> None:
+    """auto-known (the farm started from what an auto run of the same set learned) is one
+    more way of each set, with a verdict of its own beside auto's."""
+    modes = ["auto", "auto-known", "fixed"]
+    assert bench.variants("light", modes, 16, 16, [3]) == [
+        ("auto", None),
+        ("auto-known", None),
+        ("fixed", 16),
+    ]
+    runs = [_run("light", "auto", None, 11) for _ in range(3)]
+    runs += [_run("light", "auto-known", None, 10.4, packing={"GPU-0": {"k": 16}})] * 3
+    runs += [_run("light", "fixed", 16, 10)] * 3
+    shown = report.render(_data(*runs))
+    assert "auto / best fixed K (fixed K=16) throughput: 0.909 (target >= 0.95): NOT met" in shown
+    assert (
+        "auto, known commands / best fixed K (fixed K=16) throughput: 0.962 "
+        "(target >= 0.95): met" in shown
+    )
+    assert "| auto, known commands (final K 16) | 10.4 (10.4-10.4, 3 runs) |" in shown
+    memory = [_run("memory", "fixed", 3, 30)] * 3
+    memory += [_run("memory", "auto-known", None, 31, oom=1)] * 3
+    shown = report.render(_data(*memory))
+    assert "auto, known commands: 0 failed, 3 oom over all runs: 0 failures NOT met" in shown
