@@ -353,7 +353,14 @@ def phase_set(res: Results, plan: SetPlan, clock: Clock) -> bool:
             order.sort(key=lambda v: v[0] == "auto-known")
         for mode, k in order:
             key = set_key(plan.name, mode, k, rep)
-            if res.has(key) or (mode == "auto-known" and not plan.profile.exists()):
+            if res.has(key):
+                continue
+            if mode == "auto-known" and not plan.profile.exists():
+                print(
+                    f"{key}: not run: no profile from an auto run of this set "
+                    f"({plan.profile}); it runs once an auto run of this --out leaves one",
+                    flush=True,
+                )
                 continue
             if not clock.allows(plan.name):
                 return False
@@ -472,6 +479,8 @@ def main() -> int:
     for given, known in ((parts, PARTS), (modes, MODES)):
         if set(given) - set(known):
             sys.exit(f"farm_bench: unknown: {', '.join(sorted(set(given) - set(known)))}")
+    if "auto-known" in modes and "auto" not in modes:
+        sys.exit("farm_bench: auto-known starts from what an auto run learned: add auto")
     args.plot_dir = args.plot_dir or args.out.parent
     sizes = _sizes(args)
     res = Results(args.out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -135,14 +136,16 @@ class Bench:
         ]
 
 
-def wait_started(clients: list[subprocess.Popen[bytes]]) -> None:
+def wait_started(clients: list[subprocess.Popen[bytes]], timeout: float = 120) -> None:
     """Until each client (``attach_clients(said=True)``) has said "started": its CUDA context
     is up and its first allocation made. A client is listed by its server before that."""
+    deadline = time.monotonic() + timeout
     for client in clients:
         assert client.stdout is not None
-        line = client.stdout.readline()  # the test clients flush it; EOF if one died
+        ready, _, _ = select.select([client.stdout], [], [], max(0, deadline - time.monotonic()))
+        line = client.stdout.readline() if ready else b""  # flushed; EOF if one died
         if b" started" not in line:
-            raise RuntimeError(f"client {client.pid} did not start: {line!r}")
+            raise RuntimeError(f"client {client.pid} did not start in {timeout:g} s: {line!r}")
 
 
 def _median(values: list[float]) -> dict[str, float]:

@@ -244,7 +244,8 @@ class Pool:
         server.status = "FAULT"
         server.sticky = set(pids)
         for client in server.clients.values():
-            _doom(client, "fault")
+            if client.pid != spared:
+                _doom(client, "fault")
 
     def terminate(self, server: Server, pid: int) -> bool:
         conn = server.clients.get(pid)
