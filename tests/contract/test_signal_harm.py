@@ -11,8 +11,9 @@ fails means the driver no longer shows it, and the shield could be reconsidered.
 clients ended through ``terminate_client`` first, then killed or left to exit on their own,
 harm nobody where they started first. Where an earlier busy client runs on, terminate_client
 harms the server too (2026-11-28, docs/gpu-results/2026-11-28-h100: the next client refused
-with 46 after every ending tried), asserted as the harm is above. With 8 victims exiting on
-their own, a later ``terminate_client`` went unanswered on that driver (the simulator answers).
+with 46 after every ending tried), asserted as the harm is above. With 8 victims started
+together and exiting on their own, a later ``terminate_client`` went unanswered on that driver
+(the simulator answers); they now start in order, which has not run there yet.
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
