@@ -56,13 +56,10 @@ status = timed_status()
 # Once more, untimed, with its debug lines: where the time went.
 trace = subprocess.run([overhead.PY, "-m", "mpswrap", "status", "--json", "-v"], env=env,
                        capture_output=True, text=True, cwd="/").stderr.splitlines()[-80:]
-# NVML's calls one by one (the real GPU only), in status's environment: the GPU found by
-# index first, by UUID first, and by UUID after nvmlInit in a thread of its own.
-nvml_trace = [] if {simulate!r} else [
-    subprocess.run([overhead.PY, "-c", NVML_PROBE, how], env=env, capture_output=True,
-                   text=True, cwd="/", timeout=120).stdout.splitlines()
-    for how in ("index", "uuid", "thread", "index")
-]
+# NVML's calls one by one, as status makes them (the real GPU only), in status's environment.
+nvml_trace = [] if {simulate!r} else subprocess.run(
+    [overhead.PY, "-c", NVML_PROBE], env=env, capture_output=True, text=True, cwd="/",
+    timeout=120).stdout.splitlines()
 t0 = time.perf_counter()
 done = subprocess.run([overhead.PY, "-m", "mpswrap", "epilog"], env=bench.env(job),
                       capture_output=True, text=True, cwd="/", timeout=120)
@@ -78,29 +75,16 @@ print(json.dumps({{"status_s": round(status, 3), "epilog_s": round(epilog, 3),
 """
 #: Each NVML call status makes, timed on its own, for the GPU the job uses.
 NVML_PROBE = """
-import sys, threading, time
+import time
 t0 = time.perf_counter()
 def said(what):
     print(f"{(time.perf_counter() - t0) * 1000:.0f} ms {what}", flush=True)
 import pynvml as n
 said("import")
-how = sys.argv[1]
-if how == "thread":
-    started = threading.Thread(target=n.nvmlInit)
-    started.start()
-    started.join()
-else:
-    n.nvmlInit()
-said(f"nvmlInit ({how})")
-if how == "index":
-    h = n.nvmlDeviceGetHandleByIndex(0)
-    said("handle by index 0")
-    uuid = n.nvmlDeviceGetUUID(h)
-    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-    said("uuid")
-else:
-    uuid = open("/proc/driver/nvidia/gpus/" + sorted(__import__("os").listdir(
-        "/proc/driver/nvidia/gpus"))[0] + "/information").read().split("GPU UUID:")[1].split()[0]
+n.nvmlInit()
+said("nvmlInit")
+uuid = open("/proc/driver/nvidia/gpus/" + sorted(__import__("os").listdir(
+    "/proc/driver/nvidia/gpus"))[0] + "/information").read().split("GPU UUID:")[1].split()[0]
 h = n.nvmlDeviceGetHandleByUUID(uuid)
 said("handle by uuid")
 n.nvmlDeviceGetMemoryInfo(h)

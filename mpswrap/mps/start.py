@@ -115,10 +115,10 @@ class Start(Struct):
         finally:
             os.close(out)
         log.debug(
-            "%s: cgroup and record in %s, '-d' launched %s later",
+            "%s: cgroup and record in %.0f ms, '-d' launched %.0f ms later",
             self.dirs.key,
-            _ms(held - began),
-            _ms(time.monotonic() - held),
+            (held - began) * 1000,
+            (time.monotonic() - held) * 1000,
         )
         return launched
 
@@ -174,12 +174,12 @@ class Start(Struct):
             self.held = replace(self.held, daemon=daemon, settings=applied)
             write_held(self.root.record, self.held)
         log.debug(
-            "%s: '-d' returned in %s, the daemon answered %s later, defaults, manifest and "
-            "record %s",
+            "%s: '-d' returned in %.0f ms, the daemon answered %.0f ms later, defaults, "
+            "manifest and record %.0f ms",
             self.dirs.key,
-            _ms(detached - began),
-            _ms(ready - detached),
-            _ms(time.monotonic() - ready),
+            (detached - began) * 1000,
+            (ready - detached) * 1000,
+            (time.monotonic() - ready) * 1000,
         )
         return manifest
 
@@ -275,10 +275,6 @@ class Start(Struct):
         if defaults.task_threads:
             applied["task_threads"] = defaults.task_threads
         return applied
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
 
 
 def tail(path: Path, lines: int = 3) -> str:

@@ -100,6 +100,13 @@ def _next_client(backend: Backend) -> tuple[int, str]:
     return after.returncode, out
 
 
+def _new_server(backend: Backend, server: int) -> None:
+    """``shutdown_server -f`` of a server left unable to serve: the next client gets a new
+    one."""
+    backend.control().command(f"shutdown_server {server} -f")
+    wait_until(lambda: server not in backend.control().server_list(), 30, "the server to go")
+
+
 def _harm(seen: bool, what: str, when: str = "2026-11-27") -> None:
     assert seen, (
         f"{what}: this driver no longer shows the harm of ending busy MPS clients (seen on an "
@@ -199,8 +206,7 @@ def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_
     if bystander.poll() is None:
         bystander.kill()
         bystander.communicate()
-    ctl.command(f"shutdown_server {server} -f")
-    wait_until(lambda: server not in ctl.server_list(), 30, "the server to go")
+    _new_server(backend, server)
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
@@ -224,7 +230,6 @@ def test_busy_clients_killed_at_once_fail_an_untouched_one_with_a_fatal_gpu_erro
     print(f"the next client {'failed' if failed else 'ran'} after {sig.name}: {out!r}")
     assert failed or code == 0, out
     assert server in backend.control().server_list()
-    backend.control().command(f"shutdown_server {server} -f")
-    wait_until(lambda: server not in backend.control().server_list(), 30, "the server to go")
+    _new_server(backend, server)
     code, out = _next_client(backend)
     assert code == 0, f"after shutdown_server -f: {out!r}"
