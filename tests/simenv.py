@@ -175,6 +175,14 @@ class SimNode(SimFiles):
                 continue
         return found
 
+    def wait_nothing_left(self, timeout: float) -> list[psutil.Process]:
+        """What of the node still runs after waiting up to ``timeout`` seconds for it to end:
+        a watchdog or a guard ends the daemons in the background, after a test's last look."""
+        deadline = time.monotonic() + timeout
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
 
 def make_sim_node(gpus: int = 2) -> SimNode:
     # Short and world-traversable: socket paths are limited, and a test user must get in.
@@ -188,11 +196,7 @@ def make_sim_node(gpus: int = 2) -> SimNode:
 def finish_sim_node(node: SimNode) -> list[str]:
     """Kill and report whatever of this node survived (its processes, root's cgroups of its
     jobs); remove its files."""
-    deadline = time.monotonic() + 3
-    left = node.leftovers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = node.leftovers()
+    left = node.wait_nothing_left(3)
     report = [what for p in left if (what := described(p)) is not None]
     for proc in left:
         try:

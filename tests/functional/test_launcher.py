@@ -27,7 +27,7 @@ import pytest
 from mpswrap import _proc
 from mpswrap.mps.gpu import load_inventory
 from tests.placed import placed
-from tests.procs import signal_tree
+from tests.procs import described, signal_tree
 from tests.simenv import MPSWRAP, SimNode, sim_node
 from tests.users import ensure_test_user
 from tests.waits import sh_wait_for_records, wait_until
@@ -116,6 +116,7 @@ def test_run_sigkilled_still_ends_every_client_through_mps(node: SimNode) -> Non
     wait_until(lambda: len(by_tag(records(rec), "end")) == 2, 30, "2 clients to end")
     ends = by_tag(records(rec), "end")
     assert sorted(r["reason"] for r in ends.values()) == ["terminated"] * 2, ends
+    _all_ended(node, "the guard to stop the daemons and exit")
 
 
 def test_run_prefixes_output_and_keeps_a_last_line_without_newline(node: SimNode) -> None:
@@ -253,6 +254,7 @@ def test_rank_mode_sigterm_at_once_ends_client_through_mps(node: SimNode) -> Non
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+    _all_ended(node, "the daemons to be stopped and their stopper to exit")
 
 
 def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimNode) -> None:
@@ -263,6 +265,7 @@ def test_rank_mode_supervisor_sigkilled_still_ends_client_through_mps(node: SimN
     proc.communicate(timeout=30)
     wait_until(lambda: "r" in by_tag(records(rec), "end"), 30, "the client to end")
     assert by_tag(records(rec), "end")["r"]["reason"] == "terminated"
+    _all_ended(node, "the daemons to be stopped and their stopper to exit")
 
 
 def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> None:
@@ -287,6 +290,14 @@ def test_user_daemons_are_ended_when_their_job_dir_vanishes(node: SimNode) -> No
     # the watchdog.
     assert not job_dir.exists()
     assert "teardown not run (job directory gone)" in err, err
+    _all_ended(node, "the watchdog to exit")
+
+
+def _all_ended(node: SimNode, what: str) -> None:
+    """Nothing of the node runs within 30 s: what ends the daemons after the supervisor went
+    (its guard, the watchdog) ends too, on a machine as busy as it may be."""
+    left = [d for p in node.wait_nothing_left(30) if (d := described(p)) is not None]
+    assert not left, f"{what}: still running after 30 s: {left}"
 
 
 def _in_sleep(pid: int) -> int | None:
