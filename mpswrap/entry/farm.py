@@ -19,6 +19,7 @@ The command prints its summary on stdout (``-q``: only where something failed or
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -87,7 +88,10 @@ class FarmResult:
     code: int
     records: list[TaskRecord] = field(default_factory=list)
     not_run: list[Task] = field(default_factory=list)
+    #: Tasks not run because a record of the directory settled them: done before, and
+    #: (``--skip-failed``) failed before, which keep the exit code 1.
     skipped: int = 0
+    failed_before: int = 0
     directory: str = ""
 
 
@@ -99,11 +103,13 @@ def _share(given: str | None, env: JobEnv) -> Share:
 
 
 def task_list_dir(given: str | None, source: str) -> str:
-    """``--dir``, else ``<TASKS>.farm`` beside the task list (``stdin.farm`` here for ``-``):
-    two task lists never share one by default."""
+    """``--dir``, else ``<TASKS>.farm`` beside the task list (``stdin.farm`` here for ``-``
+    and for a pipe named by a path in /dev or /proc, as ``<(...)`` names one): two task
+    lists never share one by default."""
     if given:
         return given
-    return "stdin.farm" if source == "-" else f"{source}.farm"
+    piped = source == "-" or os.path.abspath(source).startswith(("/dev/", "/proc/"))
+    return "stdin.farm" if piped else f"{source}.farm"
 
 
 def run_farm(opts: LaunchOptions, farm_opts: FarmOptions, source: str) -> int:
@@ -194,15 +200,27 @@ def farm_tasks(
     share = _share(farm_opts.share, env)
     farm_dir = FarmDir(directory, share)
     mine = [t for t in tasks if share.picks(t)]
-    todo = _todo(mine, farm_dir, farm_opts.skip_failed)
-    result = FarmResult(0, skipped=len(mine) - len(todo), directory=directory)
+    todo, failed_before = _todo(mine, farm_dir, farm_opts.skip_failed)
+    result = FarmResult(
+        1 if failed_before else 0,
+        skipped=len(mine) - len(todo),
+        failed_before=failed_before,
+        directory=directory,
+    )
     if share.count > 1:
         log.info("farm: share %s: %d of %d task(s)", share, len(mine), len(tasks))
     if not mine:
-        show.line(f"farm: no tasks to run (share {share} of {len(tasks)} task(s))")
+        if not _quiet():
+            of = f" (share {share} of {len(tasks)} task(s))" if share.count > 1 else ""
+            show.line(f"farm: no tasks to run{of}")
         return result
     if not todo:
-        show.line(f"farm: nothing to run: {len(mine)} tasks, all done before ({directory})")
+        before = "all done before"
+        if failed_before:
+            before = f"{len(mine) - failed_before} done before, {failed_before} failed before"
+            before += " (--skip-failed)"
+        if failed_before or not _quiet():
+            show.line(f"farm: nothing to run: {len(mine)} tasks, {before} ({directory})")
         return result
     planned, seats = _per_gpu(plan(opts, "farm"), farm_opts.per_gpu, len(todo))
     for task in todo:  # a task that starts a container that would miss its daemon
@@ -226,13 +244,15 @@ def farm_tasks(
         )
 
 
-def _todo(mine: list[Task], farm_dir: FarmDir, skip_failed: bool) -> list[Task]:
-    """The tasks to run: not done in the directory before (nor failed, ``skip_failed``)."""
+def _todo(mine: list[Task], farm_dir: FarmDir, skip_failed: bool) -> tuple[list[Task], int]:
+    """The tasks to run: not done in the directory before (nor failed, ``skip_failed``); and
+    how many of those not run failed before."""
     if not farm_dir.path.is_dir():
-        return mine
+        return mine, 0
     last = farm_dir.last_status()
-    skip = {DONE, FAILED, FAULT, OOM, TIMEOUT} if skip_failed else {DONE}
-    return [t for t in mine if last.get(t.key) not in skip]
+    failed = {FAILED, FAULT, OOM, TIMEOUT} if skip_failed else set()
+    todo = [t for t in mine if last.get(t.key) not in {DONE, *failed}]
+    return todo, sum(last.get(t.key) in failed for t in mine)
 
 
 def _run(
@@ -277,8 +297,9 @@ def _run(
                 )
                 recorder.begin(
                     len(todo),
-                    result.skipped,
+                    result.skipped - result.failed_before,
                     farmer.slots,
+                    failed_before=result.failed_before,
                     gpus=len(farmer.lanes),
                     job=run.plan.env.job_id,
                 )
@@ -310,14 +331,17 @@ def _finish(
     result.records = list(tally.records or [])
     settled = {t for t, status in tally.settled.items() if status != INTERRUPTED}
     result.not_run = [t for t in todo if t.number not in settled]
-    failed = bool(tally.failed or result.not_run)
+    # A halt on success (or done) leaves tasks unrun as asked: they make no failure.
+    as_asked = farmer.halting and farmer.plan.halt.what != "fail"
+    failed = bool(tally.failed or result.failed_before or (result.not_run and not as_asked))
     result.code = code if code else (1 if failed else 0)
     until = time.time()  # the summary's end is the journal's: its fold says the same
+    # The record first: a summary nobody reads (its pipe closed) leaves the journal whole.
+    farmer.recorder.end(result.code, until)
+    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     if not _quiet() or failed:
         for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
             show.line(line)
-    farmer.recorder.end(result.code, until)
-    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     return result
 
 

@@ -4,6 +4,7 @@ or after they ended (``taskfarm.status``: each journal folded, and whether its f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,8 @@ from ..taskfarm.journal import read_journal
 from .farm import task_list_dir
 
 __all__ = ["farm_status"]
+
+log = logging.getLogger(__name__)
 
 
 def farm_status(
@@ -33,8 +36,9 @@ def farm_status(
         raise UsageError("farm status --plot: one farm at a time", hint=_STATUS_HINT)
     alive = farmstatus.liveness(JobEnv.current())
     now, records, lines = time.time(), [], []
-    for path in paths:
-        shares = [farmstatus.share_status(n, j, alive) for n, j in _journal(path).items()]
+    journals = _journals(paths, asked=directory is not None)
+    for path, journal in journals.items():
+        shares = [farmstatus.share_status(n, j, alive) for n, j in journal.items()]
         records.append(farmstatus.status_json(path, shares, now))
         lines += farmstatus.failed_lines(shares) if failed else []
         lines += [] if failed else farmstatus.status_lines(path, shares, now)
@@ -43,9 +47,28 @@ def farm_status(
     elif lines:
         print("\n".join(lines))
     if plot:
-        plots.plot_packing(records[0], plot, title=f"farm {paths[0]}")
+        plots.plot_packing(records[0], plot, title=f"farm {next(iter(journals))}")
         print(f"farm status: plot saved to {plot}", file=sys.stderr if as_json else sys.stdout)
     return 0
+
+
+def _journals(paths: list[str], asked: bool) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Each directory's journals. The one ``asked`` about must be a farm's; of every ``*.farm``
+    here, one that is none (a farm that failed to start, a user's own) is passed over with a
+    warning, unless none is a farm."""
+    if asked:
+        return {paths[0]: _journal(paths[0])}
+    found = {}
+    for path in paths:
+        try:
+            found[path] = _journal(path)
+        except UsageError as exc:
+            log.warning("farm status: passed over: %s", exc.line())
+    if not found:
+        raise UsageError(
+            "no farm here", cause="no *.farm directory has a journal", hint=_STATUS_HINT
+        )
+    return found
 
 
 def _journal(path: str) -> dict[str, list[dict[str, Any]]]:

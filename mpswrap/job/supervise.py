@@ -108,6 +108,9 @@ class Rank(Struct):
     shielded: bool = True
     #: The signal whose default action a SIGKILL of it stood in for (``signal_unshielded``).
     stood_in: int = 0
+    #: The processes of its tree that such a SIGKILL ended: once it exits, they are going,
+    #: not left behind.
+    doomed: set[int] = field(default_factory=set)
 
     def tree(self) -> list[_proc.ProcId]:
         """The child and its descendants (a wrapper script's client counts); for a runtime
@@ -278,7 +281,10 @@ def deliver(ranks: Sequence[Rank], sig: int) -> None:
     for rank in ranks:
         if not rank.shielded:
             _proc.kill_procs([rank.ident], sig)
-        elif rank.ident in signal_unshielded(rank.tree(), sig):
+            continue
+        killed = signal_unshielded(rank.tree(), sig)
+        rank.doomed.update(p.pid for p in killed)
+        if rank.ident in killed:
             rank.stood_in = sig
 
 

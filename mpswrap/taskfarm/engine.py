@@ -198,7 +198,7 @@ class Farmer:
             self._reap(now)
             self._watch(now)
             self._decide(now, final)
-            if not self.stopping and not self.halting:
+            if not self.stopping and not self.halting and not self._halt_pending():
                 self._fill(now)
             self.recorder.flush(final)
         except OSError as exc:  # disk full, quota: end the running tasks through the ladder
@@ -268,6 +268,7 @@ class Farmer:
         else:
             lane.suspect = True
             self.undecided.append(attempt)
+            self.recorder.exited(attempt)
 
     # --- K -------------------------------------------------------------------------------
     def _finished(self, lane: Lane, now: float) -> None:
@@ -343,17 +344,30 @@ class Farmer:
         """``--halt``: enough tasks failed for good: no new task (soon), or none running
         either (now)."""
         tally, halt = self.recorder.tally, self.plan.halt
-        if self.halting or not halt.reached(tally.failed, tally.total):
+        if self.halting or not halt.reached(tally.failed, tally.total, tally.done):
             return
         self.halting = True
-        log.warning(
-            "farm: --halt %s: %d task(s) failed: %s",
+        (log.warning if halt.what == "fail" else log.info)(
+            "farm: --halt %s: %d task(s) failed, %d done: %s",
             halt,
             tally.failed,
+            tally.done,
             "ending the running ones" if halt.when == "now" else "starting no more",
         )
         if halt.when == "now":
             self._stop(signal.SIGTERM, f"--halt {halt}")
+
+    def _halt_pending(self) -> bool:
+        """Whether ``--halt`` would be reached were the attempts still waiting for their
+        verdict to fail for good: no task starts in their seats until they are decided."""
+        halt, tally = self.plan.halt, self.recorder.tally
+        if halt.what == "success" or halt == NEVER or not self.undecided:
+            return False
+        last = sum(
+            not retry_left(FAILED, a.number, self.ooms[a.task.number], self.plan.retries)
+            for a in self.undecided
+        )
+        return halt.reached(tally.failed + last, tally.total, tally.done)
 
     # --- starting ------------------------------------------------------------------------
     def _fill(self, now: float) -> None:

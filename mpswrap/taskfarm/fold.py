@@ -3,7 +3,9 @@ and nothing else (``journal``).
 
 A ``Tally`` takes the lines of one journal in order (``apply``): a ``farm`` event opens a new
 run (what it had to do, who runs it), ``k`` events give each GPU's K, ``start`` events the
-attempts that run, each record an attempt that finished, an ``end`` event the farm's exit code.
+attempts that run, ``exit`` events those whose process ended and whose record waits for its
+verdict (no longer running), each record an attempt that finished, an ``end`` event the farm's
+exit code.
 The engine folds each line as it writes it, so its progress line and its summary are this fold;
 ``farm status`` folds the same lines read back; the node's summary line and the run record
 (``mpswrap metrics``) take the attempts' outcomes from it (``outcomes``). A test proves the
@@ -56,6 +58,8 @@ class Tally(Struct):
     #: each GPU), when it began, who runs it.
     total: int = 0
     done_before: int = 0
+    #: Tasks that failed before and were not run again (``--skip-failed``).
+    failed_before: int = 0
     slots: int = 0
     started: float = 0.0
     head: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +67,8 @@ class Tally(Struct):
     code: int | None = None
     ended: float | None = None
     running: dict[tuple[int, int], Running] = field(default_factory=dict)
+    #: Attempts whose process ended and whose record waits for its verdict.
+    settling: set[tuple[int, int]] = field(default_factory=set)
     #: The status of each task's last record that settled it (its task not retried), by task
     #: number; the record itself only where it failed (a long farm's memory stays flat).
     settled: dict[int, str] = field(default_factory=dict)
@@ -90,6 +96,8 @@ class Tally(Struct):
             self._start(data)
         elif kind == "k":
             self._k(data)
+        elif kind == "exit":
+            self._exit(data)
         elif kind == "end":
             self.code = data.get("code") if type(data.get("code")) is int else None
             self.ended = _float(data.get("time"))
@@ -101,6 +109,7 @@ class Tally(Struct):
     def add(self, record: TaskRecord) -> None:
         """A finished attempt."""
         self.running.pop((record.task, record.attempt), None)
+        self.settling.discard((record.task, record.attempt))
         self.attempts += 1
         self.busy += record.seconds
         self.ends[(record.code, record.attached)] += 1
@@ -147,8 +156,9 @@ class Tally(Struct):
 
     @property
     def not_run(self) -> int:
-        """Tasks not finished and not running: waiting, or ended by a stop (run again)."""
-        return max(0, self.total - self.finished - self.now_running)
+        """Tasks not finished and not running: waiting, or ended by a stop (run again); not
+        those whose attempt waits for its verdict."""
+        return max(0, self.total - self.finished - self.now_running - len(self.settling))
 
     @property
     def since(self) -> list[float]:
@@ -169,6 +179,7 @@ class Tally(Struct):
     def _begin(self, head: dict[str, Any]) -> None:
         self.head = head
         self.total, self.done_before = _int(head.get("todo")), _int(head.get("skipped"))
+        self.failed_before = _int(head.get("failed_before"))
         self.slots, self.started = _int(head.get("slots")), _float(head.get("time"))
 
     def _start(self, data: dict[str, Any]) -> None:
@@ -185,6 +196,11 @@ class Tally(Struct):
         except (KeyError, TypeError, ValueError, OverflowError):
             return
         self.running[(task.task, task.attempt)] = task
+
+    def _exit(self, data: dict[str, Any]) -> None:
+        key = (_int(data.get("task")), _int(data.get("attempt")))
+        if self.running.pop(key, None) is not None:
+            self.settling.add(key)
 
     def _k(self, data: dict[str, Any]) -> None:
         k = _int(data.get("k"))

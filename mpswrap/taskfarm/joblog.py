@@ -1,8 +1,9 @@
 """The farm's attempts in GNU parallel's ``--joblog`` format, beside the journal, so that the
 tools people already point at a joblog (awk, parallel's own scripts) read a farm's.
 
-Tab-separated, a header line, then one line per finished attempt (a retried task has a line
-per attempt, as ``parallel --retries`` writes one per try)::
+Tab-separated, a header line, then one line per task once it is settled: its last attempt
+(as ``parallel --retries`` writes one line per job, not per try; the journal has every
+attempt)::
 
     Seq  Host  Starttime  JobRuntime  Send  Receive  Exitval  Signal  Command
 

@@ -9,7 +9,8 @@ per share, held while a farm runs.
 
 The journal is JSON lines, each appended with one write, so a farm ended at any moment leaves
 whole lines: events (``event``: ``farm`` when a farm begins, ``k`` for each GPU's K as it
-starts and changes, ``start`` for each attempt, ``end`` when the farm ends) and one record per
+starts and changes, ``start`` for each attempt, ``exit`` for a failed attempt whose process
+ended while its record waits for the verdict, ``end`` when the farm ends) and one record per
 finished attempt (``TaskRecord``). Every view of a farm (its progress line, its summary, the
 node's summary line, ``farm status``, the run record metrics read) is a fold of these lines
 (``fold``). A task whose command has a ``done`` record in any journal of the directory is not

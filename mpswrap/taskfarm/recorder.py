@@ -121,6 +121,18 @@ class Recorder:
             }
         )
 
+    def exited(self, attempt: Attempt) -> None:
+        """A failed attempt's process ended; its record waits for the verdict (a GPU fault?
+        out of memory?): from here on it no longer runs."""
+        self._write(
+            {
+                "event": "exit",
+                "task": attempt.task.number,
+                "attempt": attempt.number,
+                "time": attempt.end,
+            }
+        )
+
     def finish(self, attempt: Attempt, status: str, *, retried: bool = False) -> TaskRecord:
         """A finished attempt's record."""
         return self.record(
@@ -168,7 +180,7 @@ class Recorder:
             signal,
         )
         self._write(as_line(record))
-        if self.joblog is not None:
+        if self.joblog is not None and not retried:  # parallel's: a line per task
             self.joblog.add(record)
         self._new.append(record)
         return record

@@ -159,7 +159,17 @@ def _eta_basis(tally: Tally, now: float) -> str:
 def status_json(directory: str, shares: Sequence[ShareStatus], now: float) -> dict[str, Any]:
     """What ``mpswrap farm status --json`` prints for one directory."""
     farms = [_share_json(s, now) for s in shares]
-    keys = ("tasks", "done", "failed", "oom", "interrupted", "running", "not_run", "done_before")
+    keys = (
+        "tasks",
+        "done",
+        "failed",
+        "oom",
+        "interrupted",
+        "running",
+        "not_run",
+        "done_before",
+        "failed_before",
+    )
     totals = {k: sum(f[k] for f in farms) for k in keys}
     packing = {gpu: k for f in farms for gpu, k in f["packing"].items()}
     return {
@@ -184,7 +194,7 @@ def _share_json(share: ShareStatus, now: float) -> dict[str, Any]:
         "started": tally.started or None,
         "ended": tally.ended,
         "exit_code": tally.code,
-        "tasks": tally.total + tally.done_before,
+        "tasks": tally.total + tally.done_before + tally.failed_before,
         "done": tally.done,
         "failed": tally.failed,
         "oom": tally.statuses["oom"],
@@ -192,6 +202,7 @@ def _share_json(share: ShareStatus, now: float) -> dict[str, Any]:
         "running": tally.now_running,
         "not_run": tally.not_run - tally.interrupted,
         "done_before": tally.done_before,
+        "failed_before": tally.failed_before,
         "retried": tally.retried,
         "mean_attempt_s": tally.busy / tally.attempts if tally.attempts else None,
         "places": tally.slots,

@@ -107,7 +107,8 @@ class TaskProcs:
             return False
         returncode, attempt.cpu = reaped
         attempt.code = attempt.rank.code(returncode)
-        attempt.signal = -returncode if returncode < 0 else 0
+        # The signal the code names: N, also where a SIGKILL stood in for N's default action.
+        attempt.signal = attempt.code - 128 if returncode < 0 else 0
         if attempt.pidfd is not None:
             os.close(attempt.pidfd)
             attempt.pidfd = None
@@ -118,18 +119,22 @@ class TaskProcs:
         the ``live`` ones are the farm's children still."""
         if self.adopting:
             known = {a.rank.ident.pid for a in live} | {self.guard.pid if self.guard else 0}
-            self._sweep(_proc.own_children() - known)
+            doomed = {pid for a in gone for pid in a.rank.doomed}
+            self._sweep(_proc.own_children() - known, doomed)
         end_leftovers([a.rank for a in gone if a.rank.detached])
 
-    def _sweep(self, children: set[int]) -> None:
+    def _sweep(self, children: set[int], doomed: set[int]) -> None:
+        """End (and reap) what the tasks left; say so of all but the ``doomed``, processes a
+        SIGKILL of the farm's own is ending already (``supervise.deliver``)."""
         left = _proc.tagged(children, TREE_VAR, self.tag)
         if not left:
             return
         procs = [p for p in map(_proc.identify, left) if p is not None]
-        log.warning(
-            "farm: tasks exited and left %s running: ending them",
-            ", ".join(map(_proc.describe, procs)),
-        )
+        if any(p.pid not in doomed for p in procs):
+            log.warning(
+                "farm: tasks exited and left %s running: ending them",
+                ", ".join(_proc.describe(p) for p in procs if p.pid not in doomed),
+            )
         pids = {p.pid for p in procs} | {c.pid for p in procs for c in _proc.children_of(p.pid)}
         for daemon in self.daemons:
             daemon.end_clients(pids)

@@ -74,7 +74,9 @@ def eta(tally: Tally, now: float) -> float | None:
 
 
 def _left(mean: float, age: float) -> float:
-    return mean - age if age < mean else max(age, 1.0)
+    """What a running attempt has left: the mean's rest, or as long again past it; at least
+    a second (an ETA is never 0 while a task runs)."""
+    return max(mean - age if age < mean else age, 1.0)
 
 
 def state_words(tally: Tally, now: float) -> str:

@@ -92,12 +92,14 @@ def k_path(history: Sequence[Change]) -> str:
 def counts_words(tally: Tally, running: bool = False) -> str:
     """``12 tasks: 9 done, 1 failed, 2 not run, 0 done before``: the summary's, and
     status's (``running``: with the tasks that run)."""
-    words = f"{tally.total + tally.done_before} tasks: {tally.done} done, {tally.failed} failed"
+    every = tally.total + tally.done_before + tally.failed_before
+    words = f"{every} tasks: {tally.done} done, {tally.failed} failed"
     if tally.interrupted:
         words += f", {tally.interrupted} interrupted"
     if running or tally.now_running:
         words += f", {tally.now_running} running"
-    return words + f", {tally.not_run - tally.interrupted} not run, {tally.done_before} done before"
+    words += f", {tally.not_run - tally.interrupted} not run, {tally.done_before} done before"
+    return words + (f", {tally.failed_before} failed before" if tally.failed_before else "")
 
 
 def summary_lines(tally: Tally, not_run: Sequence[Task], directory: str, until: float) -> list[str]:
@@ -130,7 +132,11 @@ def summary_lines(tally: Tally, not_run: Sequence[Task], directory: str, until: 
             f"  ... and {len(failed) - SHOWN_FAILURES} more failed (mpswrap farm status "
             f"--failed {directory})"
         )
-    lines += [f"  not run: task {t.number}: {t.command}" for t in not_run[:SHOWN_FAILURES]]
+    lines += [
+        f"  {'interrupted' if tally.settled.get(t.number) == INTERRUPTED else 'not run'}: "
+        f"task {t.number}: {t.command}"
+        for t in not_run[:SHOWN_FAILURES]
+    ]
     return lines
 
 

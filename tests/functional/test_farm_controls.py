@@ -81,15 +81,46 @@ def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -
         (1, "failed", True),
         (2, "done", False),
     ]
+    # The joblog has a line per task, its last attempt's, as parallel --retries writes it.
+    rows = (farm_dir / "joblog").read_text().splitlines()[1:]
+    assert [r.split("\t")[6] for r in rows] == ["0"], rows
     halted, farm_dir = node.root / "halt.txt", node.root / "h"
     halted.write_text("exit 1\nexit 2\n" + "sleep 1\n" * 8)
     args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=2", "--dir", str(farm_dir))
     res = node.run(*args, str(halted), timeout=60)
     assert res.returncode == 1
-    assert "--halt soon,fail=2: 2 task(s) failed: starting no more" in res.stderr, res.stderr
-    ran = {r["task"] for r in records(farm_dir)}
-    assert {0, 1} <= ran and len(ran) < 10, ran
-    assert re.search(r"10 tasks: \d done, 2 failed, [1-9] not run", res.stdout), res.stdout
+    assert "--halt soon,fail=2: 2 task(s) failed, 0 done: starting no more" in res.stderr, (
+        res.stderr
+    )
+    # Both failed at once on the node's two places: neither place took another task while
+    # their verdicts were pending (as GNU parallel -j2 --halt soon,fail=2 runs 2 jobs).
+    assert {r["task"] for r in records(farm_dir)} == {0, 1}
+    assert "10 tasks: 0 done, 2 failed, 8 not run" in res.stdout, res.stdout
+
+
+def test_halt_now_on_success_ends_the_others_and_exits_0(node: SimNode) -> None:
+    """As ``parallel --halt now,success=1``: the first task done is what was asked for."""
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text(f"{client(node, 30)}\ntrue\n{client(node, 30)}\n")
+    args = ("farm", "--per-gpu", "3", "--halt", "now,success=1", "--grace", "3")
+    res = node.run(*args, "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    statuses = {r["task"]: r["status"] for r in records(farm_dir)}
+    assert statuses == {0: "interrupted", 1: "done", 2: "interrupted"}, statuses
+
+
+def test_a_failed_task_waiting_for_its_verdict_no_longer_counts_as_running(
+    node: SimNode,
+) -> None:
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("exit 3\nsleep 2\nsleep 2 # b\nsleep 2 # c\n")
+    args = ("farm", "--gpus", "0", "--per-gpu", "2", "--progress", "lines", "--heartbeat", "0.2")
+    res = node.run(*args, "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 1, res.stderr
+    counts = [int(m[1]) for m in re.finditer(r"finished .*?(\d+) running", res.stderr)]
+    assert counts and max(counts) <= 2, res.stderr  # K=2: never 3 running
+    tally = fold(read_journal(farm_dir)["state.jsonl"])
+    assert not tally.running and not tally.settling and tally.failed == 1 and tally.done == 3
 
 
 def test_halt_now_ends_the_running_tasks_as_interrupted(node: SimNode) -> None:
@@ -100,6 +131,26 @@ def test_halt_now_ends_the_running_tasks_as_interrupted(node: SimNode) -> None:
     assert res.returncode == 1, res.stderr
     statuses = {r["task"]: r["status"] for r in records(farm_dir)}
     assert statuses == {0: "interrupted", 1: "failed", 2: "interrupted"}, statuses
+    # The summary lists them as what they were, not as tasks that never ran.
+    assert "  interrupted: task 0: " in res.stdout and "  interrupted: task 2: " in res.stdout
+    assert "not run: task" not in res.stdout, res.stdout
+    rows = [ln.split("\t") for ln in (farm_dir / "joblog").read_text().splitlines()[1:]]
+    # Exitval and Signal agree: 128+N and N after a signal, whatever ended the task.
+    assert all(int(r[7]) == max(0, int(r[6]) - 128) for r in rows), rows
+
+
+def test_a_task_past_its_timeout_is_signal_15_in_the_joblog(node: SimNode) -> None:
+    """As ``parallel --timeout`` writes it, also where a SIGKILL stood in for the TERM that
+    the shield ignores."""
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("sleep 30\ntrue\n")
+    args = ("farm", "--gpus", "0", "--per-gpu", "2", "--timeout", "0.5", "--grace", "1")
+    res = node.run(*args, "--dir", str(farm_dir), str(tasks), timeout=60)
+    assert res.returncode == 1, res.stderr
+    rows = [ln.split("\t") for ln in (farm_dir / "joblog").read_text().splitlines()[1:]]
+    assert {r[0]: (r[6], r[7]) for r in rows} == {"1": ("143", "15"), "2": ("0", "0")}, rows
+    # The shell's child `sleep`, ended by the same SIGKILL, is no leftover to warn about.
+    assert "left" not in res.stderr, res.stderr
 
 
 def test_timeout_ends_a_task_through_terminate_client_and_records_it(node: SimNode) -> None:
@@ -128,9 +179,18 @@ def test_resume_reruns_failed_tasks_unless_skip_failed(node: SimNode) -> None:
     assert again.returncode == 1 and "1 done before" in again.stdout, again.stdout
     assert [r["task"] for r in records(farm_dir)] == [0, 1, 1]
     skipped = node.run(*args[:-1], "--skip-failed", str(tasks), timeout=60)
-    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
-    assert "nothing to run: 2 tasks, all done before" in skipped.stdout
+    # Not run again, and still failed: a script's `farm ... && next` does not go on.
+    assert skipped.returncode == 1, skipped.stdout + skipped.stderr
+    said = "nothing to run: 2 tasks, 1 done before, 1 failed before (--skip-failed)"
+    assert said in skipped.stdout, skipped.stdout
     assert [r["task"] for r in records(farm_dir)] == [0, 1, 1]
+    tasks.write_text("true\nexit 3\ntrue # new\n")
+    new = node.run(*args[:-1], "--skip-failed", str(tasks), timeout=60)
+    assert new.returncode == 1, new.stdout + new.stderr
+    assert "3 tasks: 1 done, 0 failed, 0 not run, 1 done before, 1 failed before" in new.stdout
+    assert [r["task"] for r in records(farm_dir)] == [0, 1, 1, 2]
+    status = node.run("farm", "status", str(farm_dir), timeout=60)
+    assert "1 failed before" in status.stdout, status.stdout
 
 
 def test_heartbeat_lines_and_quiet_prints_only_problems(node: SimNode) -> None:
@@ -169,6 +229,13 @@ def test_status_lists_failed_tasks_every_farm_here_and_json(node: SimNode) -> No
     assert data["failed"] == 1 and data["shares"][0]["failed_tasks"][0]["code"] == 3
     every = json.loads(node.run("farm", "status", "--json", timeout=30).stdout)
     assert [f["directory"] for f in every["farms"]] == ["a.txt.farm", "b.txt.farm"]
+    (node.root / "c.txt.farm" / "logs").mkdir(parents=True)  # a farm that never started
+    passed = node.run("farm", "status", timeout=30)
+    assert passed.returncode == 0, passed.stderr
+    assert "farm a.txt.farm: ended" in passed.stdout and "farm b.txt.farm: ended" in passed.stdout
+    assert "passed over: not a farm directory (no state file) (c.txt.farm)" in passed.stderr
+    asked = node.run("farm", "status", "c.txt.farm", timeout=30)
+    assert asked.returncode == 2 and "not a farm directory" in asked.stderr, asked.stderr
 
 
 @pytest.mark.parametrize("source", ["/dev/zero", "/dev/null", "."])
@@ -196,6 +263,14 @@ def test_a_task_list_from_a_pipe_is_read(node: SimNode) -> None:
     )
     os.close(read)
     assert res.returncode == 0 and "2 tasks: 2 done" in res.stdout, res.stderr
+    assert (node.root / "p" / "state.jsonl").is_file()
+    # Without --dir, a pipe's path (bash's <(...)) is no place for a directory: stdin.farm.
+    bash = ["bash", "-c", 'exec "$@" <(printf "true\\n")', "bash", *node_argv(), "farm"]
+    res = subprocess.run(
+        bash, env=node.env(), cwd=node.root, text=True, capture_output=True, timeout=60
+    )
+    assert res.returncode == 0 and "1 tasks: 1 done" in res.stdout, res.stderr
+    assert (node.root / "stdin.farm" / "state.jsonl").is_file()
 
 
 def node_argv() -> list[str]:

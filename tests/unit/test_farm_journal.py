@@ -47,6 +47,8 @@ def _record(task: int, status: str, *, attempt: int = 1, code: int = 0, **kw: ob
         ("soon,fail=3", Halt("soon", 3)),
         ("now,fail=1", Halt("now", 1)),
         ("soon,fail=10%", Halt("soon", 10, True)),
+        ("now,success=1", Halt("now", 1, what="success")),
+        ("soon,done=50%", Halt("soon", 50, True, "done")),
     ],
 )
 def test_halt_reads_parallels_forms(text: str, halt: Halt) -> None:
@@ -54,7 +56,24 @@ def test_halt_reads_parallels_forms(text: str, halt: Halt) -> None:
     assert str(halt) == text
 
 
-@pytest.mark.parametrize("text", ["", "soon", "later,fail=1", "now,fail=0", "soon,fail=101%"])
+@pytest.mark.parametrize(
+    ("number", "form"),
+    [
+        ("0", "never"),
+        ("1", "soon,fail=1"),
+        ("2", "now,fail=1"),
+        ("-1", "soon,success=1"),
+        ("-2", "now,success=1"),
+    ],
+)
+def test_halt_reads_parallels_older_numbers(number: str, form: str) -> None:
+    assert parse_halt(number) == parse_halt(form)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "soon", "later,fail=1", "now,fail=0", "soon,fail=101%", "now,won=1", "3", "soon,done=٣"],
+)
 def test_a_bad_halt_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError, match="bad --halt"):
         parse_halt(text)
@@ -66,6 +85,11 @@ def test_halt_counts_failures_for_good_of_the_tasks() -> None:
     assert not Halt("now", 10, True).reached(1, 20) and Halt("now", 10, True).reached(2, 20)
     assert Halt("now", 1, True).reached(10, 1000) and not Halt("now", 1, True).reached(9, 1000)
     assert Halt("now", 1, True).reached(1, 5)  # at least one
+    # On success: the tasks done count, not the failed; on done: both.
+    assert not Halt("now", 1, what="success").reached(5, 10, 0)
+    assert Halt("now", 1, what="success").reached(0, 10, 1)
+    assert Halt("soon", 3, what="done").reached(1, 10, 2)
+    assert not Halt("soon", 3, what="done").reached(1, 10, 1)
 
 
 def test_retries_for_any_failure_and_faults_and_oom_keep_their_own() -> None:

@@ -257,6 +257,8 @@ def test_the_eta_spreads_the_mean_attempt_over_the_places() -> None:
     assert eta(tally, 100.0) == 9.0
     tally.running, tally.total = running(80.0), 3  # past the mean: as long again as it ran
     assert eta(tally, 100.0) == 20.0
+    tally.running = running(90.5)  # just short of the mean: never 0 while a task runs
+    assert eta(tally, 100.0) == 1.0
     # Nothing finished yet: a task takes at least what the oldest running one has run (the
     # issue's ETA 0s while a 25 s task had run for 4 s).
     young = Tally(4, slots=4)
