@@ -53,7 +53,11 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
     ("69", "`--verify-attach fail`: a rank did not become an MPS client"),
     ("126", "the program cannot be executed (not an executable file)"),
     ("127", "the program was not found"),
-    ("128+N", "the program was ended because of signal N (e.g. 143 for SIGTERM)"),
+    (
+        "128+N",
+        "the program was ended because of signal N (e.g. 143 for SIGTERM); 141 (SIGPIPE), "
+        "quietly, also when mpswrap's own standard output was closed (`mpswrap config | head -1`)",
+    ),
 )
 
 _BREAKS = re.compile(r"\s*[\r\n]+\s*")

@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Literal
 
 __all__ = [
+    "MOST",
+    "WEEK",
     "Parser",
     "abs_path",
     "boolean",
@@ -29,6 +31,8 @@ __all__ = [
     "seconds",
     "share_percent",
     "triggers",
+    "whole",
+    "within",
 ]
 
 #: Turns admin text into a value of its setting's attribute type (``Settings`` declares it).
@@ -53,11 +57,36 @@ def boolean(text: str) -> bool:
     raise ValueError("expected yes or no")
 
 
+#: The most a count may be: six digits, as a plain decimal has.
+MOST = 999999
+#: The most seconds an option may be (a task's --timeout, a --heartbeat): a week.
+WEEK = 7 * 24 * 3600
+
+
 def _number(text: str, error: str) -> float:
-    """A plain decimal (``15``, ``2.5``): not ``nan``, ``inf``, ``1e3`` nor ``1_0``."""
+    """A plain decimal (``15``, ``2.5``) in ASCII digits: not ``nan``, ``inf``, ``1e3``,
+    ``1_0`` nor Arabic-Indic digits."""
     if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
         raise ValueError(error)
     return float(text)
+
+
+def whole(text: str, least: int, most: int = MOST) -> int:
+    """A whole number from ``least`` to ``most``, in ASCII digits only (not Arabic-Indic ones,
+    ``+1``, ``1_0`` nor ``1e3``)."""
+    if not re.fullmatch(r"[0-9]{1,6}", text) or not least <= int(text) <= most:
+        raise ValueError(f"expected a whole number from {least} to {most}")
+    return int(text)
+
+
+def within(text: str, least: float, most: float, unit: str, *, above: bool = True) -> float:
+    """A plain decimal above ``least`` (or at least it, ``above=False``) and at most ``most``."""
+    lower = f"above {least:g} and at most" if above else f"from {least:g} to"
+    error = f"expected {unit} {lower} {most:g}"
+    value = _number(text, error)
+    if value < least or (above and value == least) or value > most:
+        raise ValueError(error)
+    return value
 
 
 def _up_to(text: str, most: float, unit: str) -> float:
@@ -102,12 +131,14 @@ def clients(text: str) -> int | Literal["auto"]:
 
 
 def per_gpu(text: str) -> int | None:
-    """A farm's K: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
+    """A farm's K: ``auto`` (None: found as the farm runs) or a whole number from 1 to
+    ``MOST``."""
     if text == "auto":
         return None
-    if not re.fullmatch(r"[0-9]{1,6}", text, re.ASCII) or int(text) < 1:
-        raise ValueError("expected auto or a whole number, 1 or more")
-    return int(text)
+    try:
+        return whole(text, 1)
+    except ValueError as exc:
+        raise ValueError(f"expected auto or {str(exc).removeprefix('expected ')}") from None
 
 
 def mem_size(text: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 
 from .._struct import Struct
-from .options import WRAPPER_OPTIONS, at_least, job_id, node_name, path, seconds
+from .options import WRAPPER_OPTIONS, job_id, node_name, path, seconds, whole
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def _report(parser: Any) -> None:
 def _demo(parser: Any) -> None:
     parser.add_argument(
         "--clients",
-        type=at_least(1),
+        type=whole(1),
         default=4,
         metavar="N",
         help="number of clients, at most the GPUs' MPS client limits (default: 4)",

@@ -29,12 +29,13 @@ def _words(words: list[str]) -> str:
     return " ".join(words)
 
 
-def _value_kind(action: argparse.Action, commands: list[str]) -> str | None:
-    """``words:A B``, ``files``, ``dirs`` or None (nothing to offer) for an action's value."""
+def _value_kind(action: argparse.Action) -> str | None:
+    """``words:A B``, ``files``, ``dirs``, ``topics`` (a command's name, help's) or None
+    (nothing to offer) for an action's value."""
     if action.choices is not None:
         return "words:" + _words([str(c) for c in action.choices])
     if action.metavar == "COMMAND":
-        return "words:" + _words(commands)
+        return "topics"
     if action.metavar in _FILES:
         return "files"
     if action.metavar in _DIRS:
@@ -60,12 +61,26 @@ def _reply(kind: str) -> str:
     return f'COMPREPLY=($(compgen -W "{kind[len("words:") :]}" -- "$cur"))'
 
 
-def _value_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str]) -> list[str]:
+def _topics(parsers: dict[str, argparse.ArgumentParser]) -> str:
+    """help's words: a command, or after the first word of a two-word one (farm), its
+    second (status)."""
+    seconds: dict[str, list[str]] = defaultdict(list)
+    for name in parsers:
+        if " " in name:
+            seconds[name.split()[0]].append(name.split()[1])
+    arms = " ".join(
+        f"{shlex.quote(f)}) {_reply('words:' + _words(s))} ;;" for f, s in seconds.items()
+    )
+    top = _reply("words:" + _words([n for n in parsers if n and " " not in n]))
+    return f"case $prev in {arms} *) {top} ;; esac"
+
+
+def _value_cases(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     """``case "$cmd $prev"`` arms: the values of the option before the cursor."""
     by_kind: dict[str, list[str]] = defaultdict(list)
     for name, parser in parsers.items():
         for action in parser._actions:
-            kind = _value_kind(action, commands) if action.nargs != 0 else None
+            kind = _value_kind(action) if action.nargs != 0 else None
             if kind is not None and action.option_strings:
                 by_kind[kind] += [shlex.quote(f"{name} {flag}") for flag in action.option_strings]
     return [
@@ -73,7 +88,7 @@ def _value_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str
     ]
 
 
-def _command_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[str]) -> list[str]:
+def _command_cases(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     """``case $cmd`` arms: each command's options, or its positional's values (and the words
     of its own commands, ``farm``'s ``status``)."""
     arms = []
@@ -81,11 +96,11 @@ def _command_cases(parsers: dict[str, argparse.ArgumentParser], commands: list[s
         if not name:
             continue
         positional = [a for a in parser._actions if not a.option_strings]
-        kind = _value_kind(positional[0], commands) if positional else None
+        kind = _value_kind(positional[0]) if positional else None
         more = [n.split()[1] for n in parsers if n.startswith(f"{name} ")]
         words = f'words="{_words(_options(parser))}"'
         if kind:
-            reply = _reply(kind)
+            reply = _topics(parsers) if kind == "topics" else _reply(kind)
             if more:
                 reply = reply[:-1] + f' $(compgen -W "{_words(more)}" -- "$cur"))'
             words += f"; [[ $cur == -* ]] || {{ {reply}; return; }}"
@@ -126,12 +141,12 @@ def bash(parsers: dict[str, argparse.ArgumentParser]) -> str:
         '        [ "${COMP_WORDS[i]}" = -- ] && cmd=--',
         "    done",
         '    case "$cmd $prev" in',
-        *_value_cases(parsers, commands),
+        *_value_cases(parsers),
         "    esac",
         "    case $cmd in",
         f'        "") if [[ $cur == -* ]]; then words="{_words(_options(parser))}"; '
         f'else words="{_words(commands)}"; fi ;;',
-        *_command_cases(parsers, commands),
+        *_command_cases(parsers),
         "        *) COMPREPLY=($(compgen -f -- \"$cur\")); return ;;  # a launcher's, a program's",
         "    esac",
         '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',

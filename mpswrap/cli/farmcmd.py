@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from ..errors import UsageError
 from ..job.run import LaunchOptions
+from .nearest import did_you_mean
 
 __all__ = ["cmd_calibrate", "cmd_farm", "cmd_farm_status"]
 
@@ -27,7 +29,19 @@ def cmd_farm(args: argparse.Namespace) -> int:
         skip_failed=args.skip_failed,
         heartbeat=args.heartbeat,
     )
-    return run_farm(LaunchOptions.of(args), farm_opts, args.tasks)
+    try:
+        return run_farm(LaunchOptions.of(args), farm_opts, args.tasks)
+    except UsageError as exc:
+        _mistyped_status(exc, args.tasks)
+        raise
+
+
+def _mistyped_status(exc: UsageError, tasks: str) -> None:
+    """A task list that does not exist, named like ``status`` (``farm stauts``): say so."""
+    near = tasks != "-" and did_you_mean(tasks, ["status"])
+    if near and exc.what == "cannot read the task list" and not os.path.exists(tasks):
+        exc.cause = f"{exc.cause} (did you mean 'farm status'?)"
+        exc.hint = "mpswrap farm status [DIR] tells how a farm is doing"
 
 
 def cmd_farm_status(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from ..job.launchers import launcher_of
 from . import commands
 from .commands import COMMANDS, Command
 from .logs import debug_env, setup_logging
+from .nearest import did_you_mean
 from .options import LAUNCHERS, MODES, VERBOSITY, WRAPPER_OPTIONS, add
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -42,13 +44,28 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one ``mpswrap: ...`` line and a hint, exit 2; an unknown option names
     the nearest one the command takes."""
 
+    _argv: Sequence[str] = ()
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             word = message[len(prefix) :].split(maxsplit=1)[0]
             if word.startswith("-"):
                 raise unknown_option(word, self.prog, _flags(self))
+        # argparse tells of a missing argument before an unknown option: that option first.
+        unknown = [w for w in self._argv if w.startswith("--") and not self._known(w)]
+        if unknown:
+            raise unknown_option(unknown[0], self.prog, _flags(self))
         raise UsageError(message, hint=f"{self.prog} --help")
+
+    def _known(self, word: str) -> bool:
+        return word == "--" or word.split("=", 1)[0] in _flags(self)
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -59,7 +76,7 @@ def unknown_option(word: str, where: str, known: Sequence[str]) -> UsageError:
     """``unknown option '--polcy' (did you mean '--policy'?)`` for ``where``."""
     name = word.split("=", 1)[0]
     long = {k.lstrip("-"): k for k in known if k.startswith("--")}  # "--" alike in every one
-    near = _did_you_mean(name.lstrip("-"), list(long)) if name.startswith("--") else ""
+    near = did_you_mean(name.lstrip("-"), list(long)) if name.startswith("--") else ""
     for bare, flag in long.items():
         near = near.replace(f"'{bare}'", f"'{flag}'")
     return UsageError(f"unknown option '{name}'{near}", hint=f"{where} --help")
@@ -80,7 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"mpswrap {__version__}")
     add(
         parser.add_argument_group("launch options (prefix, per-rank and run modes)"),
         WRAPPER_OPTIONS,
@@ -121,7 +137,13 @@ def split_options(
 def dispatch(argv: list[str]) -> int:
     """Parse ``argv`` and run the mode its first word picks."""
     top = build_parser()
-    head, rest, dashdash = split_options(argv, top)
+    try:
+        head, rest, dashdash = split_options(argv, top)
+    except UsageError:
+        found = _command_after_options(argv)
+        if found is None:
+            raise
+        head, rest, dashdash = argv[: found[1]], argv[found[1] :], False
     cmd = None if dashdash else commands.words_of(rest)
     if cmd is not None:
         return _run_command(cmd, head, rest[len(cmd.name.split()) :])
@@ -141,7 +163,7 @@ def dispatch(argv: list[str]) -> int:
             return prefix(LaunchOptions.of(args), rest)
     if not (dashdash or "/" in word or shutil.which(word)):
         raise UsageError(
-            f"unknown command '{word}'{_did_you_mean(word, _words())}",
+            f"unknown command '{word}'{did_you_mean(word, _words())}",
             hint="mpswrap help lists the commands; to run a program, give its path "
             f"or use 'mpswrap -- {word}'",
         )
@@ -155,6 +177,24 @@ def dispatch(argv: list[str]) -> int:
     check_program(rest, os.environ)
     with _gpus_at_fault(args):
         return per_rank(opts, rest)
+
+
+def _command_after_options(argv: list[str]) -> tuple[Command, int] | None:
+    """The command whose word follows options only it takes (``--per-gpu 2 farm t.txt``),
+    and its word's place; None when there is none."""
+    for at in range(len(argv)):
+        if argv[at] == "--":
+            return None
+        cmd = commands.words_of(argv[at:])
+        if cmd is None:
+            continue
+        try:
+            head, _, _ = split_options(argv[:at], commands.build(cmd, _Parser))
+        except UsageError:
+            continue
+        if len(head) == at:
+            return cmd, at
+    return None
 
 
 def _run_command(cmd: Command, head: list[str], tail: list[str]) -> int:
@@ -187,21 +227,6 @@ def _words() -> list[str]:
     return [*(c.name for c in COMMANDS if " " not in c.name), *LAUNCHERS]
 
 
-def _did_you_mean(word: str, words: Sequence[str]) -> str:
-    """`` (did you mean 'X'?)`` for a close match only: the one word that starts with
-    ``word`` (of several, one a letter away: 'gpu' is 'gpus', not 'gpus-per-rank'), or one a
-    typo or two away (difflib's ratio 0.75: 'stauts', 'hlep', 'polcy'); else nothing ('logs'
-    is no 'prolog'; 'sta' could be start or status)."""
-    import difflib
-
-    starting = [w for w in words if w.startswith(word)]
-    if len(starting) > 1:
-        starting = difflib.get_close_matches(word, starting, n=1, cutoff=0.8) or [""]
-    near = starting or difflib.get_close_matches(word, words, n=1, cutoff=0.75)
-    near = [w for w in near if w]
-    return f" (did you mean '{near[0]}'?)" if near else ""
-
-
 # --- the commands the CLI itself answers ----------------------------------------------------
 def cmd_help(args: argparse.Namespace) -> int:
     if args.man_path:
@@ -213,8 +238,12 @@ def cmd_help(args: argparse.Namespace) -> int:
         build_parser().print_help()
         return 0
     name = " ".join(args.topic)
+    if name in LAUNCHERS:  # prefix mode: the overview tells it, with the launch options
+        build_parser().print_help()
+        return 0
     if name not in {c.name for c in COMMANDS}:
-        raise UsageError(f"no command '{name}'{_did_you_mean(name, _words())}", hint="mpswrap help")
+        near = did_you_mean(name, [c.name for c in COMMANDS])
+        raise UsageError(f"no command '{name}'{near}", hint="mpswrap help")
     commands.build(commands.command_named(name), _Parser).print_help()
     return 0
 
@@ -231,6 +260,19 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_closed() -> int:
+    """Standard output's reader left (``mpswrap config | head -1``): no message, exit
+    128+SIGPIPE as a program a shell pipe ends; the rest of the output goes to /dev/null, so
+    that the interpreter's flush at exit raises no second time (Python's signal docs, Note on
+    SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(None, "info")
@@ -245,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _output_closed()
     except Exception as exc:  # a bug or an error no module translated: one line all the same
         log.debug("traceback", exc_info=exc)
         print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)

@@ -32,28 +32,28 @@ _mpswrap() {
         'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
     esac
     case $cmd in
-        "") if [[ $cur == -* ]]; then words="-h --help --version --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug"; else words="run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
-        run) words="-h --help -n --np --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank -v --verbose -q --quiet --debug" ;;
-        farm) words="-h --help --per-gpu --retries --timeout --halt --skip-failed --heartbeat --dir --share --progress --tag --gpus --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "status" -- "$cur")); return; } ;;
-        'farm status') words="-h --help --json --failed --plot -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -d -- "$cur")); return; } ;;
-        calibrate) words="-h --help --max --counts --repeats --plot --json --dir --gpus --mem-limit --priority --grace --dry-run --job -v --verbose -q --quiet --debug" ;;
-        start) words="-h --help --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json --config -v --verbose -q --quiet --debug" ;;
-        stop) words="-h --help --job --node --run-dir --json --config -v --verbose -q --quiet --debug" ;;
-        status) words="-h --help --job --node --run-dir --json --watch --all --config -v --verbose -q --quiet --debug" ;;
-        report) words="-h --help --json --config -v --verbose -q --quiet --debug" ;;
-        metrics) words="-h --help --job --node --run-dir --all --textfile --process-labels --config -v --verbose -q --quiet --debug" ;;
-        config) words="-h --help --json --config -v --verbose -q --quiet --debug" ;;
-        container-args) words="-h --help --job --config -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;
-        demo) words="-h --help --clients --simulate --config -v --verbose -q --quiet --debug" ;;
-        prolog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
-        task-prolog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
-        epilog) words="-h --help --config -v --verbose -q --quiet --debug" ;;
-        install-hooks) words="-h --help --python --config --dest --spank --modulefile -v --verbose -q --quiet --debug" ;;
-        uninstall-hooks) words="-h --help --dest --modulefile --force -v --verbose -q --quiet --debug" ;;
-        sim) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
-        version) words="-h --help -v --verbose -q --quiet --debug" ;;
-        completion) words="-h --help -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun" -- "$cur")); return; } ;;
+        "") if [[ $cur == -* ]]; then words="-h --help --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank --version -v --verbose -q --quiet --debug"; else words="run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help srun mpirun mpiexec orterun prun prterun torchrun"; fi ;;
+        run) words="-h --help -n --np --gpus --policy --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --gpus-per-rank --version -v --verbose -q --quiet --debug" ;;
+        farm) words="-h --help --per-gpu --retries --timeout --halt --skip-failed --heartbeat --dir --share --progress --tag --gpus --threads --mem-limit --priority --verify-attach --verify-timeout --no-shield --grace --dry-run --job --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "status" -- "$cur")); return; } ;;
+        'farm status') words="-h --help --json --failed --plot --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -d -- "$cur")); return; } ;;
+        calibrate) words="-h --help --max --counts --repeats --plot --json --dir --gpus --mem-limit --priority --grace --dry-run --job --version -v --verbose -q --quiet --debug" ;;
+        start) words="-h --help --job --node --run-dir --gpus --user --cpus --threads --mem-limit --priority --prestart --json --config --version -v --verbose -q --quiet --debug" ;;
+        stop) words="-h --help --job --node --run-dir --json --config --version -v --verbose -q --quiet --debug" ;;
+        status) words="-h --help --job --node --run-dir --json --watch --all --config --version -v --verbose -q --quiet --debug" ;;
+        report) words="-h --help --json --config --version -v --verbose -q --quiet --debug" ;;
+        metrics) words="-h --help --job --node --run-dir --all --textfile --process-labels --config --version -v --verbose -q --quiet --debug" ;;
+        config) words="-h --help --json --config --version -v --verbose -q --quiet --debug" ;;
+        container-args) words="-h --help --job --config --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "podman docker apptainer singularity enroot bwrap" -- "$cur")); return; } ;;
+        demo) words="-h --help --clients --simulate --config --version -v --verbose -q --quiet --debug" ;;
+        prolog) words="-h --help --config --version -v --verbose -q --quiet --debug" ;;
+        task-prolog) words="-h --help --config --version -v --verbose -q --quiet --debug" ;;
+        epilog) words="-h --help --config --version -v --verbose -q --quiet --debug" ;;
+        install-hooks) words="-h --help --python --config --dest --spank --modulefile --version -v --verbose -q --quiet --debug" ;;
+        uninstall-hooks) words="-h --help --dest --modulefile --force --version -v --verbose -q --quiet --debug" ;;
+        sim) words="-h --help --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
+        version) words="-h --help --version -v --verbose -q --quiet --debug" ;;
+        completion) words="-h --help --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
+        help) words="-h --help --man-path --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { case $prev in farm) COMPREPLY=($(compgen -W "status" -- "$cur")) ;; *) COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help" -- "$cur")) ;; esac; return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

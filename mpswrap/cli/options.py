@@ -4,17 +4,18 @@ parser."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-from .. import values
+from .. import __version__, values
 from ..errors import MpswrapError
 from ..job import launchers
 from ..paths import validate_name
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 __all__ = [
     "CALIBRATE_OPTIONS",
@@ -27,12 +28,12 @@ __all__ = [
     "WRAPPER_OPTIONS",
     "Options",
     "add",
-    "at_least",
     "job_id",
     "k_or_auto",
     "node_name",
     "path",
     "seconds",
+    "whole",
 ]
 
 
@@ -46,43 +47,34 @@ def _refused(message: str) -> Exception:
     return argparse.ArgumentTypeError(message)
 
 
-def seconds(minimum: float = 0.0, *, above: bool = True) -> Callable[[str], float]:
-    """Seconds, a finite number above ``minimum`` (or at least it, ``above=False``)."""
-    words = f"above {minimum:g}" if above else f"{minimum:g} or more"
+def seconds(
+    minimum: float = 0.0, *, above: bool = True, most: float = values.WEEK
+) -> Callable[[str], float]:
+    """Seconds, a plain decimal above ``minimum`` (or at least it, ``above=False``) and at
+    most ``most`` (a week unless said)."""
+    return _checked(lambda text: values.within(text, minimum, most, "seconds", above=above))
 
-    def parse(text: str) -> float:
+
+def whole(minimum: int) -> Callable[[str], int]:
+    """A whole number from ``minimum`` to ``values.MOST``."""
+    return _checked(lambda text: values.whole(text, minimum))
+
+
+def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` (a parser of ``values``) as an option's type: its ValueError is the
+    parser's error, naming the option."""
+
+    def checked(text: str) -> T:
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < minimum or (above and value == minimum):
-            raise _refused(f"invalid value {text!r}: expected seconds {words}")
-        return value
+            return parse(text)
+        except ValueError as exc:
+            raise _refused(f"invalid value {text!r}: {exc}") from None
 
-    return parse
+    return checked
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """A whole number, ``minimum`` or more."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise _refused(f"invalid value {text!r}: expected a whole number, {minimum} or more")
-        return value
-
-    return parse
-
-
-def k_or_auto(text: str) -> int | None:
-    """``--per-gpu``: ``auto`` (None: found as the farm runs) or a whole number, 1 or more."""
-    try:
-        return values.per_gpu(text)
-    except ValueError as exc:
-        raise _refused(f"invalid value {text!r}: {exc}") from None
+#: ``--per-gpu``: ``auto`` (None: found as the farm runs) or a whole number, 1 or more.
+k_or_auto = _checked(values.per_gpu)
 
 
 def _name(kind: str) -> Callable[[str], str]:
@@ -122,8 +114,9 @@ WRAPPER_OPTIONS: Options = (
     (("--mem-limit",), {"metavar": "SIZE", "help": "pinned device memory per client: "
                         "auto (GPU memory / ranks on it) or e.g. 8G, 512M "
                         "(default: the pinned_mem_limit setting, none)"}),
-    (("--priority",), {"type": int, "choices": (0, 1), "help": "client priority, 1 = below normal "
-                      "(default: the client_priority setting, none)"}),
+    (("--priority",), {"type": _checked(values.priority), "choices": (0, 1),
+                       "help": "client priority, 1 = below normal "
+                       "(default: the client_priority setting, none)"}),
     (("--verify-attach",), {"choices": ("warn", "fail", "off"),
                             "help": "a rank that is not an MPS client: warn, fail (exit 69) or "
                             "off (default: the verify_attach setting, warn)"}),
@@ -139,13 +132,16 @@ WRAPPER_OPTIONS: Options = (
                       "help": "print what would run (or refuse as the run would); start nothing"}),
     (("--job",), {"metavar": "ID", "type": job_id,
                   "help": "job id for the per-job state (default: Slurm's)"}),
-    (("--gpus-per-rank",), {"type": at_least(1), "metavar": "N",
+    (("--gpus-per-rank",), {"type": whole(1), "metavar": "N",
                             "help": "GPUs each rank uses (a JAX process, model parallelism): "
                             "the GPUs taken N at a time, one MPS daemon over each group, "
                             "whose ranks see its N GPUs (default: 1)"}),
 )
-#: Output options, accepted before and after a command word.
+#: Output options, accepted before and after a command word (--version too: anywhere among
+#: mpswrap's own options it prints the version, as git's and parallel's).
 VERBOSITY: Options = (
+    (("--version",), {"action": "version", "version": f"mpswrap {__version__}",
+                      "help": "print the version and exit"}),
     (("-v", "--verbose"), {"action": "count", "default": 0,
                            "help": "more log lines (debug); overrides log_level"}),
     (("-q", "--quiet"), {"action": "count", "default": 0,
@@ -158,7 +154,7 @@ RUN_OPTIONS: Options = (
     (
         ("-n", "--np"),
         {
-            "type": int,
+            "type": whole(1),
             "required": True,
             "dest": "nprocs",
             "metavar": "N",
@@ -172,7 +168,7 @@ FARM_OPTIONS: Options = (
     (("--per-gpu",), {"type": k_or_auto, "metavar": "auto|K", "help": "tasks at once on each "
                       "GPU; auto: found as the farm runs, by throughput and GPU memory "
                       "(default: auto)"}),
-    (("--retries",), {"type": int, "default": 0, "metavar": "N",
+    (("--retries",), {"type": whole(0), "default": 0, "metavar": "N",
                       "help": "runs more of a task that fails, whatever the way (default: 0); "
                       "a task a fatal GPU fault ended runs again at least once, one that ran "
                       "out of GPU memory up to 3 times in all"}),
@@ -209,11 +205,11 @@ FARM_STATUS_OPTIONS: Options = (
 )
 #: ``mpswrap calibrate``'s own options.
 CALIBRATE_OPTIONS: Options = (
-    (("--max",), {"type": at_least(1), "dest": "top", "metavar": "N", "help": "most copies at once "
+    (("--max",), {"type": whole(1), "dest": "top", "metavar": "N", "help": "most copies at once "
                   "(default: the client limit, a CPU per copy, at most 16)"}),
     (("--counts",), {"metavar": "LIST", "help": "copies to try, e.g. 1,4,8,12 "
                      "(default: 1, 2, 4, ... up to --max)"}),
-    (("--repeats",), {"type": at_least(1), "default": 2, "metavar": "R",
+    (("--repeats",), {"type": whole(1), "default": 2, "metavar": "R",
                       "help": "runs of each configuration, interleaved (default: 2)"}),
     (("--plot",), {"metavar": "FILE", "type": path,
                    "help": "save throughput against copies (matplotlib) (default: none)"}),

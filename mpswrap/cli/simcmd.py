@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UsageError
+
 __all__ = ["add_arguments", "cmd_sim"]
 
 
@@ -31,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from ..sim.__main__ import main
+    """A bad command line of the simulator's is one ``mpswrap:`` line and a hint, exit 2,
+    as every command's."""
+    from ..sim.__main__ import ArgumentError, parse, run
 
-    return main([args.sim_command, *args.sim_args], prog="mpswrap sim")
+    try:
+        parsed = parse([args.sim_command, *args.sim_args], prog="mpswrap sim")
+    except ArgumentError as exc:
+        raise UsageError(str(exc), hint=f"{exc.prog} --help") from None
+    return run(parsed)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ FAULTS_VAR = "MPSWRAP_SIM_FAULTS"
 
 #: The GPU a daemon serves when its CUDA_VISIBLE_DEVICES is unset (the contract suite's UUID).
 DEFAULT_GPU = "GPU-00000000-0000-4000-8000-000000000000"
+#: The most seconds an option of the simulator takes: a week, as mpswrap's.
+WEEK = 7 * 24 * 3600
 #: Binary version the real 580 driver reports (control.log, server.log).
 BINARY_VERSION = 13000
 
@@ -46,6 +49,23 @@ CUDA_ERRORS = {
 
 def cuda_error(code: int) -> str:
     return f"CUDA error {code}: {CUDA_ERRORS.get(code, 'unknown error')}"
+
+
+def number(most: float, *, least: float = 0, whole: bool = False) -> Callable[[str], float]:
+    """An option's value: a plain decimal (a whole number where ``whole``) from ``least`` to
+    ``most``, not ``nan``, ``1e308``, ``1_0`` nor Arabic-Indic digits: as mpswrap's own
+    options take (``mpswrap.values``, which the simulator, standing alone, does not import)."""
+    form = r"[0-9]{1,9}" if whole else r"[0-9]{1,9}(\.[0-9]{1,6})?"
+
+    def parse(text: str) -> float:
+        if not re.fullmatch(form, text) or not least <= float(text) <= most:
+            import argparse
+
+            expected = f"expected {least:g} to {most:g}"
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {expected}")
+        return int(text) if whole else float(text)
+
+    return parse
 
 
 def pipe_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -29,7 +29,17 @@ import time
 from typing import Any
 
 from . import _faults, memory
-from ._common import CONTROL, DEFAULT_GPU, FAULTS_VAR, LineBuffer, cuda_error, encode, pipe_dir
+from ._common import (
+    CONTROL,
+    DEFAULT_GPU,
+    FAULTS_VAR,
+    WEEK,
+    LineBuffer,
+    cuda_error,
+    encode,
+    number,
+    pipe_dir,
+)
 
 #: Daemon message -> (CUDA error, reason recorded).
 EVENTS = {"terminate": (810, "terminated"), "fault": (700, "fault"), "forced": (806, "forced")}
@@ -201,13 +211,14 @@ class Client:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mps-sim-client", description=__doc__)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--fault-after", type=float, default=None)
-    parser.add_argument("--linger", type=float, default=None)
+    seconds = number(WEEK)
+    parser.add_argument("--seconds", type=seconds, default=2.0)
+    parser.add_argument("--fault-after", type=seconds, default=None)
+    parser.add_argument("--linger", type=seconds, default=None)
     # Device memory held for its whole life (``memory``: the simulated GPU's ledger).
-    parser.add_argument("--alloc-mib", type=float, default=0.0)
+    parser.add_argument("--alloc-mib", type=number(2**30), default=0.0)
     # N x N matrix products back to back on the real client; here only "busy" (``_pool``).
-    parser.add_argument("--busy", type=int, default=0)
+    parser.add_argument("--busy", type=number(99999, whole=True), default=0)
     parser.add_argument("--record", default=None)
     parser.add_argument("--tag", default=None)
     return parser.parse_args(argv)

@@ -120,47 +120,50 @@ def _bad(
     )
 
 
-_SECONDS_0 = "expected seconds above 0"
+_SECONDS_0 = "expected seconds above 0 and at most 604800"
+_SECONDS_FROM_0 = "expected seconds from 0 to 604800"
 # fmt: off
 #: A bad value of every option of every command that takes one (test_bad_input checks that
 #: none is missing; the launch modes share their wrapper options, each covered once).
 OPTION_VALUES: tuple[Case, ...] = (
     _bad("", "--verify-timeout", "0", f"argument --verify-timeout: invalid value '0': "
          f"{_SECONDS_0}", *APP, hint="\nhint: mpswrap --help"),
-    _bad("", "--grace", "-1", "argument --grace: invalid value '-1': expected seconds 0 or more",
+    _bad("", "--grace", "-1", f"argument --grace: invalid value '-1': {_SECONDS_FROM_0}",
          *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}", *APP,
          hint="\nhint: mpswrap --help"),
     _bad("", "--mem-limit", "0G", "bad --mem-limit (0G)", *APP,
          hint="\nhint: use auto, 8G or 512M"),
-    _bad("", "--priority", "2", "argument --priority: invalid choice: 2 (choose from 0, 1)",
-         *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--priority", "2", "argument --priority: invalid value '2': expected 0 (normal) "
+         "or 1 (below normal)", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
          "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--gpus-per-rank", "0", "argument --gpus-per-rank: invalid value '0': expected a "
-         "whole number, 1 or more", *APP, hint="\nhint: mpswrap --help"),
-    _bad("run", "--grace", "nan", "argument --grace: invalid value 'nan': expected seconds 0 or "
-         "more", "-n", "1", *APP),
-    _bad("run", "-n", "x", "argument -n/--np: invalid int value: 'x'", *APP),
+         "whole number from 1 to 999999", *APP, hint="\nhint: mpswrap --help"),
+    _bad("run", "--grace", "nan", f"argument --grace: invalid value 'nan': {_SECONDS_FROM_0}",
+         "-n", "1", *APP),
+    _bad("run", "-n", "x", "argument -n/--np: invalid value 'x': expected a whole number from 1 "
+         "to 999999", *APP),
     _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
-    _bad("farm", "--retries", "-1", "bad --retries (-1): must be >= 0", "tasks.txt", hint=""),
+    _bad("farm", "--retries", "-1", "argument --retries: invalid value '-1': expected a whole "
+         "number from 0 to 999999", "tasks.txt"),
     _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
          "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
     _bad("farm status", "--plot", "", "argument --plot: invalid value '': expected a path"),
     _bad("farm", "--timeout", "0", f"argument --timeout: invalid value '0': {_SECONDS_0}",
          "tasks.txt"),
-    _bad("farm", "--heartbeat", "-1", "argument --heartbeat: invalid value '-1': expected "
-         "seconds 0 or more", "tasks.txt"),
+    _bad("farm", "--heartbeat", "-1", f"argument --heartbeat: invalid value '-1': "
+         f"{_SECONDS_FROM_0}", "tasks.txt"),
     _bad("farm", "--halt", "soon", "bad --halt (soon)", "tasks.txt",
          hint="\nhint: use never, now,fail=N, soon,fail=N or soon,fail=P% (N >= 1, P 1-100)"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
-         "number, 1 or more", "--", "true"),
+         "number from 1 to 999999", "--", "true"),
     _bad("calibrate", "--max", "100", "--max asks for more clients than the GPU takes (100): "
          "its limit is 48", "--", "true"),
     _bad("calibrate", "--repeats", "0", "argument --repeats: invalid value '0': expected a "
-         "whole number, 1 or more", "--", "true"),
+         "whole number from 1 to 999999", "--", "true"),
     _bad("calibrate", "--plot", "", "argument --plot: invalid value '': expected a path",
          "--", "true"),
     _bad("calibrate", "--dir", "", "argument --dir: invalid value '': expected a path",
@@ -187,7 +190,7 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("config", "--config", "", "argument --config: invalid value '': expected a path"),
     _bad("report", "--config", "", "argument --config: invalid value '': expected a path", "1"),
     _bad("demo", "--clients", "0", "argument --clients: invalid value '0': expected a whole "
-         "number, 1 or more"),
+         "number from 1 to 999999"),
     _bad("demo", "--clients", "100", "bad --clients (100): 2 GPU(s) take at most 96 MPS clients "
          "(48 a GPU)", "--simulate", "yes", hint="\nhint: mpswrap demo --clients 96"),
     _bad("demo", "--simulate", "maybe", "argument --simulate: invalid choice: 'maybe' (choose "
@@ -282,15 +285,16 @@ CASES: tuple[Case, ...] = (
          "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2,
          option="start --cpus"),
     Case("run-zero-ranks", "arguments", ("run", "-n", "0", "--", "true"),
-         "mpswrap: bad -n (0): need at least one rank", 2, option="run -n"),
+         "mpswrap: argument -n/--np: invalid value '0': expected a whole number from 1 to "
+         "999999\nhint: mpswrap run --help", 2, option="run -n"),
     Case("run-no-command", "arguments", ("run", "-n", "2"),
          "mpswrap: no command to run\nhint: mpswrap run -n 4 -- python train.py", 2),
     Case("farm-no-task-list", "arguments", ("farm", "/nonexistent/tasks.txt"),
          "mpswrap: cannot read the task list (/nonexistent/tasks.txt): No such file or "
          "directory", 2),
     Case("farm-per-gpu-zero", "arguments", ("farm", "--per-gpu", "0", "tasks.txt"),
-         "mpswrap: argument --per-gpu: invalid value '0': expected auto or a whole number, 1 or "
-         "more\nhint: mpswrap farm --help", 2, option="farm --per-gpu"),
+         "mpswrap: argument --per-gpu: invalid value '0': expected auto or a whole number from 1 "
+         "to 999999\nhint: mpswrap farm --help", 2, option="farm --per-gpu"),
     Case("farm-bad-share", "arguments", ("farm", "--share", "2/2", "tasks.txt"),
          "mpswrap: bad --share (2/2)\nhint: use I/N with 0 <= I < N, e.g. 0/4", 2,
          option="farm --share"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.simenv import SimNode
 pytestmark = pytest.mark.functional
 
 JOB = ("--job", "j1", "--node", "n1")
+ARABIC_ONE = "\u0661"  # a digit to Python's int() and float(), not to mpswrap
 
 
 class _NoNvml(types.ModuleType):
@@ -314,3 +316,140 @@ def test_no_argv_gives_a_traceback(
         lines = [ln for ln in out.err.splitlines() if not ln.startswith("hint: ")]
         errors = [ln for ln in lines if not ln.startswith("mpswrap: ignoring ")]
         assert errors and all(ln.startswith(("mpswrap: ", "usage: ")) for ln in errors[-1:])
+
+
+# --- what a user tried: the grammar holds at its edges ------------------------------------
+@pytest.mark.parametrize(
+    "argv", [["config"], ["farm", "status"], ["help"], ["farm", "status", "--json", "t.txt"]]
+)
+def test_a_closed_stdout_exits_141_quietly(node: SimNode, argv: list[str]) -> None:
+    """``mpswrap config | head -1``: the reader left before mpswrap wrote."""
+    if "farm" in argv:  # a farm to report on
+        (node.root / "t.txt").write_text("true\n")
+        done = node.mpswrap("farm", "--per-gpu", "1", "t.txt")
+        assert done.returncode == 0, done
+    read, write = os.pipe()
+    os.close(read)  # no reader: every write fails with EPIPE
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "mpswrap", *argv],
+            env=node.env(),
+            cwd=node.root,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert res.returncode == 128 + signal.SIGPIPE, res.stderr
+    assert res.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["farm", "--retries", ARABIC_ONE, "t.txt"], "--retries"),
+        (["farm", "--retries", "1_0", "t.txt"], "--retries"),
+        (["farm", "--retries", "99999999999999999999999", "t.txt"], "--retries"),
+        (["farm", "--timeout", ARABIC_ONE, "t.txt"], "--timeout"),
+        (["farm", "--timeout", "1e-320", "t.txt"], "--timeout"),
+        (["farm", "--grace", "1e308", "t.txt"], "--grace"),
+        (["farm", "--heartbeat", "1e308", "t.txt"], "--heartbeat"),
+        (["farm", "--verify-timeout", "1e308", "t.txt"], "--verify-timeout"),
+        (["farm", "--per-gpu", "1000000", "t.txt"], "--per-gpu"),
+        (["run", "-n", ARABIC_ONE, "--", "true"], "-n"),
+        (["--priority", ARABIC_ONE, "true"], "--priority"),
+        (["status", "--watch", "inf"], "--watch"),
+        (["demo", "--clients", "+4"], "--clients"),
+        (["sim", "inventory", "--gpus", "-1", "x.json"], "--gpus"),
+        (["sim", "inventory", "--gpus", "100000", "x.json"], "--gpus"),
+    ],
+)
+def test_numbers_are_plain_ascii_decimals_within_a_named_limit(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: "), lines
+    assert flag in lines[0] and lines[0].startswith("mpswrap: argument "), lines
+    if flag == "--per-gpu":  # it is a whole number: the cap is the cause
+        assert lines[0].endswith("from 1 to 999999"), lines
+    assert not list(tmp_path.iterdir())
+
+
+def test_no_option_takes_pythons_own_number_forms() -> None:
+    """int() and float() take Arabic-Indic digits, '1_0', '1e308': every numeric option goes through
+    ``values`` (cli.options.whole, seconds) instead."""
+    loose = [
+        f"{name} {action.option_strings}"
+        for name, parser in cli.parsers().items()
+        for action in parser._actions
+        if action.type in (int, float)
+    ]
+    assert not loose
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--version", "status"], ["status", "--version"], ["--version", "farm", "t.txt"]],
+)
+def test_version_anywhere_among_the_options(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.startswith("mpswrap ")
+
+
+def test_a_commands_option_may_come_before_its_word(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert cli.main(["--per-gpu", "2", "farm", "none.txt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mpswrap: cannot read the task list (none.txt)"), err
+    assert cli.main(["--bogus", "status"]) == 2
+    assert capsys.readouterr().err.startswith("mpswrap: unknown option '--bogus'")
+
+
+@pytest.mark.parametrize(
+    ("argv", "first"),
+    [
+        (["farm", "--bogus"], "mpswrap: unknown option '--bogus'"),
+        (
+            ["farm", "--retrys", "2"],
+            "mpswrap: unknown option '--retrys' (did you mean '--retries'?)",
+        ),
+        (
+            ["help", "farm", "stauts"],
+            "mpswrap: no command 'farm stauts' (did you mean 'farm status'?)",
+        ),
+        (
+            ["farm", "stauts"],
+            "mpswrap: cannot read the task list (stauts): No such file or directory"
+            " (did you mean 'farm status'?)",
+        ),
+        (["sim", "inventory"], "mpswrap: the following arguments are required: file"),
+    ],
+)
+def test_a_mistake_is_named_first_in_one_line(
+    argv: list[str], first: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == first
+    assert len(lines) == 2 and lines[1].startswith("hint: "), lines
+
+
+def test_help_of_a_launcher_is_the_overview(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["help"]) == 0
+    overview = capsys.readouterr().out
+    assert cli.main(["help", "srun"]) == 0
+    assert capsys.readouterr().out == overview
+
+
+def test_sim_inventory_takes_a_number_of_gpus(tmp_path: Path) -> None:
+    assert cli.main(["sim", "inventory", str(tmp_path / "g.json"), "--gpus", "3"]) == 0
+    assert (tmp_path / "g.json").stat().st_size > 0

@@ -149,6 +149,10 @@ def test_completion_completes_commands(script: str) -> None:
         {*(c.split()[0] for c in COMMANDS), *LAUNCHERS}
     )
     assert _complete(script, "mpswrap", "help", "ca") == ["calibrate"]
+    assert _complete(script, "mpswrap", "help", "") == sorted(
+        {c for c in COMMANDS if " " not in c}
+    )  # the commands help knows, no launcher
+    assert _complete(script, "mpswrap", "help", "farm", "") == ["status"]
     assert "status" in _complete(script, "mpswrap", "farm", "")  # farm status, or a task file
     assert _complete(script, "mpswrap", "farm", "status", "--j") == ["--json"]
 

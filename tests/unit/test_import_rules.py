@@ -94,7 +94,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "manage",
         "demo",
     ),
-    "cli": ("options", "simcmd", "commands", "logs", "farmcmd", "completion", "manpage", "main"),
+    "cli": (
+        "options",
+        "nearest",
+        "simcmd",
+        "commands",
+        "logs",
+        "farmcmd",
+        "completion",
+        "manpage",
+        "main",
+    ),
 }
 #: The package's faces, its entrances: they may import any layer (``session``, ``main``),
 #: nothing imports them.
