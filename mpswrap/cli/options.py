@@ -169,17 +169,20 @@ FARM_OPTIONS: Options = (
                       "GPU; auto: found as the farm runs, by throughput and GPU memory "
                       "(default: auto)"}),
     (("--retries",), {"type": whole(0), "default": 0, "metavar": "N",
-                      "help": "runs more of a task that fails, whatever the way (default: 0); "
-                      "a task a fatal GPU fault ended runs again at least once, one that ran "
-                      "out of GPU memory up to 3 times in all"}),
+                      "help": "runs a task that fails up to N more times, whatever the way "
+                      "(default: 0), where parallel's --retries N is N runs in all; a task a "
+                      "fatal GPU fault ended runs again at least once, one that ran out of GPU "
+                      "memory up to 3 times in all"}),
     (("--timeout",), {"type": seconds(), "metavar": "S", "help": "seconds a task may run: "
                       "then it is ended through MPS terminate_client, then a signal, and "
                       "recorded as timed out (default: no limit)"}),
     (("--halt",), {"metavar": "WHEN", "default": "never", "help": "stop after failures, as GNU "
                    "parallel: soon,fail=N (no new task once N failed), now,fail=N (the "
-                   "running ones ended too), fail=P%% of the tasks (default: never)"}),
+                   "running ones ended too), fail=P%% of the tasks; success=N counts the tasks "
+                   "done, done=N both (default: never)"}),
     (("--skip-failed",), {"action": "store_true", "help": "run again: tasks that failed in "
-                          "the directory before are not run again (default: they are)"}),
+                          "the directory before are not run again, and keep the exit code 1 "
+                          "(default: they are run)"}),
     (("--heartbeat",), {"type": seconds(0, above=False), "default": 60.0, "metavar": "S",
                         "help": "without a terminal, a line of where the farm stands after S "
                         "seconds without one; 0: none (default: 60)"}),

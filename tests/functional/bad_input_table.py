@@ -155,7 +155,8 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--heartbeat", "-1", f"argument --heartbeat: invalid value '-1': "
          f"{_SECONDS_FROM_0}", "tasks.txt"),
     _bad("farm", "--halt", "soon", "bad --halt (soon)", "tasks.txt",
-         hint="\nhint: use never, now,fail=N, soon,fail=N or soon,fail=P% (N >= 1, P 1-100)"),
+         hint="\nhint: use never, or now or soon with fail=N, success=N or done=N (N >= 1), or "
+         "with a percentage of the tasks, e.g. soon,fail=10%"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
