@@ -97,6 +97,7 @@ def share_status(name: str, lines: Sequence[dict[str, Any]], alive: Liveness) ->
     status.told = told
     if not status.live:
         tally.running.clear()  # what a gone farm started runs again with the next one
+        tally.settling.clear()
     return status
 
 
