@@ -46,14 +46,14 @@ def unhealthy(job: dict[str, Any]) -> list[str]:
         elif not daemon.get("alive"):
             found.append(f"{at}: daemon {daemon.get('pid')} not running")
         elif gpu.get("error"):
-            found.append(f"{at}: daemon does not answer: {gpu['error']}")
+            found.append(f"{at}: daemon does not answer: {_word(gpu['error'])}")
         found += [
-            f"{at}: server {s['pid']} is {s['status']}"
+            f"{at}: server {s['pid']} is {_word(s['status'])}"
             for s in gpu.get("servers", [])
             if s["status"] != "ACTIVE"
         ]
         found += [
-            f"{at}: fault at {f['time']} not recovered"
+            f"{at}: fault at {_word(f['time'])} not recovered"
             for f in gpu.get("faults", [])
             if not f["recovered"]
         ]
@@ -87,7 +87,7 @@ def print_status(status: dict[str, Any]) -> None:
                 print(f"      client {client['pid']}{words} {_word(client['cmdline'], 400)}")
         for fault in gpu.get("faults", []):
             print(
-                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"    FAULT at {_word(fault['time'])}: server {fault['server_pid']}, reported by "
                 f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
                 f"{'recovered' if fault['recovered'] else 'not recovered'}"
             )
@@ -97,7 +97,7 @@ def record_line(rec: dict[str, Any]) -> str:
     took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
     faults = (
         "; ".join(
-            f"fault at {f['time']}: server {f['server_pid']}, client(s) {f['reported_by']}"
+            f"fault at {_word(f['time'])}: server {f['server_pid']}, client(s) {f['reported_by']}"
             for f in rec["faults"]
         )
         or "no fault"
