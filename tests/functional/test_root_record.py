@@ -494,3 +494,21 @@ def test_a_server_status_from_the_socket_prints_no_escape(node: SimNode) -> None
     _all_gone(node, pids)
     assert res.returncode == 3 and "server 3000000 is" in res.stderr, res.stderr
     assert "\x1b" not in res.stdout + res.stderr, repr(res.stdout + res.stderr)
+
+
+def test_a_run_record_nested_past_any_parser_never_breaks_roots_status(node: SimNode) -> None:
+    """The job's user writes a run record of 20,000 nested lists: root's ``status``,
+    ``status --json`` and ``metrics`` skip it, never an internal error."""
+    pids = _prolog(node, gpus="0")
+    src = node.root / "deep.json"
+    src.write_text("[" * 20000 + "]" * 20000)
+    src.chmod(0o644)
+    folder = admin_job(node) / "outcomes"
+    _as_user(f"mkdir -p {folder} && cat {src} > {folder}/1-0000000a.json")
+    said = [_root_says(node, *command) for command in (["status"], ["status", "--json"])]
+    said.append(_root_says(node, "metrics"))
+    _epilog_within(node)
+    _all_gone(node, pids)
+    for res in said:
+        assert res.returncode in (0, 3), (res.args, res.returncode, res.stderr)
+        assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
