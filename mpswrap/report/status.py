@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._wait import Deadline
 from ..config import Settings
 from ..errors import shown
 from ..job.job import JobDaemons
@@ -14,13 +15,23 @@ from ..mps.gpu import usage
 from ..paths import JobLayout
 from .summary import codes_words
 
-__all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
+__all__ = ["DEADLINE", "cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
+
+
+#: Seconds one ``status`` or ``metrics`` run gives the node's daemons in all (each command
+#: still within ``command_timeout``): a daemon it leaves no time to ask, or whose answer is
+#: late, is "not answered in time" (unhealthy: ``status`` exits 3). Whatever a job user's
+#: socket or directories multiply, root's command ends.
+DEADLINE = 10.0
 
 
 def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> dict[str, Any]:
     """The jobs' daemons, servers and clients on this node, with NVML's figures where it
-    answers: each GPU's memory and utilisation, each client's GPU memory."""
-    jobs = [JobDaemons(layout, settings).status() for layout in layouts]
+    answers: each GPU's memory and utilisation, each client's GPU memory. The daemons root
+    started are asked first, users' own after them, all within one ``DEADLINE``."""
+    deadline = Deadline(DEADLINE)
+    ordered = sorted(layouts, key=lambda lay: lay.owner is not None)  # stable: root's first
+    jobs = [JobDaemons(layout, settings).status(deadline) for layout in ordered]
     asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
     for gpu in (g for job in jobs for g in job["gpus"]):
         uuid = gpu.get("uuid")
