@@ -7,6 +7,7 @@ Errors are picklable so they cross process and MPI boundaries intact.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 
@@ -23,11 +24,13 @@ __all__ = [
     "GpuChoiceError",
     "GpuError",
     "LayoutError",
+    "LineFormatter",
     "LockTimeout",
     "MpswrapError",
     "ProcError",
     "TrustError",
     "UsageError",
+    "controls_escaped",
     "internal_error",
     "one_line",
     "shown",
@@ -70,7 +73,35 @@ def one_line(text: str) -> str:
     """``text`` with its line breaks as `` | `` and other control characters escaped: a
     message is one line in every log it reaches (slurmd's log, syslog, a drain reason), and
     no input can forge a second one or send a terminal an escape sequence."""
-    return _BREAKS.sub(" | ", text.strip()).translate(_CONTROLS)
+    return controls_escaped(_BREAKS.sub(" | ", text.strip()))
+
+
+def controls_escaped(text: str) -> str:
+    """``text`` with control characters other than line breaks and tabs as ``\\xNN``."""
+    return text.translate(_CONTROLS)
+
+
+class LineFormatter(logging.Formatter):
+    """``<prefix>: <one line>`` for every log record of mpswrap (the hooks' and the command
+    line's): each message goes through ``one_line``, so no text a job user wrote and a message
+    carries reaches a terminal or a log raw. A debug record also says when (ms since the
+    process started: where it waits), and its traceback, each line escaped, follows it."""
+
+    def __init__(self, prefix: str, stamp_all: bool = False) -> None:
+        super().__init__()
+        self.prefix = prefix
+        #: Every record says when (the command line at debug), not only debug records.
+        self.stamp_all = stamp_all
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = one_line(record.getMessage())
+        if record.levelno <= logging.DEBUG or self.stamp_all:
+            message = f"{record.relativeCreated:.0f} ms {message}"
+        text = f"{self.prefix}: {message}"
+        if record.exc_info and record.levelno <= logging.DEBUG:
+            trace = self.formatException(record.exc_info).splitlines()
+            text += "".join(f"\n{self.prefix}:   {one_line(line)}" for line in trace)
+        return text
 
 
 def shown(text: str, limit: int, spaces: bool = True) -> str:

@@ -10,6 +10,7 @@ into "ignore this file" (or this value), never into an internal error.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -17,7 +18,17 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["PID_MAX", "FieldError", "items", "number", "pid", "pid_text", "text", "whole"]
+__all__ = [
+    "PID_MAX",
+    "FieldError",
+    "items",
+    "json_value",
+    "number",
+    "pid",
+    "pid_text",
+    "text",
+    "whole",
+]
 
 #: The kernel's largest pid_max (2^22).
 PID_MAX = 1 << 22
@@ -81,3 +92,14 @@ def _kind(value: object) -> str:
     if isinstance(value, (str, bytes, list, dict)) and len(value) > 30:
         return f"{type(value).__name__} of length {len(value)}"
     return repr(value)
+
+
+def json_value(text: str) -> Any:
+    """The value of JSON someone else wrote (a manifest, a run record, a farm's journal line
+    or profile), read from a size-capped file: a FieldError where it is not JSON, and where it
+    nests past what Python's parser recurses through (``[`` * 20000: a RecursionError, which
+    no caller expects) or holds a number past ``int``'s digits. The one parse of such text."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FieldError(f"not JSON mpswrap reads: {type(exc).__name__}") from None

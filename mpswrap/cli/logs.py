@@ -1,5 +1,6 @@
 """The command line's log output: one ``mpswrap: ...`` line per record on stderr, at the level
-the options, ``MPSWRAP_DEBUG`` or the ``log_level`` setting ask for."""
+the options, ``MPSWRAP_DEBUG`` or the ``log_level`` setting ask for, each escaped into one line
+(``errors.LineFormatter``, the hooks' own)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 
 from ..config import load_settings
+from ..errors import LineFormatter
 
 __all__ = ["debug_env", "setup_logging"]
 
@@ -19,8 +21,8 @@ def setup_logging(args: argparse.Namespace | None, default: str) -> None:
     level = _level(args, default)
     handler = logging.StreamHandler(sys.stderr)
     # Debug lines say when (ms since this process started): where a teardown spends its time.
-    shown = "%(relativeCreated).0f ms %(message)s" if level <= logging.DEBUG else "%(message)s"
-    handler.setFormatter(logging.Formatter(f"mpswrap: {shown}"))
+    # Every message is one escaped line, as the hooks' are: it may carry a job user's text.
+    handler.setFormatter(LineFormatter("mpswrap", stamp_all=level <= logging.DEBUG))
     root = logging.getLogger("mpswrap")
     root.handlers[:] = [handler]
     root.propagate = False

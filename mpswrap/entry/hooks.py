@@ -23,6 +23,7 @@ from .. import _proc, _wait
 from ..config import DEFAULT_CONFIG_FILE, Settings, admin_file, load_settings
 from ..errors import (
     ConfigError,
+    LineFormatter,
     MpswrapError,
     TrustError,
     UsageError,
@@ -65,25 +66,13 @@ Problems = Sequence[ConfigError]
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._+-]*")
 
 
-class _JobFormatter(logging.Formatter):
+def _job_formatter(hook: str, env: JobEnv) -> LineFormatter:
     """``mpswrap: <hook>: job J node N: <one line>``; a traceback only on a debug record."""
-
-    def __init__(self, hook: str, env: JobEnv) -> None:
-        super().__init__()
-        try:
-            job = f" job {env.slurm_job()}"
-        except MpswrapError:  # a message says what is wrong with it
-            job = ""
-        self.prefix = f"mpswrap: {hook}:{job} node {_shown(env.node)}"
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = f"{self.prefix}: {one_line(record.getMessage())}"
-        if record.levelno <= logging.DEBUG:  # when (ms since the hook started): where it waits
-            text = f"{self.prefix}: {record.relativeCreated:.0f} ms {one_line(record.getMessage())}"
-        if record.exc_info and record.levelno <= logging.DEBUG:
-            trace = self.formatException(record.exc_info).splitlines()
-            text += "".join(f"\n{self.prefix}:   {line}" for line in trace)
-        return text
+    try:
+        job = f" job {env.slurm_job()}"
+    except MpswrapError:  # a message says what is wrong with it
+        job = ""
+    return LineFormatter(f"mpswrap: {hook}:{job} node {_shown(env.node)}")
 
 
 def _shown(text: str) -> str:
@@ -97,7 +86,7 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
     root = logging.getLogger("mpswrap")
     root.handlers.clear()
     stderr = logging.StreamHandler(sys.stderr)
-    stderr.setFormatter(_JobFormatter(hook, env))
+    stderr.setFormatter(_job_formatter(hook, env))
     root.addHandler(stderr)
     wants_syslog = settings is not None and settings.syslog and hook != "task-prolog"
     if wants_syslog and os.path.exists("/dev/log"):
@@ -105,7 +94,7 @@ def _setup_logging(hook: str, env: JobEnv, settings: Settings | None) -> None:
 
         try:
             sys_handler = SysLogHandler(address="/dev/log")
-            sys_handler.setFormatter(_JobFormatter(hook, env))
+            sys_handler.setFormatter(_job_formatter(hook, env))
             root.addHandler(sys_handler)
         except OSError:
             pass

@@ -224,12 +224,13 @@ class JobDaemons(Struct):
         found = self.manifests() if read is None else read  # read: the caller's manifests
         return [Slot.of(self.layout.gpu(m.key), m.gpu_uuid, inventory) for m in found]
 
-    def status(self) -> dict[str, Any]:
+    def status(self, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> dict[str, Any]:
+        """The job's daemons as ``status`` shows them, every command drawn from ``deadline``."""
         return {
             "node": self.layout.node,
             "job": self.layout.job_id,
             "job_dir": str(self.layout.job_dir),
-            "gpus": [self.daemon(key).status() for key in self.keys()],
+            "gpus": [self.daemon(key).status(deadline) for key in self.keys()[:GPUS_SHOWN]],
             "runs": _run_record(self.layout),
         }
 
@@ -431,6 +432,9 @@ def attach(
     return Attachment(daemons, manifests, "user", ref)
 
 
+#: GPU daemons of one job ``status`` asks about at most: a user-mode job's come from its
+#: directories, which its user can multiply (a node has 8 or 16 GPUs).
+GPUS_SHOWN = 64
 #: Times a rank makes the user-mode job directory again where the job's last owner removed
 #: it meanwhile.
 JOIN_TRIES = 3

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import fields
 from .._struct import Struct, asdict
 from ..errors import LayoutError
 from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, write_job_file
@@ -117,7 +118,7 @@ def _read(path: Path) -> list[Outcome]:
     if text is None:
         return []
     try:
-        data = json.loads(text)
+        data = fields.json_value(text)
         if not isinstance(data, list):
             raise ValueError("not a list")
         return [Outcome.from_json(item) for item in data]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import itertools
 import logging
 import os
 import re
@@ -311,6 +312,9 @@ def _present(layout: JobLayout) -> bool:
     return True
 
 
+#: User-mode roots, and jobs of one on a node, that a listing of every job takes at most: any
+#: local user can make both, and root's ``status`` reads each (a user runs a few at a time).
+USER_ROOTS_LIMIT, USER_JOBS_LIMIT = 1024, 64
 #: Where user-mode roots of every user are (root's listing): the uid is in the path.
 USER_ROOT_GLOBS = (
     (re.compile(r"^/tmp/mpswrap-([0-9]+)$"), "/tmp/mpswrap-*"),
@@ -331,8 +335,8 @@ def jobs_on_node(settings: Settings, node: str, uid: int | None) -> list[JobLayo
     ]
     users = [
         lay
-        for root, owner in _user_roots_of(settings, uid)
-        for lay in _jobs_under(root, node, owner)
+        for root, owner in _user_roots_of(settings, uid)[:USER_ROOTS_LIMIT]
+        for lay in itertools.islice(_jobs_under(root, node, owner), USER_JOBS_LIMIT)
         if owned_by(lay, owner)
     ]
     found = {lay.job_dir: lay for lay in reversed([*admin, *users])}

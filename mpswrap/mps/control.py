@@ -46,6 +46,8 @@ BUSY = "Cannot send command to MPS control daemon process"
 #: The real daemon answers a bad command on stdout and exits 0 (seen on driver 580):
 #: ``Unknown command "x"``, ``Server 1 not found``.
 REFUSALS = ("Unknown command", "not found")
+#: Why a command was not sent: the deadline it draws from (a teardown's, a status run's) passed.
+DEADLINE_PASSED = "the deadline has passed"
 #: Seconds to keep retrying a command the daemon is too busy to take.
 BUSY_RETRY = 2.0
 #: Bytes of a reply kept: the control program relays what a socket in the job user's pipe
@@ -167,7 +169,7 @@ class Control(Struct, frozen=True):
         bound = self.deadline.bound(timeout or self.timeout)
         try:
             if bound <= 0:
-                raise ProcError("not sent", cause="the teardown's deadline has passed")
+                raise ProcError("not sent", cause=DEADLINE_PASSED)
             res = _proc.run(
                 argv, env=env, input=line + "\n", timeout=bound, user=self.user, limit=REPLY_LIMIT
             )

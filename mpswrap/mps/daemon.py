@@ -28,7 +28,7 @@ from .._lock import RootLock, file_lock
 from ..config import Settings
 from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
 from ..paths import GpuDirs, ensure_private_dir
-from .control import Control, client_status, find_binary
+from .control import DEADLINE_PASSED, Control, client_status, find_binary
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest
 from .rootrecord import Held, RootSide, read_held, remove_held
@@ -116,8 +116,14 @@ class Daemon:
         sent as them, the kernel keeps the command out of that user's 0700 directory."""
         if not trust.is_root():
             return None
+        owner = self._owner()
+        return None if owner in (None, 0) else _proc.lookup_user(owner)
+
+    def _owner(self) -> int | None:
+        """The job directory's owner, as the kernel says (never what a file in it says);
+        None where the whole tree is gone."""
         try:
-            owner = os.lstat(self.dirs.root.parent).st_uid
+            return os.lstat(self.dirs.root.parent).st_uid
         except FileNotFoundError:
             return None  # the whole tree is gone: no socket to reach anything through
         except OSError as exc:
@@ -126,7 +132,6 @@ class Daemon:
                 thing=str(self.dirs.root.parent),
                 cause=exc.strerror or str(exc),
             ) from exc
-        return None if owner == 0 else _proc.lookup_user(owner)
 
     def manifest(self) -> Manifest | None:
         return read_manifest(self.dirs.manifest)
@@ -285,10 +290,11 @@ class Daemon:
                 )
 
     # --- status -----------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        """This daemon as ``status`` shows it. As root, who it is comes from root's record;
-        else from the manifest (a user-mode daemon's, read as hints: an unreadable one is
-        named, never fatal)."""
+    def status(self, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> dict[str, Any]:
+        """This daemon as ``status`` shows it, its control commands drawn from ``deadline``
+        (past it: "not answered in time"). As root, who it is comes from root's record; else
+        from the manifest (a user-mode daemon's, read as hints: an unreadable one is named,
+        never fatal)."""
         info: dict[str, Any] = {
             "key": self.dirs.key,
             "pipe_dir": str(self.dirs.pipe),
@@ -310,7 +316,7 @@ class Daemon:
 
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]
         if info["daemon"] and info["daemon"]["alive"] and found and not isinstance(found, str):
-            info.update(self._live_status(found[1]["uid"]))
+            info.update(self._live_status(found[1]["uid"], deadline))
         active = {s["pid"] for s in info["servers"] if s["status"] == "ACTIVE"}
         for fault in info["faults"]:  # the live state outranks the log's wording
             fault["recovered"] = fault["recovered"] or fault["server_pid"] in active
@@ -331,7 +337,7 @@ class Daemon:
                 "uid": held.uid,
             }
         try:
-            manifest = self.manifest()
+            manifest, owner = self.manifest(), self._owner()
         except MpswrapError as exc:
             return exc.line()
         if manifest is None:
@@ -341,15 +347,20 @@ class Daemon:
             "uuid": manifest.gpu_uuid,
             "daemon": facts,
             "settings": manifest.settings,
-            "uid": manifest.uid,
+            "uid": owner,  # never the manifest's: its "uid": 0 would name root's processes
         }
 
-    def _live_status(self, uid: int | None) -> dict[str, Any]:
+    def _live_status(self, uid: int | None, deadline: _wait.Deadline) -> dict[str, Any]:
+        """What the daemon answers within ``deadline``; clients' environments read only where
+        they run as ``uid`` (root's record's, or the owner of the job directory)."""
         out: dict[str, Any] = {"servers": []}
         try:
-            found = self.control.snapshot()
+            if deadline.passed:
+                raise ControlError("not asked", cause=DEADLINE_PASSED)
+            found = self.control_within(deadline).snapshot()
         except ControlError as exc:
-            out["error"] = exc.line()
+            late = deadline.passed and deadline.seconds is not None
+            out["error"] = f"{NOT_IN_TIME} ({deadline.seconds:g} s)" if late else exc.line()
             return out
         out["default_active_thread_percentage"] = found.default_active_thread_percentage
         for server, (state, share, clients) in found.servers.items():
@@ -411,6 +422,9 @@ class Daemon:
         return report
 
 
+#: What ``status`` says of a daemon its deadline left no time to ask, or that did not answer
+#: before it passed.
+NOT_IN_TIME = "not answered in time: status's deadline passed"
 #: Clients of one server ``status`` describes at most (MPS serves 48 to 60).
 CLIENTS_SHOWN = 128
 

@@ -113,8 +113,8 @@ def read_manifest(path: Path) -> Manifest | None:
     if text is None:
         return None
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting no manifest has
+        data = fields.json_value(text)
+    except fields.FieldError as exc:
         raise DaemonError("unreadable manifest", thing=str(path), cause=str(exc)) from exc
     if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
         raise DaemonError(

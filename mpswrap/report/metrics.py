@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import __version__
 from .._struct import Struct
-from ..errors import UsageError
+from ..errors import UsageError, controls_escaped
 
 __all__ = ["FAMILIES", "Family", "build_labels", "render", "write_textfile"]
 
@@ -136,9 +136,10 @@ Sample = tuple[str, dict[str, Any], float]
 
 def _escape(value: Any) -> str:
     """A label value: UTF-8 (bytes of a command line that were no UTF-8 written as \\x..),
-    with backslash, quote and newline escaped."""
+    with backslash, quote and newline escaped, other control characters as \\xNN
+    (``errors.controls_escaped``): a job user's text sends no terminal an escape sequence."""
     text = "" if value is None else str(value)
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = controls_escaped(text.encode("utf-8", "backslashreplace").decode("utf-8"))
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

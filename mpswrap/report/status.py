@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._wait import Deadline
 from ..config import Settings
 from ..errors import shown
 from ..job.job import JobDaemons
@@ -14,13 +15,23 @@ from ..mps.gpu import usage
 from ..paths import JobLayout
 from .summary import codes_words
 
-__all__ = ["cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
+__all__ = ["DEADLINE", "cpus_words", "node_status", "print_status", "record_line", "unhealthy"]
+
+
+#: Seconds one ``status`` or ``metrics`` run gives the node's daemons in all (each command
+#: still within ``command_timeout``): a daemon it leaves no time to ask, or whose answer is
+#: late, is "not answered in time" (unhealthy: ``status`` exits 3). Whatever a job user's
+#: socket or directories multiply, root's command ends.
+DEADLINE = 10.0
 
 
 def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> dict[str, Any]:
     """The jobs' daemons, servers and clients on this node, with NVML's figures where it
-    answers: each GPU's memory and utilisation, each client's GPU memory."""
-    jobs = [JobDaemons(layout, settings).status() for layout in layouts]
+    answers: each GPU's memory and utilisation, each client's GPU memory. The daemons root
+    started are asked first, users' own after them, all within one ``DEADLINE``."""
+    deadline = Deadline(DEADLINE)
+    ordered = sorted(layouts, key=lambda lay: lay.owner is not None)  # stable: root's first
+    jobs = [JobDaemons(layout, settings).status(deadline) for layout in ordered]
     asked: dict[str, dict[str, Any] | None] = {}  # once per GPU, however many jobs share it
     for gpu in (g for job in jobs for g in job["gpus"]):
         uuid = gpu.get("uuid")
@@ -46,14 +57,14 @@ def unhealthy(job: dict[str, Any]) -> list[str]:
         elif not daemon.get("alive"):
             found.append(f"{at}: daemon {daemon.get('pid')} not running")
         elif gpu.get("error"):
-            found.append(f"{at}: daemon does not answer: {gpu['error']}")
+            found.append(f"{at}: daemon does not answer: {_word(gpu['error'])}")
         found += [
-            f"{at}: server {s['pid']} is {s['status']}"
+            f"{at}: server {s['pid']} is {_word(s['status'])}"
             for s in gpu.get("servers", [])
             if s["status"] != "ACTIVE"
         ]
         found += [
-            f"{at}: fault at {f['time']} not recovered"
+            f"{at}: fault at {_word(f['time'])} not recovered"
             for f in gpu.get("faults", [])
             if not f["recovered"]
         ]
@@ -87,7 +98,7 @@ def print_status(status: dict[str, Any]) -> None:
                 print(f"      client {client['pid']}{words} {_word(client['cmdline'], 400)}")
         for fault in gpu.get("faults", []):
             print(
-                f"    FAULT at {fault['time']}: server {fault['server_pid']}, reported by "
+                f"    FAULT at {_word(fault['time'])}: server {fault['server_pid']}, reported by "
                 f"client(s) {fault['reported_by']}, affected {fault['affected']}, "
                 f"{'recovered' if fault['recovered'] else 'not recovered'}"
             )
@@ -97,7 +108,7 @@ def record_line(rec: dict[str, Any]) -> str:
     took = (rec["stopped"] - rec["daemon_started"]) if rec.get("daemon_started") else None
     faults = (
         "; ".join(
-            f"fault at {f['time']}: server {f['server_pid']}, client(s) {f['reported_by']}"
+            f"fault at {_word(f['time'])}: server {f['server_pid']}, client(s) {f['reported_by']}"
             for f in rec["faults"]
         )
         or "no fault"

@@ -19,31 +19,77 @@ __all__ = [
     "default_gres_conf",
     "expand_hostlist",
     "gres_minors",
+    "in_hostlist",
     "resolve_gres_positions",
     "resolve_slurm_gpus",
     "visible_gpus",
 ]
 
 
+#: Names one hostlist may stand for: Slurm's own bound on a range (``MAX_RANGE`` of its
+#: hostlist.c, 64K). A forged ``Nodes=zz[0-999999999999]`` is refused, never expanded.
+HOSTLIST_LIMIT = 64 * 1024
+_RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?")
+Part = tuple[str, list[tuple[int, int, int]], str]
+
+
 def expand_hostlist(text: str) -> list[str]:
-    """Expand ``node[1-3,5],gpu7`` (enough of Slurm's hostlist syntax for gres.conf)."""
+    """Expand ``node[1-3,5],gpu7`` (enough of Slurm's hostlist syntax for gres.conf), at most
+    ``HOSTLIST_LIMIT`` names (a GpuError past it)."""
     names: list[str] = []
+    for head, ranges, tail in _parts(text):
+        for first, last, width in ranges:
+            if len(names) + last - first >= HOSTLIST_LIMIT:
+                raise GpuError("hostlist larger than Slurm allows", thing=_quoted(text))
+            names += [f"{head}{n:0{width}d}{tail}" for n in range(first, last + 1)]
+        if not ranges:
+            names.append(head)
+    return names
+
+
+def in_hostlist(name: str, text: str) -> bool:
+    """Whether ``text`` (a hostlist) names ``name``, without expanding it: a GpuError where
+    ``expand_hostlist`` would raise one for a range."""
+    for head, ranges, tail in _parts(text):
+        if not ranges:
+            if name == head:
+                return True
+            continue
+        middle = name[len(head) : len(name) - len(tail)] if len(name) > len(head + tail) else ""
+        if not (name.startswith(head) and name.endswith(tail) and _RANGE.fullmatch(middle)):
+            continue
+        number = int(middle)
+        if any(f <= number <= la and f"{number:0{w}d}" == middle for f, la, w in ranges):
+            return True
+    return False
+
+
+def _parts(text: str) -> list[Part]:
+    """Each ``head[ranges]tail`` of a hostlist (a plain name: no ranges), each range as
+    (first, last, width) and none larger than Slurm allows."""
+    parts: list[Part] = []
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
         match = re.match(r"^(.*)\[([^\]]*)\](.*)$", part)
         if not match:
-            names.append(part)
+            parts.append((part, [], ""))
             continue
         head, body, tail = match.groups()
+        ranges = []
         for item in body.split(","):
-            lo, _, hi = item.partition("-")
-            width = len(lo)
-            try:
-                first, last = int(lo), int(hi or lo)
-            except ValueError:
-                raise GpuError("malformed hostlist in gres.conf", thing=repr(text)) from None
-            for n in range(first, last + 1):
-                names.append(f"{head}{n:0{width}d}{tail}")
-    return names
+            bounds = _RANGE.fullmatch(item)
+            if not bounds:
+                raise GpuError("malformed hostlist", thing=_quoted(text))
+            lo, hi = bounds.group(1), bounds.group(2) or bounds.group(1)
+            first, last = int(lo), int(hi)
+            if last - first >= HOSTLIST_LIMIT:
+                raise GpuError("hostlist range larger than Slurm allows", thing=_quoted(text))
+            ranges.append((first, last, len(lo)))
+        parts.append((head, ranges, tail))
+    return parts
+
+
+def _quoted(text: str) -> str:
+    return repr(text[:200])
 
 
 def gres_minors(gres_conf: Path, node: str) -> list[int]:

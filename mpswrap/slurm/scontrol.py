@@ -14,7 +14,7 @@ from .._struct import Struct
 from ..errors import ConfigError, GpuError, MpswrapError
 from ..jobenv import JobEnv, parse_int_list, tasks_per_node
 from ..values import share_percent
-from .gpus import expand_hostlist
+from .gpus import expand_hostlist, in_hostlist
 
 __all__ = [
     "NodeShare",
@@ -216,7 +216,7 @@ def node_share(env: JobEnv) -> NodeShare | None:
     for match in _DETAIL.finditer(text):
         nodes, cpu_text, gres = match.groups()
         try:
-            if env.node in expand_hostlist(nodes):
+            if in_hostlist(env.node, nodes):
                 found.append(NodeShare(parse_int_list(cpu_text, "CPU_IDs"), {}, gres or ""))
         except (ConfigError, GpuError) as exc:
             log.warning("scontrol's job details: %s", exc.line())

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import fields
 from ..errors import LayoutError
 from ..paths import list_dir, read_job_file
 from .tasks import WHOLE, Share, Task
@@ -194,7 +195,7 @@ def _line(line: str) -> dict[str, Any] | None:
     if len(line) > RECORD_LIMIT:
         return None
     try:
-        data = json.loads(line)
+        data = fields.json_value(line)
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

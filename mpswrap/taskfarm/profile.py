@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import fields
 from .._struct import Struct
 from ..paths import read_job_file
 from .fold import Tally
@@ -89,7 +90,7 @@ class Profile:
         self.known: dict[str, Known] = {}
         text = read_job_file(path, LIMIT) if path is not None else None
         try:
-            data = json.loads(text) if text else {}
+            data = fields.json_value(text) if text else {}
         except ValueError:
             data = {}
         for key, value in data.items() if isinstance(data, dict) else []:

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from mpswrap._cgroup import member_of
+from mpswrap.report.status import DEADLINE as STATUS_DEADLINE
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.procs import described
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
@@ -402,3 +403,145 @@ def test_an_admin_file_past_its_size_is_one_line_at_once(node: SimNode) -> None:
     assert time.monotonic() - took < 10
     assert res.returncode == 0 and "larger than 1 MiB" in res.stderr, res.stderr
     assert not admin_job(node).exists()
+
+
+# --- what root's status prints --------------------------------------------------------------
+def _root_says(node: SimNode, *command: str) -> subprocess.CompletedProcess[str]:
+    """Root's ``command`` (``status`` unless named) for the node, with the test's admin file."""
+    argv = [*(command or ["status"]), "--node", "n1"]
+    return node.mpswrap(*argv, MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
+
+
+def test_a_fault_stamp_in_server_log_prints_no_escape(node: SimNode) -> None:
+    """The job's user appends a fatal error to server.log whose stamp is an escape sequence:
+    root's ``status`` prints the fault, and the unhealthy line for it, escaped."""
+    pids = _prolog(node, gpus="0")
+    src = node.root / "planted"
+    src.write_text(
+        "[\x1b[2J\x1b[31mPWNED Server 1234] Client {PID: 5678, Context ID: 1} "
+        "encountered a fatal GPU error\n"
+    )
+    src.chmod(0o644)
+    _as_user(f"cat {src} >> {admin_job(node)}/g0/log/server.log")
+    res = _root_says(node)
+    _epilog_within(node)
+    _all_gone(node, pids)
+    assert "FAULT at" in res.stdout and "PWNED" in res.stderr, res.stdout + res.stderr
+    assert "\x1b" not in res.stdout + res.stderr, repr(res.stdout + res.stderr)
+
+
+_STATUS_SOCKET = textwrap.dedent(
+    """
+    import json, os, socket, sys, time
+    path, n, delay, status = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    os.unlink(path)
+    lst = socket.socket(socket.AF_UNIX)
+    lst.bind(path)
+    lst.listen(64)
+    while True:
+        conn, _ = lst.accept()
+        data = b""
+        while not data.endswith(b"\\n"):
+            c = conn.recv(65536)
+            if not c:
+                break
+            data += c
+        cmd = json.loads(data or b'{"cmd": ""}')["cmd"]
+        if cmd == "get_server_list":
+            out = "\\n".join(str(3000000 + i) for i in range(n))
+        elif cmd.startswith("get_default_active"):
+            out = "100"
+        elif cmd.startswith("get_server_status"):
+            time.sleep(delay)
+            out = status
+        elif cmd.startswith("get_active_thread"):
+            time.sleep(delay)
+            out = "50"
+        else:
+            time.sleep(delay)
+            out = ""
+        reply = json.dumps({"stdout": out, "stderr": "", "rc": 0}).encode() + b"\\n"
+        try:
+            conn.sendall(reply)
+        except OSError:  # the command's client gave up waiting
+            pass
+        conn.close()
+    """
+)
+
+
+def _status_socket(node: SimNode, n: int, delay: float, status: str) -> subprocess.Popen[str]:
+    """The job's user answers on g0's control socket in the simulator's protocol: ``n``
+    servers, each command about one of them after ``delay`` seconds, its status ``status``."""
+    script = node.root / "fake.py"
+    script.write_text(_STATUS_SOCKET)
+    script.chmod(0o644)
+    control = admin_job(node) / "g0" / "pipe" / "control"
+    real = control.stat().st_ino
+    argv = ["/usr/bin/python3", str(script), str(control), str(n), str(delay), status]
+    proc = spawn_as(_user(), argv)
+    _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
+    return proc
+
+
+def test_a_server_status_from_the_socket_prints_no_escape(node: SimNode) -> None:
+    """The job's user answers ``get_server_status`` with an escape sequence: root's
+    ``status`` names the server as not healthy, escaped, on stdout and in its log line."""
+    pids = _prolog(node, gpus="0")
+    fake = _status_socket(node, 2, 0.0, "\x1b[2J\x1b]0;pwned\x07")
+    try:
+        res = _root_says(node)
+    finally:
+        fake.kill()
+        fake.communicate(timeout=30)
+    _epilog_within(node)
+    _all_gone(node, pids)
+    assert res.returncode == 3 and "server 3000000 is" in res.stderr, res.stderr
+    assert "\x1b" not in res.stdout + res.stderr, repr(res.stdout + res.stderr)
+
+
+def test_a_run_record_nested_past_any_parser_never_breaks_roots_status(node: SimNode) -> None:
+    """The job's user writes a run record of 20,000 nested lists: root's ``status``,
+    ``status --json`` and ``metrics`` skip it, never an internal error."""
+    pids = _prolog(node, gpus="0")
+    src = node.root / "deep.json"
+    src.write_text("[" * 20000 + "]" * 20000)
+    src.chmod(0o644)
+    folder = admin_job(node) / "outcomes"
+    _as_user(f"mkdir -p {folder} && cat {src} > {folder}/1-0000000a.json")
+    said = [_root_says(node, *command) for command in (["status"], ["status", "--json"])]
+    said.append(_root_says(node, "metrics"))
+    _epilog_within(node)
+    _all_gone(node, pids)
+    for res in said:
+        assert res.returncode in (0, 3), (res.args, res.returncode, res.stderr)
+        assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.timeout(300)
+def test_roots_status_and_metrics_end_within_their_deadline_whatever_a_socket_lists(
+    node: SimNode,
+) -> None:
+    """The job's user answers on g0's control socket, listing 64 servers and answering each
+    command about one 0.8 s late (unbounded, ~150 s): root's ``status`` and ``metrics`` end
+    within their one deadline (``report.status.DEADLINE``, plus starting Python on a loaded
+    machine), what was not answered is "not answered in time", and ``status`` exits 3."""
+    pids = _prolog(node, gpus="0")
+    fake = _status_socket(node, 64, 0.8, "ACTIVE")
+    try:
+        took = []
+        for command in (["status"], ["metrics"]):
+            start = time.monotonic()
+            res = _root_says(node, *command)
+            took.append(time.monotonic() - start)
+            assert res.returncode == (3 if command == ["status"] else 0), res.stderr
+            assert "internal error" not in res.stderr, res.stderr
+            said = "not answered in time" if command == ["status"] else "mpswrap_daemon_up{"
+            assert said in res.stdout + res.stderr, res.stdout
+    finally:
+        fake.kill()
+        fake.communicate(timeout=30)
+    print(f"status {took[0]:.1f} s, metrics {took[1]:.1f} s")
+    assert max(took) < STATUS_DEADLINE + SLACK, took
+    _epilog_within(node)
+    _all_gone(node, pids)

@@ -3,6 +3,7 @@ numbering mapped to the OS's, and when slurmctld is asked at all."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,18 @@ def test_a_line_a_user_writes_into_the_answer_is_never_taken(
     lines for the node, and the prolog takes neither."""
     _answer(monkeypatch, REAL.format(comment=forged))
     assert node_share(JobEnv(ENV)) is None
+
+
+def test_a_forged_line_naming_more_nodes_than_slurm_allows_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Nodes=zz[0-999999999999]`` in the user's text: refused without expanding it (a
+    trillion names would fill memory), and the prolog takes neither line."""
+    forged = "x\n     Nodes=zz[0-999999999999] CPU_IDs=0-3 Mem=0"
+    _answer(monkeypatch, REAL.format(comment=forged))
+    took = time.monotonic()
+    assert node_share(JobEnv(ENV)) is None
+    assert time.monotonic() - took < 1.0
 
 
 def test_a_line_that_disagrees_with_slurmds_cpu_count_is_not_taken(

@@ -469,3 +469,30 @@ def test_block_keeps_rank_order_and_balances_gpus(size: int, n_gpus: int) -> Non
 @given(st.integers(1, 256), st.integers(1, 16))
 def test_cyclic_is_round_robin(size: int, n_gpus: int) -> None:
     assert client.plan_positions(size, n_gpus, "cyclic") == [r % n_gpus for r in range(size)]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "named"),
+    [
+        ("n1", "n1", True),
+        ("n07", "n[01-10]", True),
+        ("n7", "n[01-10]", False),  # not the padded name Slurm gives
+        ("gpu3-ib", "login,gpu[1-4]-ib", True),
+        ("gpu5-ib", "login,gpu[1-4]-ib", False),
+        ("zz5", "n1,zz[0-65000]", True),
+    ],
+)
+def test_a_name_is_found_in_a_hostlist_as_expanding_it_would(
+    name: str, text: str, named: bool
+) -> None:
+    assert slurm_gpus.in_hostlist(name, text) is named
+    assert (name in slurm_gpus.expand_hostlist(text)) is named
+
+
+@pytest.mark.parametrize("text", ["zz[0-999999999999]", "a[0-40000],b[0-40000]", "n[1-x]"])
+def test_a_hostlist_past_what_slurm_allows_is_refused_unexpanded(text: str) -> None:
+    with pytest.raises(GpuError):
+        slurm_gpus.expand_hostlist(text)
+    if "x" in text or text.startswith("zz"):
+        with pytest.raises(GpuError):
+            slurm_gpus.in_hostlist("q1", text)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from mpswrap.job.outcomes import Outcome
+from mpswrap.job.outcomes import Outcome, collect, peek
+from mpswrap.job.state import outcomes_dir
+from mpswrap.paths import JobLayout
 from mpswrap.report.summary import BY_EPILOG, NodeSummary, teardown_words
 
 
@@ -69,3 +73,20 @@ def test_a_record_that_is_no_outcome_is_refused(record: object) -> None:
 def test_a_record_round_trips() -> None:
     out = Outcome(137, False, 2, 5.25)
     assert Outcome.from_json({"code": 137, "attached": False, "ended": 2, "start": 5.25}) == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 20000 + "]" * 20000, '[{"rank": 1' + "0" * 5000 + "}]", "[1e400]", "{]"],
+    ids=["nested-past-the-parser", "5000-digit-number", "infinite", "not-json"],
+)
+def test_a_run_record_nested_past_any_parser_is_skipped(tmp_path: Path, text: str) -> None:
+    """The job's user writes a record no rank wrote: ``status`` (peek) and the last rank's
+    summary (collect) skip it and read the rest, never an internal error."""
+    layout = JobLayout(tmp_path, "n1", "7")
+    folder = outcomes_dir(layout)
+    folder.mkdir(parents=True)
+    (folder / "1-0000000a.json").write_text(text)
+    assert peek(layout) == []
+    assert collect(layout) == []
+    assert not folder.exists()
