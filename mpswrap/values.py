@@ -64,9 +64,9 @@ WEEK = 7 * 24 * 3600
 
 
 def _number(text: str, error: str) -> float:
-    """A plain decimal (``15``, ``2.5``) in ASCII digits: not ``nan``, ``inf``, ``1e3``,
-    ``1_0`` nor Arabic-Indic digits."""
-    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
+    """A plain decimal (``15``, ``2.5``, a script's ``1.4000000000000001``) in ASCII digits:
+    not ``nan``, ``inf``, ``1e3``, ``1_0`` nor Arabic-Indic digits."""
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,17})?", text):
         raise ValueError(error)
     return float(text)
 

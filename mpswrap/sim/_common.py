@@ -55,7 +55,8 @@ def number(most: float, *, least: float = 0, whole: bool = False) -> Callable[[s
     """An option's value: a plain decimal (a whole number where ``whole``) from ``least`` to
     ``most``, not ``nan``, ``1e308``, ``1_0`` nor Arabic-Indic digits: as mpswrap's own
     options take (``mpswrap.values``, which the simulator, standing alone, does not import)."""
-    form = r"[0-9]{1,9}" if whole else r"[0-9]{1,9}(\.[0-9]{1,6})?"
+    # A fraction as long as a float's repr makes it (a script's 0.2 + 0.4 * 3).
+    form = r"[0-9]{1,9}" if whole else r"[0-9]{1,9}(\.[0-9]{1,17})?"
 
     def parse(text: str) -> float:
         if not re.fullmatch(form, text) or not least <= float(text) <= most:

@@ -89,13 +89,12 @@ def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -
     args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=2", "--dir", str(farm_dir))
     res = node.run(*args, str(halted), timeout=60)
     assert res.returncode == 1
-    assert "--halt soon,fail=2: 2 task(s) failed, 0 done: starting no more" in res.stderr, (
-        res.stderr
-    )
-    # Both failed at once on the node's two places: neither place took another task while
-    # their verdicts were pending (as GNU parallel -j2 --halt soon,fail=2 runs 2 jobs).
-    assert {r["task"] for r in records(farm_dir)} == {0, 1}
-    assert "10 tasks: 0 done, 2 failed, 8 not run" in res.stdout, res.stdout
+    assert "--halt soon,fail=2: 2 task(s) failed" in res.stderr, res.stderr
+    # Once both failures were known, no place took another task while their verdicts were
+    # pending: task 2 at most, in the place of the first to fail, before the second did (GNU
+    # parallel -j2 --halt soon,fail=2 runs 2 or 3 jobs; before, a place refilled at once).
+    assert {0, 1} <= {r["task"] for r in records(farm_dir)} <= {0, 1, 2}
+    assert re.search(r"10 tasks: [01] done, 2 failed, [78] not run", res.stdout), res.stdout
 
 
 def test_halt_now_on_success_ends_the_others_and_exits_0(node: SimNode) -> None:
