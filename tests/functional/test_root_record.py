@@ -27,7 +27,7 @@ import pytest
 from mpswrap._cgroup import member_of
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.procs import described
-from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, _cgroups_of, finish_sim_node, make_sim_node
 from tests.users import (
     basics,
     ensure_other_user,
@@ -295,6 +295,47 @@ def test_the_epilog_stays_within_its_deadline_whatever_the_job_user_multiplies(
         print(f"{what} x{size}: epilog {took:.2f} s")
         assert took < DEADLINE + SLACK, said
         _all_gone(node, pids)
+
+
+MANY_LINKS = textwrap.dedent(
+    """
+    import os, sys
+    where, n = sys.argv[1], int(sys.argv[2]); os.mkdir(where); k = 0
+    while k < n:
+        src = f"{where}/f{k}"; open(src, "w").close(); k += 1
+        for _ in range(60000):
+            if k >= n: break
+            os.link(src, f"{where}/f{k}"); k += 1
+    """
+)
+#: Names in one directory: what the epilog took 18 s to remove before it looked at its
+#: deadline while removing (3 s here), and take no inode (hard links).
+MANY = 800_000
+
+
+@pytest.mark.timeout(900)
+def test_many_names_in_one_directory_keep_the_deadline(node: SimNode) -> None:
+    """800,000 names in one directory of the job's: each epilog ends within its deadline,
+    names the directory it could not empty in time, and leaves none of root's own state; the
+    next epilog of the job goes on where it stopped, until nothing is left."""
+    deadline = 3.0
+    admin_config(node, teardown_deadline=str(deadline), command_timeout="3")
+    pids = _prolog(node, gpus="0")
+    script = node.root / "many.py"
+    script.write_text(MANY_LINKS)
+    script.chmod(0o644)
+    where = admin_job(node) / "g0/log/many"
+    res = run_as(_user(), ["/usr/bin/python3", str(script), str(where), str(MANY)], timeout=900)
+    assert res.returncode == 0, res.stderr
+    for _ in range(10):
+        took, said = _epilog_within(node)
+        print(f"{MANY} names: epilog {took:.2f} s")
+        assert took < deadline + SLACK, took
+        assert not list((node.run_dir / ".locks").glob("n1.101.*")) and not _cgroups_of(node)
+        if not admin_job(node).exists():
+            break
+        assert "not emptied within the teardown's deadline" in said, said
+    _all_gone(node, pids)
 
 
 # --- other jobs, other processes --------------------------------------------------------------
