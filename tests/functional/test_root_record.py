@@ -297,6 +297,28 @@ def test_the_epilog_stays_within_its_deadline_whatever_the_job_user_multiplies(
         _all_gone(node, pids)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("archive", [False, True])
+def test_short_log_lines_keep_the_deadline_and_leave_nothing(node: SimNode, archive: bool) -> None:
+    """Both logs of both GPUs made of 8 MiB of empty lines (8 million lines each): root reads
+    a bounded tail of each log once, copies the archive's bytes, and the epilog ends the
+    daemons and leaves nothing, root's cgroup included, within its deadline."""
+    extra = {"log_archive": str(node.root / "archive")} if archive else {}
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3", **extra)
+    pids = _prolog(node)
+    for key in ("g0", "g1"):
+        log = admin_job(node) / key / "log"
+        _as_user(
+            f"head -c {8 << 20} /dev/zero | tr '\\0' '\\n' > {log}/server.log "
+            f"&& cp {log}/server.log {log}/control.log"
+        )
+    took, said = _epilog_within(node)
+    print(f"8 MiB of empty log lines, archive {archive}: epilog {took:.2f} s")
+    assert took < DEADLINE + SLACK, said
+    _all_gone(node, pids)
+    assert not _cgroups_of(node)
+
+
 MANY_LINKS = textwrap.dedent(
     """
     import os, sys
