@@ -360,6 +360,56 @@ def test_many_names_in_one_directory_keep_the_deadline(node: SimNode) -> None:
     _all_gone(node, pids)
 
 
+KEEPER = textwrap.dedent(
+    """
+    import os, sys
+    where, k = sys.argv[1], 0
+    while True:  # the same 1,000 names again and again: no disk fills up
+        try:
+            os.mkdir(f"{where}/e{k % 1000}")
+        except FileNotFoundError:
+            try:
+                os.mkdir(where)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        k += 1
+    """
+)
+
+
+def test_roots_own_state_goes_when_the_job_user_keeps_files_from_removal(node: SimNode) -> None:
+    """Three processes of the job's user make directories in the job's log directory all
+    through the epilog: the daemon is ended, the tree is left behind and named (exit 0), and root's
+    own state goes all the same: its lock file and its cgroup. Once those processes are
+    gone, the next epilog of the job removes the rest."""
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3")
+    pids = _prolog(node, gpus="0")
+    script = node.root / "keeper.py"
+    script.write_text(KEEPER)
+    script.chmod(0o644)
+    log = admin_job(node) / "g0" / "log"
+    keepers = [
+        spawn_as(_user(), ["/usr/bin/python3", str(script), str(log / f"d{n}")]) for n in range(3)
+    ]
+    try:
+        _wait(lambda: all((log / f"d{n}" / "e999").exists() for n in range(3)), "their files")
+        took, said = _epilog_within(node)
+        print(f"files made during the epilog: epilog {took:.2f} s")
+        assert took < DEADLINE + SLACK, said
+        assert "left behind after teardown" in said and str(admin_job(node)) in said, said
+        assert all(gone(pid) for pid in pids)
+        assert not list((node.run_dir / ".locks").glob("n1.101.*")), "root's record left"
+        assert not _cgroups_of(node)
+    finally:
+        for keeper in keepers:
+            keeper.kill()
+            keeper.communicate(timeout=30)
+    _epilog_within(node)
+    _all_gone(node, pids)
+
+
 # --- other jobs, other processes --------------------------------------------------------------
 def test_another_job_of_the_same_user_is_never_ended_by_this_jobs_epilog(node: SimNode) -> None:
     """Two jobs of one user on one node. A process of job 102 names job 101's pipe directory
