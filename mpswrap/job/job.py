@@ -269,7 +269,7 @@ class JobDaemons(Struct):
                 raise report
             else:
                 done.gpus.append(report)
-        if done.clean and not self.keys():
+        if not self.keys():  # nothing of root's record left to end
             self._remove(done, deadline)
         return done
 
@@ -320,16 +320,31 @@ class JobDaemons(Struct):
         return [f"{key}: {_proc.describe(p)} still running" for p in left]
 
     def _remove(self, done: Teardown, deadline: _wait.Deadline) -> None:
-        """The job's directory, its cgroup, and the node directory once empty."""
-        problem = remove_tree(self.layout.job_dir, deadline)
-        done.kept += [problem] if problem else []
-        cgroup = state.job_cgroup(self.settings, self.layout) if self.roots else None
-        if cgroup is not None and not cgroup.remove():
-            done.kept.append(f"cgroup {cgroup.path} (not removed)")
+        """Once nothing of the job is left to end: the job's directory where every GPU's
+        teardown was clean; root's own state of the job whatever became of that directory
+        (``_release``); the node directory once empty."""
+        if done.clean:
+            problem = remove_tree(self.layout.job_dir, deadline)
+            done.kept += [problem] if problem else []
+        if self.roots:
+            self._release(done, deadline)
         # The node directory goes once empty: a prolog that loses it to us between making
         # it and its job directory makes it again (state.create).
         with contextlib.suppress(OSError):
             os.rmdir(self.layout.node_dir)
+
+    def _release(self, done: Teardown, deadline: _wait.Deadline) -> None:
+        """Root's own state of a job it holds no daemon of any more: the job's cgroup, and
+        the lock files an earlier teardown left (one whose job directory its user kept from
+        being removed): a later epilog of the job cleans up what an earlier one left."""
+        cgroup = state.job_cgroup(self.settings, self.layout)
+        if cgroup is not None and not cgroup.remove():
+            done.kept.append(f"cgroup {cgroup.path} (not removed)")
+        for key in state.locked_keys(self.settings, self.layout):
+            try:
+                self.daemon(key).drop_lock(deadline)
+            except MpswrapError as exc:  # held by another hook of the job: that one's
+                done.kept.append(exc.line())
 
 
 def _started_by(daemon: Daemon) -> str | None:

@@ -150,20 +150,30 @@ def recorded_keys(settings: Settings, layout: JobLayout) -> list[str]:
     """The GPU keys root holds a record or a cgroup of for ``layout``: what root's teardown
     acts on, however many GPU directories the job user made. Root's record is read only
     while its folder is root's alone (``paths.check_dirs``)."""
-    keys: set[str] = set()
-    prefix, suffix = f"{_root_stem(layout)}.", f"{_owner_part(layout)}{RECORD_SUFFIX}"
+    keys = _keys_in_root_dir(settings, layout, RECORD_SUFFIX)
+    cgroup = job_cgroup(settings, layout)
+    if cgroup is not None and cgroup.exists():
+        keys.update(entry.name for entry in os.scandir(cgroup.path) if entry.is_dir())
+    return layout.gpu_keys(sorted(keys))
+
+
+def locked_keys(settings: Settings, layout: JobLayout) -> list[str]:
+    """The GPU keys of ``layout`` that root has a lock file of (``root_lock``)."""
+    return layout.gpu_keys(sorted(_keys_in_root_dir(settings, layout, ".lock")))
+
+
+def _keys_in_root_dir(settings: Settings, layout: JobLayout, suffix: str) -> set[str]:
+    """The keys in the names ``<node>.<job>.<key>[.u<uid>]<suffix>`` of root's own folder
+    (none where it is not root's alone)."""
+    prefix, suffix = f"{_root_stem(layout)}.", f"{_owner_part(layout)}{suffix}"
     try:
         check_dirs(_root_dir(settings), ROOT_ONLY)
         names = os.listdir(_root_dir(settings))
     except (LayoutError, OSError):
         names = []
-    for name in names:
-        if name.startswith(prefix) and name.endswith(suffix):
-            keys.add(name[len(prefix) : -len(suffix)])
-    cgroup = job_cgroup(settings, layout)
-    if cgroup is not None and cgroup.exists():
-        keys.update(entry.name for entry in os.scandir(cgroup.path) if entry.is_dir())
-    return layout.gpu_keys(sorted(keys))
+    return {
+        n[len(prefix) : -len(suffix)] for n in names if n.startswith(prefix) and n.endswith(suffix)
+    }
 
 
 def _root_dir(settings: Settings) -> Path:

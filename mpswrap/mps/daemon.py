@@ -399,18 +399,32 @@ class Daemon:
                 self._ladder(deadline).stop(report)
                 if not report.leftovers:
                     self._forget()
-        finally:  # root's lock file goes with the daemon it guarded
-            lock.release(remove=not self._anything())
+        finally:  # root's lock file goes with root's state of the daemon it guarded
+            lock.release(remove=not self._guarded())
         return report
+
+    def drop_lock(self, deadline: _wait.Deadline) -> None:
+        """Root's lock file of a daemon root holds nothing of (no record, no cgroup): what an
+        earlier teardown left. Taken within ``deadline``, then removed where root still holds
+        nothing of it (a prolog of the job may have started one meanwhile)."""
+        lock = self._lock
+        if self.root is None or not isinstance(lock, RootLock) or not lock.path.exists():
+            return
+        lock.acquire(deadline.left())
+        lock.release(remove=not self._guarded())
+
+    def _guarded(self) -> bool:
+        """Whether the start/stop lock still guards something: root's record or cgroup of the
+        daemon where root keeps them (whatever is left of the job user's directory is no
+        longer root's to guard: the job's teardown removes it), else the directory."""
+        if self.root is None:
+            return _there(self.dirs.root)
+        return self.root.record.exists() or bool(self.root.cgroup and self.root.cgroup.exists())
 
     def _anything(self) -> bool:
         """Whether there is anything of this daemon: its directory, or (as root) a record or
         a cgroup of root's."""
-        if _there(self.dirs.root):
-            return True
-        if self.root is None:
-            return False
-        return self.root.record.exists() or bool(self.root.cgroup and self.root.cgroup.exists())
+        return _there(self.dirs.root) or self._guarded()
 
     def end_clients(self, pids: set[int]) -> StopReport:
         """End those of ``pids`` that are clients here (a rank's ladder): terminate_client,

@@ -33,7 +33,7 @@ from . import record
 from .control import Control, read_pid
 from .identity import Identity, other_job
 from .manifest import Manifest, read_manifest
-from .mpslog import LOG_LIMIT, read_faults, server_pids, terminations
+from .mpslog import LOG_LIMIT, GpuLogs, MpsLog
 
 __all__ = ["Ladder", "StopReport"]
 
@@ -144,10 +144,11 @@ class Ladder(Struct):
         report.leftovers += [_proc.describe(p) for p in ident.end(self.deadline)]
         if self.identity is None:
             self._sweep(report)
-        if link is None:
-            report.log_terminations = terminations(dirs.server_log)
-            report.log_faults = len(read_faults(dirs.server_log))
-            self._archive_logs(report)
+        if link is None and self._logs_in_time(report):
+            logs = GpuLogs.read(dirs)
+            report.log_terminations = logs.server.terminations()
+            report.log_faults = len(logs.server.faults())
+            self._archive_logs(report, logs)
         log.debug("%s: ended what was left; logs read and archived", dirs.key)
         if not report.leftovers:
             problem = remove_tree(dirs.root, self.deadline)
@@ -168,7 +169,7 @@ class Ladder(Struct):
             manifest = None
         daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
         servers = list(manifest.server_ids) if manifest else []
-        logged = server_pids(self.dirs.control_log) - {s.pid for s in servers}
+        logged = MpsLog.read(self.dirs.control_log).server_pids() - {s.pid for s in servers}
         servers += [p for p in self._naming_pipe() if p.pid in logged]
         return Identity(daemon, servers=servers, uid=os.geteuid())
 
@@ -200,9 +201,19 @@ class Ladder(Struct):
     def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
         return self._end_clients(report, only, self.identity or self._user_identity(report))
 
-    def _archive_logs(self, report: StopReport) -> None:
+    def _logs_in_time(self, report: StopReport) -> bool:
+        """Whether the logs are read (and archived): only while ``LOGS_RESERVE`` seconds of the
+        deadline are left. What they say is advisory (root's record says what is ended):
+        near the deadline, what is left of it goes to ending and removing."""
+        if self.deadline.left() >= LOGS_RESERVE:
+            return True
+        report.notes.append("logs not read nor archived: the teardown's deadline is near")
+        return False
+
+    def _archive_logs(self, report: StopReport, logs: GpuLogs) -> None:
         """Keep the MPS logs and the job's record (mps/record) for post-mortems (setting
-        log_archive) before the dirs go; older ones past log_archive_days go."""
+        log_archive) before the dirs go; older ones past log_archive_days go. The record
+        says what ``logs`` (the teardown's one reading) say; the logs are copied as read."""
         archive = self.settings.log_archive
         if not archive:
             return
@@ -217,7 +228,7 @@ class Ladder(Struct):
             record.prune(Path(archive), self.settings.log_archive_days)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
                 _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
-            found = record.record_of(self.dirs, self._origin(), report.ended())
+            found = record.record_of(self.dirs, self._origin(), report.ended(), logs)
             record.write_record(Path(archive), prefix, found)
         except LayoutError as exc:
             report.notes.append(f"not archiving logs: {exc.line()}")
@@ -371,6 +382,9 @@ class Ladder(Struct):
             report.notes.append(f"quit: {exc.cause}")
 
 
+#: Seconds of the deadline that must be left for the logs to be read and archived: reading
+#: both is bounded (``mpslog.LINES_LIMIT``), a fraction of this even on a loaded machine.
+LOGS_RESERVE = 1.0
 #: Servers of one daemon the ladder looks at (MPS runs one a user), and clients of one server
 #: (MPS serves 48 to 60), at most: a socket in the job user's directory may list any number.
 SERVERS_CAP = 64

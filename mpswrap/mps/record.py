@@ -19,7 +19,7 @@ from typing import Any
 
 from ..paths import GpuDirs
 from .manifest import Manifest
-from .mpslog import clients_seen, read_faults
+from .mpslog import GpuLogs
 
 __all__ = ["FIELDS", "SUFFIX", "origin_of", "prune", "read_records", "record_of", "write_record"]
 
@@ -65,12 +65,15 @@ def origin_of(manifest: Manifest | None) -> dict[str, Any]:
     }
 
 
-def record_of(dirs: GpuDirs, origin: dict[str, Any], ended: dict[str, Any]) -> dict[str, Any]:
+def record_of(
+    dirs: GpuDirs, origin: dict[str, Any], ended: dict[str, Any], logs: GpuLogs
+) -> dict[str, Any]:
     """What the teardown of ``dirs`` leaves on record (before the directory goes): ``origin``
-    (``origin_of``: the GPU, user, starter and start), and ``ended``: how the teardown ended
-    clients and servers (``StopReport.ended``)."""
+    (``origin_of``: the GPU, user, starter and start), ``ended``: how the teardown ended
+    clients and servers (``StopReport.ended``), and what its logs said (``logs``, as the
+    teardown read them once)."""
     job_dir = dirs.root.parent
-    seen = clients_seen(dirs.control_log)
+    seen = logs.control.clients_seen()
     return {
         "node": job_dir.parent.name,
         "job": job_dir.name,
@@ -80,7 +83,7 @@ def record_of(dirs: GpuDirs, origin: dict[str, Any], ended: dict[str, Any]) -> d
         "clients_seen": seen[:LIMIT],
         "clients_seen_count": len(seen),
         **{k: v[:LIMIT] if isinstance(v, list) else v for k, v in ended.items()},
-        "faults": [f.to_json() for f in read_faults(dirs.server_log)][:LIMIT],
+        "faults": [f.to_json() for f in logs.server.faults()][:LIMIT],
     }
 
 

@@ -28,7 +28,7 @@ from mpswrap._cgroup import member_of
 from mpswrap.report.status import DEADLINE as STATUS_DEADLINE
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.procs import described
-from tests.simenv import SimNode, finish_sim_node, make_sim_node
+from tests.simenv import SimNode, _cgroups_of, finish_sim_node, make_sim_node
 from tests.users import (
     basics,
     ensure_other_user,
@@ -296,6 +296,119 @@ def test_the_epilog_stays_within_its_deadline_whatever_the_job_user_multiplies(
         print(f"{what} x{size}: epilog {took:.2f} s")
         assert took < DEADLINE + SLACK, said
         _all_gone(node, pids)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("archive", [False, True])
+def test_short_log_lines_keep_the_deadline_and_leave_nothing(node: SimNode, archive: bool) -> None:
+    """Both logs of both GPUs made of 8 MiB of empty lines (8 million lines each): root reads
+    a bounded tail of each log once, copies the archive's bytes, and the epilog ends the
+    daemons and leaves nothing, root's cgroup included, within its deadline."""
+    extra = {"log_archive": str(node.root / "archive")} if archive else {}
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3", **extra)
+    pids = _prolog(node)
+    for key in ("g0", "g1"):
+        log = admin_job(node) / key / "log"
+        _as_user(
+            f"head -c {8 << 20} /dev/zero | tr '\\0' '\\n' > {log}/server.log "
+            f"&& cp {log}/server.log {log}/control.log"
+        )
+    took, said = _epilog_within(node)
+    print(f"8 MiB of empty log lines, archive {archive}: epilog {took:.2f} s")
+    assert took < DEADLINE + SLACK, said
+    _all_gone(node, pids)
+    assert not _cgroups_of(node)
+
+
+MANY_LINKS = textwrap.dedent(
+    """
+    import os, sys
+    where, n = sys.argv[1], int(sys.argv[2]); os.mkdir(where); k = 0
+    while k < n:
+        src = f"{where}/f{k}"; open(src, "w").close(); k += 1
+        for _ in range(60000):
+            if k >= n: break
+            os.link(src, f"{where}/f{k}"); k += 1
+    """
+)
+#: Names in one directory: what the epilog took 18 s to remove before it looked at its
+#: deadline while removing (3 s here), and take no inode (hard links).
+MANY = 800_000
+
+
+@pytest.mark.timeout(900)
+def test_many_names_in_one_directory_keep_the_deadline(node: SimNode) -> None:
+    """800,000 names in one directory of the job's: each epilog ends within its deadline,
+    names the directory it could not empty in time, and leaves none of root's own state; the
+    next epilog of the job goes on where it stopped, until nothing is left."""
+    deadline = 3.0
+    admin_config(node, teardown_deadline=str(deadline), command_timeout="3")
+    pids = _prolog(node, gpus="0")
+    script = node.root / "many.py"
+    script.write_text(MANY_LINKS)
+    script.chmod(0o644)
+    where = admin_job(node) / "g0/log/many"
+    res = run_as(_user(), ["/usr/bin/python3", str(script), str(where), str(MANY)], timeout=900)
+    assert res.returncode == 0, res.stderr
+    for _ in range(10):
+        took, said = _epilog_within(node)
+        print(f"{MANY} names: epilog {took:.2f} s")
+        assert took < deadline + SLACK, took
+        assert not list((node.run_dir / ".locks").glob("n1.101.*")) and not _cgroups_of(node)
+        if not admin_job(node).exists():
+            break
+        assert "not emptied within the teardown's deadline" in said, said
+    _all_gone(node, pids)
+
+
+KEEPER = textwrap.dedent(
+    """
+    import os, sys
+    where, k = sys.argv[1], 0
+    while True:  # the same 1,000 names again and again: no disk fills up
+        try:
+            os.mkdir(f"{where}/e{k % 1000}")
+        except FileNotFoundError:
+            try:
+                os.mkdir(where)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        k += 1
+    """
+)
+
+
+def test_roots_own_state_goes_when_the_job_user_keeps_files_from_removal(node: SimNode) -> None:
+    """Three processes of the job's user make directories in the job's log directory all
+    through the epilog: the daemon is ended, the tree is left behind and named (exit 0), and root's
+    own state goes all the same: its lock file and its cgroup. Once those processes are
+    gone, the next epilog of the job removes the rest."""
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3")
+    pids = _prolog(node, gpus="0")
+    script = node.root / "keeper.py"
+    script.write_text(KEEPER)
+    script.chmod(0o644)
+    log = admin_job(node) / "g0" / "log"
+    keepers = [
+        spawn_as(_user(), ["/usr/bin/python3", str(script), str(log / f"d{n}")]) for n in range(3)
+    ]
+    try:
+        _wait(lambda: all((log / f"d{n}" / "e999").exists() for n in range(3)), "their files")
+        took, said = _epilog_within(node)
+        print(f"files made during the epilog: epilog {took:.2f} s")
+        assert took < DEADLINE + SLACK, said
+        assert "left behind after teardown" in said and str(admin_job(node)) in said, said
+        assert all(gone(pid) for pid in pids)
+        assert not list((node.run_dir / ".locks").glob("n1.101.*")), "root's record left"
+        assert not _cgroups_of(node)
+    finally:
+        for keeper in keepers:
+            keeper.kill()
+            keeper.communicate(timeout=30)
+    _epilog_within(node)
+    _all_gone(node, pids)
 
 
 # --- other jobs, other processes --------------------------------------------------------------

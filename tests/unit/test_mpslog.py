@@ -28,3 +28,25 @@ def test_a_fault_still_being_handled_is_not_recovered(tmp_path: Path) -> None:
     (fault,) = mpslog.read_faults(partial)
     assert fault.affected == [915, 936, 917, 916]
     assert not fault.recovered
+
+
+def test_a_log_of_millions_of_lines_is_read_by_its_last_lines_only(tmp_path: Path) -> None:
+    """8 MiB of line ends (``\\n``, ``\\r``, ``\\r\\n``) after a fault: at most
+    ``LINES_LIMIT`` lines are parsed, the last ones, so what the log's end says is kept."""
+    fault = (
+        "[2026-11-23 11:12:52.264 Other 921] Client {PID: 916, Context ID: 1} encountered a fatal"
+    )
+    done = "[2026-11-23 11:12:53.000 Other 921] Client termination succeeded"
+    for ending in ("\n", "\r", "\r\n"):
+        log = tmp_path / "server.log"
+        log.write_bytes(f"{fault}\n".encode() + ending.encode() * (4 << 20) + f"{done}\n".encode())
+        read = mpslog.MpsLog.read(log)
+        assert len(read.lines) == mpslog.LINES_LIMIT
+        assert read.terminations() == 1 and read.faults() == []
+
+
+def test_the_last_lines_of_a_short_log_are_all_of_it() -> None:
+    assert mpslog._last_lines("a\r\nb\rc\n", 2) == ["b", "c"]
+    assert mpslog._last_lines("a\nb", 5) == ["a", "b"]
+    assert mpslog._last_lines("", 5) == []
+    assert mpslog._last_lines("x" * 5000, 1) == ["x" * mpslog.LINE_LIMIT]

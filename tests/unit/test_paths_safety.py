@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mpswrap import _lock, _proc
+from mpswrap import _lock, _proc, _wait
 from mpswrap.config import load_settings
 from mpswrap.errors import LayoutError, LockTimeout
 from mpswrap.job import state
@@ -83,6 +83,24 @@ def test_remove_tree_never_leaves_the_tree_through_a_symlink_at_any_level(tmp_pa
     assert remove_tree(job) is None
     assert not os.path.lexists(job)
     assert _listing(sentinel) == before
+
+
+def test_remove_tree_looks_at_its_deadline_between_entries_at_any_depth(tmp_path: Path) -> None:
+    """A deadline that passes while one directory of thousands of names (deep down) is
+    emptied stops the removal there: the tree is named as not emptied in time, and what is
+    left goes with the next removal."""
+    many = tmp_path / "job" / "g0" / "log" / "a" / "b"
+    many.mkdir(parents=True)
+    for k in range(5000):
+        (many / f"f{k}").touch()
+    problem = remove_tree(tmp_path / "job", _wait.Deadline(0))
+    assert problem == (
+        f"directory {tmp_path / 'job'} ({tmp_path / 'job'}: not emptied within the teardown's "
+        "deadline)"
+    )
+    assert 0 < len(os.listdir(many)) < 5000
+    assert remove_tree(tmp_path / "job") is None
+    assert not os.path.lexists(tmp_path / "job")
 
 
 # --- reads of files a job's user controls --------------------------------------------------------
