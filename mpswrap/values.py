@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "MOST",
     "WEEK",
+    "YEAR",
     "Parser",
     "abs_path",
     "boolean",
@@ -61,6 +62,8 @@ def boolean(text: str) -> bool:
 MOST = 999999
 #: The most seconds an option may be (a task's --timeout, a --heartbeat): a week.
 WEEK = 7 * 24 * 3600
+#: The most seconds an option takes (``--timeout``: a task of a job that may run for months).
+YEAR = 366 * 24 * 3600
 
 
 def _number(text: str, error: str) -> float:

@@ -48,7 +48,7 @@ def _refused(message: str) -> Exception:
 
 
 def seconds(
-    minimum: float = 0.0, *, above: bool = True, most: float = values.WEEK
+    minimum: float = 0.0, *, above: bool = True, most: float = values.YEAR
 ) -> Callable[[str], float]:
     """Seconds, a plain decimal above ``minimum`` (or at least it, ``above=False``) and at
     most ``most`` (a week unless said)."""

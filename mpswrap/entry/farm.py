@@ -140,8 +140,9 @@ def farm(
     fails (GPU faults and out-of-memory have their own), ``timeout`` seconds a task may run,
     ``halt`` as ``--halt``. Prints nothing: the summary (and, unless ``progress`` is ``off``,
     a line per finished attempt) goes to the ``mpswrap.entry.farm`` logger at INFO. Returns
-    a ``FarmResult`` (``code``: 0 when every task is done, 1 when any failed or did not run,
-    128+N after signal N). Usage errors (a bad task line too) raise ``UsageError``.
+    a ``FarmResult`` (``code``: 0 when every task is done, 1 when any failed (before, where
+    ``skip_failed``) or did not run, except those a halt on success left, 128+N after signal
+    N). Usage errors (a bad task line too) raise ``UsageError``.
     """
     opts = LaunchOptions(gpus=gpus, threads=threads)
     farm_opts = FarmOptions(
@@ -273,7 +274,9 @@ def _run(
     def summary(done: Released) -> None:
         tally = farmer.recorder.tally if farmer else None
         node = node_summary(done, outcomes(tally) if tally else None, noun="task")
-        problems = tally is not None and bool(tally.failed or tally.not_run)
+        problems = tally is not None and bool(
+            tally.failed or (tally.not_run and not _stopped_as_asked(farmer))
+        )
         if node is None or not node.outcomes or (quiet and not problems):
             return
         if show.keep_records:  # the API: its log, not stderr
@@ -331,8 +334,7 @@ def _finish(
     result.records = list(tally.records or [])
     settled = {t for t, status in tally.settled.items() if status != INTERRUPTED}
     result.not_run = [t for t in todo if t.number not in settled]
-    # A halt on success (or done) leaves tasks unrun as asked: they make no failure.
-    as_asked = farmer.halting and farmer.plan.halt.what != "fail"
+    as_asked = _stopped_as_asked(farmer)
     failed = bool(tally.failed or result.failed_before or (result.not_run and not as_asked))
     result.code = code if code else (1 if failed else 0)
     until = time.time()  # the summary's end is the journal's: its fold says the same
@@ -343,6 +345,11 @@ def _finish(
         for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
             show.line(line)
     return result
+
+
+def _stopped_as_asked(farmer: Farmer | None) -> bool:
+    """A halt on success (or done) left the tasks unrun as asked: they make no failure."""
+    return farmer is not None and farmer.halting and farmer.plan.halt.what != "fail"
 
 
 @contextmanager

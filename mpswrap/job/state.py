@@ -361,7 +361,9 @@ def _user_roots_of(settings: Settings, uid: int | None) -> list[tuple[Path, int]
     for pattern, wildcard in USER_ROOT_GLOBS:
         for path in sorted(glob.glob(wildcard)):
             match = pattern.match(path)
-            if match:
+            # Only a directory of the user its name says: one user's many names in /tmp take
+            # no place of another user's root in the limit.
+            if match and _is_dir_of(Path(path), int(match.group(1))):
                 found.append((Path(path), int(match.group(1))))
     shared = settings.user_run_dir
     owner = _owner(Path(shared)) if shared else None
@@ -387,6 +389,15 @@ def _lstat_mode(path: Path) -> int:
         return os.lstat(path).st_mode
     except OSError:
         return 0
+
+
+def _is_dir_of(path: Path, uid: int) -> bool:
+    """``path`` is a directory (not a link to one) that ``uid`` owns."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == uid
 
 
 def _owner(path: Path) -> int | None:

@@ -312,6 +312,9 @@ class Daemon:
             info["uuid"] = facts["uuid"]
             info["daemon"] = {"pid": daemon.pid, "alive": _proc.is_alive(daemon), **facts["daemon"]}
             info["settings"] = facts["settings"]
+        if deadline.passed:  # no more of the job user's files either
+            info["error"] = f"{NOT_IN_TIME} ({deadline.seconds:g} s)"
+            return info
         from .mpslog import read_faults
 
         info["faults"] = [f.to_json() for f in read_faults(self.dirs.server_log)]

@@ -33,7 +33,7 @@ from . import record
 from .control import Control, read_pid
 from .identity import Identity, other_job
 from .manifest import Manifest, read_manifest
-from .mpslog import LOG_LIMIT, GpuLogs, MpsLog
+from .mpslog import LOG_LIMIT, Fault, GpuLogs, MpsLog
 
 __all__ = ["Ladder", "StopReport"]
 
@@ -146,9 +146,10 @@ class Ladder(Struct):
             self._sweep(report)
         if link is None and self._logs_in_time(report):
             logs = GpuLogs.read(dirs)
+            faults = logs.server.faults()
             report.log_terminations = logs.server.terminations()
-            report.log_faults = len(logs.server.faults())
-            self._archive_logs(report, logs)
+            report.log_faults = len(faults)
+            self._archive_logs(report, logs, faults)
         log.debug("%s: ended what was left; logs read and archived", dirs.key)
         if not report.leftovers:
             problem = remove_tree(dirs.root, self.deadline)
@@ -210,7 +211,7 @@ class Ladder(Struct):
         report.notes.append("logs not read nor archived: the teardown's deadline is near")
         return False
 
-    def _archive_logs(self, report: StopReport, logs: GpuLogs) -> None:
+    def _archive_logs(self, report: StopReport, logs: GpuLogs, faults: list[Fault]) -> None:
         """Keep the MPS logs and the job's record (mps/record) for post-mortems (setting
         log_archive) before the dirs go; older ones past log_archive_days go. The record
         says what ``logs`` (the teardown's one reading) say; the logs are copied as read."""
@@ -228,7 +229,7 @@ class Ladder(Struct):
             record.prune(Path(archive), self.settings.log_archive_days)
             for log_file in (self.dirs.control_log, self.dirs.server_log):
                 _copy_regular(log_file, Path(archive) / f"{prefix}-{log_file.name}")
-            found = record.record_of(self.dirs, self._origin(), report.ended(), logs)
+            found = record.record_of(self.dirs, self._origin(), report.ended(), logs, faults)
             record.write_record(Path(archive), prefix, found)
         except LayoutError as exc:
             report.notes.append(f"not archiving logs: {exc.line()}")

@@ -34,8 +34,10 @@ __all__ = [
 #: How much of a log is read (its end): a job's logs are a few KiB; a planted one may be huge.
 LOG_LIMIT = 8 << 20
 #: Lines of that end that are parsed (its last): a job's logs have some hundreds, five or so
-#: per client; 8 MiB of empty lines would be 8 million, about a microsecond each.
-LINES_LIMIT = 1 << 16
+#: per client; 8 MiB of empty lines would be 8 million, several microseconds each to parse
+#: and question. 8,192 lines cost a GPU's teardown well under a tenth of a second, so that the
+#: GPUs of a node, parsed one after another (one interpreter), fit ``ladder.LOGS_RESERVE``.
+LINES_LIMIT = 1 << 13
 
 #: Characters of a line that are looked at; MPS writes lines of a few dozen.
 LINE_LIMIT = 1024

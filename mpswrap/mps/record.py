@@ -19,7 +19,7 @@ from typing import Any
 
 from ..paths import GpuDirs
 from .manifest import Manifest
-from .mpslog import GpuLogs
+from .mpslog import Fault, GpuLogs
 
 __all__ = ["FIELDS", "SUFFIX", "origin_of", "prune", "read_records", "record_of", "write_record"]
 
@@ -66,12 +66,16 @@ def origin_of(manifest: Manifest | None) -> dict[str, Any]:
 
 
 def record_of(
-    dirs: GpuDirs, origin: dict[str, Any], ended: dict[str, Any], logs: GpuLogs
+    dirs: GpuDirs,
+    origin: dict[str, Any],
+    ended: dict[str, Any],
+    logs: GpuLogs,
+    faults: list[Fault],
 ) -> dict[str, Any]:
     """What the teardown of ``dirs`` leaves on record (before the directory goes): ``origin``
     (``origin_of``: the GPU, user, starter and start), ``ended``: how the teardown ended
     clients and servers (``StopReport.ended``), and what its logs said (``logs``, as the
-    teardown read them once)."""
+    teardown read them once, and their ``faults``, as it found them once)."""
     job_dir = dirs.root.parent
     seen = logs.control.clients_seen()
     return {
@@ -83,7 +87,7 @@ def record_of(
         "clients_seen": seen[:LIMIT],
         "clients_seen_count": len(seen),
         **{k: v[:LIMIT] if isinstance(v, list) else v for k, v in ended.items()},
-        "faults": [f.to_json() for f in logs.server.faults()][:LIMIT],
+        "faults": [f.to_json() for f in faults][:LIMIT],
     }
 
 

@@ -321,7 +321,8 @@ class Farmer:
             if status in (FAILED, TIMEOUT):
                 lane.peaks.add(attempt.peak)
                 self._finished(lane, now)
-        self._halt()
+            self._halt()  # before the next decision: a halt it reaches leaves no retry
+        self._halt()  # the tasks done since the last wake (a halt on success)
 
     def _verdict(self, attempt: Attempt, now: float, final: bool) -> str | None:
         """FAULT, OOM, TIMEOUT or FAILED; None while its server may still log a fault."""

@@ -85,6 +85,8 @@ def state_words(tally: Tally, now: float) -> str:
     text = f"{tally.finished}/{tally.total} finished ({tally.done} done, {tally.failed} failed"
     text += f", {tally.interrupted} interrupted)" if tally.interrupted else ")"
     text += f", {tally.now_running} running"
+    if tally.settling:
+        text += f", {len(tally.settling)} ending"
     if tally.retried:
         text += f", {tally.retried} retried"
     left = eta(tally, now)

@@ -98,6 +98,8 @@ def counts_words(tally: Tally, running: bool = False) -> str:
         words += f", {tally.interrupted} interrupted"
     if running or tally.now_running:
         words += f", {tally.now_running} running"
+    if tally.settling:  # exited, the verdict (a fault? out of memory?) pending
+        words += f", {len(tally.settling)} ending"
     words += f", {tally.not_run - tally.interrupted} not run, {tally.done_before} done before"
     return words + (f", {tally.failed_before} failed before" if tally.failed_before else "")
 

@@ -516,6 +516,29 @@ def test_roots_listing_takes_only_user_trees_their_owner_made(
     assert "ja" not in mine and "jroot" not in mine and "jlink" not in mine
 
 
+def test_one_users_names_in_tmp_never_hide_anothers_jobs_from_roots_listing(
+    node: SimNode, users: Users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root's listing looks at ``USER_ROOTS_LIMIT`` user-mode roots at most: B makes more
+    names than that, each posing as another uid's root (any user may create a name in /tmp);
+    A's real tree, sorted after them, is still listed."""
+    from mpswrap.config import load_settings
+    from mpswrap.job import state
+
+    a, b = users
+    base = node.root / "roots"
+    base.mkdir()
+    base.chmod(0o1777)  # like /tmp
+    monkeypatch.setattr(state, "USER_ROOTS_LIMIT", 8)
+    posers = [str(base / f"mpswrap-0{n}") for n in range(1, 21)]  # sorted before A's
+    assert run_as(b.pw_name, ["mkdir", *posers]).returncode == 0
+    _user_tree(base, a, "ja")
+    pattern = rf"^{base}/mpswrap-([0-9]+)$"
+    monkeypatch.setattr(state, "USER_ROOT_GLOBS", ((re.compile(pattern), f"{base}/mpswrap-*"),))
+    settings = load_settings({"run_dir": str(node.run_dir)}, env={})
+    assert {lay.job_id for lay in state.jobs_on_node(settings, "n1", None)} == {"ja"}
+
+
 def test_owner_bits_are_given_back_by_the_owner_never_by_root(node: SimNode, users: Users) -> None:
     """A start repairs a ``chmod 500`` of the user's own directory; root (the prolog) leaves
     a job user's directory as it is, so a swapped-in symlink can never redirect a chmod."""

@@ -50,3 +50,20 @@ def test_the_last_lines_of_a_short_log_are_all_of_it() -> None:
     assert mpslog._last_lines("a\nb", 5) == ["a", "b"]
     assert mpslog._last_lines("", 5) == []
     assert mpslog._last_lines("x" * 5000, 1) == ["x" * mpslog.LINE_LIMIT]
+
+
+def test_status_past_its_deadline_reads_no_log_of_the_job_users(tmp_path: Path) -> None:
+    """Root's ``status`` gives the whole node one deadline: a daemon it reaches after that
+    is "not answered in time", its server.log (the job user's, any size) left unread."""
+    from mpswrap import _wait
+    from mpswrap.config import load_settings
+    from mpswrap.mps.daemon import NOT_IN_TIME, Daemon
+    from mpswrap.paths import GpuDirs
+
+    dirs = GpuDirs("g0", tmp_path / "g0")
+    dirs.log.mkdir(parents=True)
+    dirs.server_log.write_bytes(H100_FAULT.read_bytes())
+    daemon = Daemon(dirs, tmp_path / "g0.lock", load_settings({}, env={}))
+    assert len(daemon.status()["faults"]) == 1  # in time: the log is read
+    late = daemon.status(_wait.Deadline(0))
+    assert late["faults"] == [] and late["error"].startswith(NOT_IN_TIME), late
