@@ -145,7 +145,8 @@ class Ladder(Struct):
         if self.identity is None:
             self._sweep(report)
         if link is None and self._logs_in_time(report):
-            logs = GpuLogs.read(dirs)
+            # control.log only for the archive's record (the clients seen): root never needs it.
+            logs = GpuLogs.read(dirs, control=bool(self.settings.log_archive))
             faults = logs.server.faults()
             report.log_terminations = logs.server.terminations()
             report.log_faults = len(faults)

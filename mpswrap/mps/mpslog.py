@@ -199,8 +199,12 @@ class GpuLogs(Struct, frozen=True):
     server: MpsLog = field(default_factory=MpsLog)
 
     @classmethod
-    def read(cls, dirs: GpuDirs) -> GpuLogs:
-        return cls(MpsLog.read(dirs.control_log), MpsLog.read(dirs.server_log))
+    def read(cls, dirs: GpuDirs, *, control: bool = True) -> GpuLogs:
+        """Both logs; ``control`` False: server.log only (control.log is left unopened)."""
+        return cls(
+            MpsLog.read(dirs.control_log) if control else MpsLog(),
+            MpsLog.read(dirs.server_log),
+        )
 
 
 def read_faults(server_log: Path) -> list[Fault]:
