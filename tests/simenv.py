@@ -159,6 +159,24 @@ class SimNode(SimFiles):
             start_new_session=True,
         )
 
+    def run_unread(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python -m mpswrap ARGS`` with a standard output nobody reads (``| head -1`` after
+        the reader left): every write fails with EPIPE."""
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            return subprocess.run(
+                [*MPSWRAP, *args],
+                env=self.env(),
+                cwd=self.root,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(write)
+
     def leftovers(self) -> list[psutil.Process]:
         found = []
         marker = str(self.root)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -328,20 +327,7 @@ def test_a_closed_stdout_exits_141_quietly(node: SimNode, argv: list[str]) -> No
         (node.root / "t.txt").write_text("true\n")
         done = node.mpswrap("farm", "--per-gpu", "1", "t.txt")
         assert done.returncode == 0, done
-    read, write = os.pipe()
-    os.close(read)  # no reader: every write fails with EPIPE
-    try:
-        res = subprocess.run(
-            [sys.executable, "-m", "mpswrap", *argv],
-            env=node.env(),
-            cwd=node.root,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        os.close(write)
+    res = node.run_unread(*argv)
     assert res.returncode == 128 + signal.SIGPIPE, res.stderr
     assert res.stderr == ""
 

@@ -282,20 +282,7 @@ def test_a_farm_whose_output_closed_still_ends_its_journal(node: SimNode) -> Non
     """``mpswrap farm tasks.txt | head -1``: every task runs, the journal is whole (its end
     recorded), and the farm exits 141 as a program whose reader left does."""
     (node.root / "t.txt").write_text("true\ntrue\n")
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        res = subprocess.run(
-            [*node_argv(), "farm", "--dir", "f", "t.txt"],
-            env=node.env(),
-            cwd=node.root,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        os.close(write)
+    res = node.run_unread("farm", "--dir", "f", "t.txt")
     assert res.returncode == 141, res.stderr
     tally = fold(read_journal(node.root / "f")["state.jsonl"])
     assert (tally.code, tally.done) == (0, 2), tally
