@@ -84,8 +84,8 @@ def whole(text: str, least: int, most: int = MOST) -> int:
 
 def within(text: str, least: float, most: float, unit: str, *, above: bool = True) -> float:
     """A plain decimal above ``least`` (or at least it, ``above=False``) and at most ``most``."""
-    lower = f"above {least:g} and at most" if above else f"from {least:g} to"
-    error = f"expected {unit} {lower} {most:g}"
+    lower = f"above {least:.10g} and at most" if above else f"from {least:.10g} to"
+    error = f"expected {unit} {lower} {most:.10g}"  # 31622400, not 3.16224e+07
     value = _number(text, error)
     if value < least or (above and value == least) or value > most:
         raise ValueError(error)

@@ -51,7 +51,7 @@ def seconds(
     minimum: float = 0.0, *, above: bool = True, most: float = values.YEAR
 ) -> Callable[[str], float]:
     """Seconds, a plain decimal above ``minimum`` (or at least it, ``above=False``) and at
-    most ``most`` (a week unless said)."""
+    most ``most`` (a year unless said)."""
     return _checked(lambda text: values.within(text, minimum, most, "seconds", above=above))
 
 

@@ -120,8 +120,8 @@ def _bad(
     )
 
 
-_SECONDS_0 = "expected seconds above 0 and at most 604800"
-_SECONDS_FROM_0 = "expected seconds from 0 to 604800"
+_SECONDS_0 = "expected seconds above 0 and at most 31622400"
+_SECONDS_FROM_0 = "expected seconds from 0 to 31622400"
 # fmt: off
 #: A bad value of every option of every command that takes one (test_bad_input checks that
 #: none is missing; the launch modes share their wrapper options, each covered once).
