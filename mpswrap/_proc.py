@@ -52,6 +52,7 @@ __all__ = [
     "lookup_user",
     "run",
     "spawn",
+    "user_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -447,7 +448,7 @@ def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
     for key, read in (
         ("cmdline", lambda: " ".join(proc.cmdline())),
         ("start_time", proc.create_time),
-        ("user", lambda: _user_name(proc.uids().real)),
+        ("user", lambda: user_name(proc.uids().real)),
     ):
         try:
             out[key] = read()
@@ -460,7 +461,7 @@ def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
 
 
 @functools.cache
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
     """A uid's name, asked of the user database once a process (48 clients of one user
     would ask it 48 times, over the network where users come from a directory)."""
     try:

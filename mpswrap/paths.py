@@ -384,11 +384,12 @@ def read_job_file(path: Path, limit: int, *, tail: bool = False) -> str | None:
     except OSError as exc:
         log.warning("not reading %s: %s", path, _why(exc))
         return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # before open(): a directory raises
+        os.close(fd)
+        log.warning("not reading %s: not a regular file of one link", path)
+        return None
     with open(fd, "rb") as handle:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            log.warning("not reading %s: not a regular file of one link", path)
-            return None
         if st.st_size > limit and not tail:
             log.warning("not reading %s: larger than %d bytes", path, limit)
             return None

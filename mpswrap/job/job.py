@@ -231,7 +231,7 @@ class JobDaemons(Struct):
             "job": self.layout.job_id,
             "job_dir": str(self.layout.job_dir),
             "gpus": [self.daemon(key).status(deadline) for key in self.keys()[:GPUS_SHOWN]],
-            "runs": _run_record(self.layout),
+            "runs": _run_record(self.layout, deadline),
         }
 
     def stop(
@@ -356,10 +356,10 @@ def _started_by(daemon: Daemon) -> str | None:
     return manifest.started_by if manifest else None
 
 
-def _run_record(layout: JobLayout) -> dict[str, Any]:
+def _run_record(layout: JobLayout, deadline: _wait.Deadline) -> dict[str, Any]:
     """How the job's programs that ended so far ended, from the run record (``job.outcomes``):
-    what the node's summary line will count."""
-    ended = records.peek(layout)
+    what the node's summary line will count (what ``deadline`` leaves time to read)."""
+    ended = records.peek(layout, deadline)
     codes = Counter(o.code for o in ended)
     return {"ended": len(ended), "exit_codes": {str(c): n for c, n in sorted(codes.items())}}
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import fields
+from .. import _wait, fields
 from .._struct import Struct, asdict
 from ..errors import LayoutError
 from ..paths import JobLayout, ensure_private_dir, list_dir, read_job_file, write_job_file
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: A record is a short JSON list; anything larger was not written by a rank.
 RECORD_LIMIT = 64 * 1024
+#: Records ``peek`` reads at most: one a rank of the node (a few hundred at most).
+PEEK_LIMIT = 1024
 _RECORD = re.compile(r"^[0-9]+-[0-9a-f]{8}\.json$")
 
 
@@ -54,7 +56,7 @@ class Outcome(Struct, frozen=True):
             raise ValueError("not an object")
         code, attached = data.get("code"), data.get("attached")
         ended, start = data.get("ended", 0), data.get("start", 0.0)
-        if not isinstance(code, int) or not isinstance(ended, int):
+        if type(code) is not int or type(ended) is not int:  # true is no exit code
             raise ValueError("code and ended must be integers")
         if attached is not None and not isinstance(attached, bool):
             raise ValueError("attached must be true, false or null")
@@ -83,10 +85,12 @@ def save(layout: JobLayout, outcomes: Sequence[Outcome]) -> bool:
     return True
 
 
-def peek(layout: JobLayout) -> list[Outcome]:
+def peek(layout: JobLayout, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> list[Outcome]:
     """The outcomes recorded so far, left in place (``status`` reads them while the job
-    runs); none where there is no record or it cannot be read."""
-    return _records(layout, quiet=True)[1]
+    runs): of ``PEEK_LIMIT`` records at most, none read past ``deadline``, quietly (the job
+    user may make any number of them, root's ``status`` reads them); none where there is no
+    record or it cannot be read."""
+    return _records(layout, quiet=True, limit=PEEK_LIMIT, deadline=deadline)[1]
 
 
 def collect(layout: JobLayout) -> list[Outcome]:
@@ -100,8 +104,14 @@ def collect(layout: JobLayout) -> list[Outcome]:
     return found
 
 
-def _records(layout: JobLayout, quiet: bool = False) -> tuple[list[str], list[Outcome]]:
-    """The names in the record folder, and the outcomes of those that are records."""
+def _records(
+    layout: JobLayout,
+    quiet: bool = False,
+    limit: int | None = None,
+    deadline: _wait.Deadline = _wait.NO_DEADLINE,
+) -> tuple[list[str], list[Outcome]]:
+    """The names in the record folder, and the outcomes of those that are records (the first
+    ``limit`` of them, as many as ``deadline`` leaves time for)."""
     folder = state.outcomes_dir(layout)
     try:
         names = list_dir(folder) or []
@@ -109,11 +119,15 @@ def _records(layout: JobLayout, quiet: bool = False) -> tuple[list[str], list[Ou
         if not quiet:
             log.warning("summary: %s", exc.line())
         return [], []
-    records = sorted(n for n in names if _RECORD.fullmatch(n))
-    return names, [o for name in records for o in _read(folder / name)]
+    found: list[Outcome] = []
+    for name in sorted(n for n in names if _RECORD.fullmatch(n))[:limit]:
+        if deadline.passed:
+            break
+        found += _read(folder / name, quiet)
+    return names, found
 
 
-def _read(path: Path) -> list[Outcome]:
+def _read(path: Path, quiet: bool = False) -> list[Outcome]:
     text = read_job_file(path, RECORD_LIMIT)
     if text is None:
         return []
@@ -123,5 +137,6 @@ def _read(path: Path) -> list[Outcome]:
             raise ValueError("not a list")
         return [Outcome.from_json(item) for item in data]
     except (ValueError, OverflowError) as exc:
-        log.warning("summary: skipping %s: not a rank's record (%s)", path, exc)
+        if not quiet:
+            log.warning("summary: skipping %s: not a rank's record (%s)", path, exc)
         return []

@@ -345,7 +345,9 @@ class Daemon:
             return exc.line()
         if manifest is None:
             return None
-        facts = {"started_by": manifest.started_by, "user": manifest.user, "cpus": manifest.cpus}
+        # Who the user is: the directory's owner, never the manifest's word ("root").
+        user = manifest.user if owner is None else _proc.user_name(owner)
+        facts = {"started_by": manifest.started_by, "user": user, "cpus": manifest.cpus}
         return manifest.daemon, {
             "uuid": manifest.gpu_uuid,
             "daemon": facts,

@@ -136,10 +136,12 @@ Sample = tuple[str, dict[str, Any], float]
 
 def _escape(value: Any) -> str:
     """A label value: UTF-8 (bytes of a command line that were no UTF-8 written as \\x..),
-    with backslash, quote and newline escaped, other control characters as \\xNN
+    with backslash, quote and newline escaped, other control characters (carriage return and
+    tab too) as \\xNN
     (``errors.controls_escaped``): a job user's text sends no terminal an escape sequence."""
     text = "" if value is None else str(value)
     text = controls_escaped(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    text = text.replace("\r", "\\x0d").replace("\t", "\\x09")  # a line break to a terminal
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

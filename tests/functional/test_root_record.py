@@ -658,3 +658,92 @@ def test_roots_status_and_metrics_end_within_their_deadline_whatever_a_socket_li
     assert max(took) < STATUS_DEADLINE + SLACK, took
     _epilog_within(node)
     _all_gone(node, pids)
+
+
+# --- job files that are no file: directories where a file should be, records by the thousand
+def test_a_log_that_is_a_directory_never_breaks_roots_status_or_the_teardown(
+    node: SimNode,
+) -> None:
+    """The job user makes server.log and control.log directories: root's ``status`` and
+    ``metrics`` pass them over, and the epilog's ladder still runs (terminate_client, quit)
+    instead of ending the daemon by signal after an internal error."""
+    pids = _prolog(node, gpus="0")
+    _as_user(
+        f"cd {admin_job(node)}/g0/log && rm -f server.log control.log "
+        "&& mkdir server.log control.log"
+    )
+    said = [_root_says(node, *c) for c in (["status"], ["status", "--json"], ["metrics"])]
+    _, stderr = _epilog_within(node)
+    _all_gone(node, pids)
+    for res in said:
+        assert res.returncode in (0, 3) and "internal error" not in res.stderr, res.stderr
+    assert "internal error" not in stderr and "teardown failed" not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "record", ["directory", '[{"code": true, "attached": null}]'], ids=["directory", "bool-code"]
+)
+def test_a_run_record_that_is_no_record_never_breaks_roots_status(
+    node: SimNode, record: str
+) -> None:
+    pids = _prolog(node, gpus="0")
+    folder = admin_job(node) / "outcomes"
+    if record == "directory":
+        _as_user(f"mkdir -p {folder}/1-0000000a.json")
+    else:
+        src = node.root / "rec.json"
+        src.write_text(record)
+        src.chmod(0o644)
+        _as_user(f"mkdir -p {folder} && cat {src} > {folder}/1-0000000a.json")
+    said = [_root_says(node, *c) for c in (["status"], ["status", "--json"], ["metrics"])]
+    _epilog_within(node)
+    _all_gone(node, pids)
+    for res in said:
+        assert res.returncode in (0, 3) and "internal error" not in res.stderr, res.stderr
+
+
+def test_thousands_of_run_records_keep_roots_status_short_and_quiet(node: SimNode) -> None:
+    """Root's ``status`` reads ``outcomes.PEEK_LIMIT`` records at most, within its deadline,
+    and says nothing of each one that is no record (5,000 empty ones: 5,000 warnings)."""
+    pids = _prolog(node, gpus="0")
+    folder = admin_job(node) / "outcomes"
+    _as_user(f"mkdir -p {folder} && cd {folder} && seq -f '%g-0000000a.json' 5000 | xargs touch")
+    start = time.monotonic()
+    res = _root_says(node)
+    took = time.monotonic() - start
+    _epilog_within(node)
+    _all_gone(node, pids)
+    assert res.returncode in (0, 3) and "skipping" not in res.stderr, res.stderr[-2000:]
+    assert took < STATUS_DEADLINE + SLACK, took
+
+
+def test_farm_status_of_a_state_file_that_is_a_directory_is_one_line(node: SimNode) -> None:
+    (node.root / "farm" / "state.jsonl").mkdir(parents=True)
+    res = node.mpswrap("farm", "status", str(node.root / "farm"))
+    assert res.returncode == 2 and "internal error" not in res.stderr, res.stderr
+
+
+def test_roots_metrics_prints_no_carriage_return_of_a_user_mode_manifest(node: SimNode) -> None:
+    """A user-mode job's manifest is its user's: a carriage return in it reaches no terminal
+    (escaped in the label), and the ``user`` label is the directory's owner, never the
+    manifest's word."""
+    user = _user()
+    res = node.mpswrap("start", "--job", "j1", "--node", "n1", "--gpus", "0", user=user)
+    assert res.returncode == 0, res.stderr
+    manifest = node.user_run_dir / "n1" / "j1" / "g0" / "manifest.json"
+    forged = json.loads(manifest.read_text()) | {"user": "root\rmpswrap_jobs 99"}
+    src = node.root / "m.json"
+    src.write_text(json.dumps(forged))
+    src.chmod(0o644)
+    run_as(user, ["sh", "-c", f"cat {src} > {manifest}"])
+    out = subprocess.run(
+        [sys.executable, "-m", "mpswrap", "metrics", "--node", "n1"],
+        capture_output=True,
+        env=node.env(MPSWRAP_CONFIG=str(node.root / "mpswrap.conf")),
+        cwd=node.root,
+        timeout=60,
+    )
+    assert node.mpswrap("stop", "--job", "j1", "--node", "n1", user=user).returncode == 0
+    assert out.returncode == 0, out.stderr
+    assert b"\r" not in out.stdout, [ln for ln in out.stdout.split(b"\n") if b"\r" in ln]
+    assert f'user="{user}"'.encode() in out.stdout and b'user="root' not in out.stdout
