@@ -360,7 +360,7 @@ class Farmer:
 
     def _halt_pending(self) -> bool:
         """Whether ``--halt`` would be reached were the attempts still waiting for their
-        verdict to fail for good: no task starts in their seats until they are decided."""
+        verdict to fail for good: then no task starts, anywhere, until they are decided."""
         halt, tally = self.plan.halt, self.recorder.tally
         if halt.what == "success" or halt == NEVER or not self.undecided:
             return False
