@@ -117,6 +117,12 @@ class SimNode(SimFiles):
             MPSWRAP_USER_RUN_DIR=str(self.user_run_dir),
             MPSWRAP_START_TIMEOUT="10",
             MPSWRAP_TERMINATE_TIMEOUT="3",
+            # The simulator's control program is a Python process: one terminate_client takes
+            # tens of milliseconds, seconds on a busy machine, where the real binary's takes
+            # ~11 ms. So the default 0.5 s window would shut a server down with its last
+            # clients (shutdown_server -f) whenever the machine is busy; tests of the window
+            # set their own.
+            MPSWRAP_TERMINATE_WINDOW="30",
             # A farm profile of the node's own: farms of other tests never teach this one.
             MPSWRAP_FARM_PROFILE=str(self.root / "farm-profile.json"),
             MPSWRAP_QUIT_TIMEOUT="2",

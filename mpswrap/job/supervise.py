@@ -47,7 +47,7 @@ from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
 from .containers import runtime_of
 from .outcomes import Outcome
-from .verify import Verifier
+from .verify import Verifier, seen_in_logs
 
 __all__ = [
     "VERIFY_FAILED",
@@ -538,7 +538,9 @@ def supervise(
 
 def outcomes_of(ranks: Sequence[Rank], checks: Sequence[Verifier], start: float) -> list[Outcome]:
     """How each rank ended, once ``watch`` returned: for the summary. A rank that
-    terminate_client ended was a client, whether or not its check had seen it yet."""
+    terminate_client ended was a client, whether or not its check had seen it yet, and so
+    was one its daemon's log says connected (``seen_in_logs``)."""
+    seen_in_logs(checks)
     checked = {id(c.rank): c.listed for c in checks}
     refused = {id(c.rank) for c in checks if c.refused}
 

@@ -4,8 +4,11 @@ this is the check, polled from the wait loop with bounded backoff.
 Modes (``--verify-attach``, the ``verify_attach`` setting): ``warn`` (the default) logs one
 line naming the rank, its GPU's pipe directory and what to check; ``fail`` ends the ranks
 (exit 69); ``off`` checks nothing. A rank still running but not listed when the timeout runs
-out is warned about or failed; one that exits before it was ever listed (a short program that
-never starts CUDA) is not, and counts as "not seen" in the summary.
+out is warned about or failed; one that exits before it was ever listed is not. Once the ranks
+have ended, such a rank is looked up in its daemon's control.log (``NEW CLIENT <pid>``, each
+log read once, ``seen_in_logs``): a short program that connected between two listings counts
+as attached; one that never started CUDA is "not seen" in the summary. (A PID the kernel gave
+an earlier client of the same daemon would count too: PIDs wrap only after ``pid_max``.)
 
 Cost: the real daemon serves control commands one at a time, and a GPU may have 48 ranks,
 each polling. So each check backs off to one listing a second, stops once its rank is listed
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from .. import _proc
 from ..errors import ControlError, MpswrapError
 from ..mps.daemon import Daemon
+from ..mps.mpslog import MpsLog
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -39,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
         def tree(self) -> list[_proc.ProcId]: ...
 
 
-__all__ = ["Verifier"]
+__all__ = ["Verifier", "seen_in_logs"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,8 @@ class Verifier:
         self.listed = False
         #: The rank was ended because it is no client (``fail``).
         self.refused = False
+        #: Every PID of the rank's tree a poll saw: what its daemon's log may name.
+        self.pids = {rank.ident.pid}
 
     @classmethod
     def for_ranks(
@@ -111,7 +117,9 @@ class Verifier:
         if not self.rank.running():  # gone before it was listed: nothing to warn about
             self.done = True
             return False
-        if self.listings.clients(self.daemon) & {p.pid for p in self.rank.tree()}:
+        tree = {p.pid for p in self.rank.tree()}
+        self.pids |= tree
+        if self.listings.clients(self.daemon) & tree:
             self.done = self.listed = True
             return False
         if time.monotonic() - self.start < self.timeout:
@@ -134,3 +142,15 @@ class Verifier:
             hint="it runs without MPS: does it (or a wrapper script) set "
             "CUDA_MPS_PIPE_DIRECTORY? raise --verify-timeout if CUDA starts late",
         )
+
+
+def seen_in_logs(checks: Sequence[Verifier]) -> None:
+    """After the ranks ended: a rank never listed, but that its daemon's control.log says
+    connected, was a client all the same (it came and went between two listings). Each
+    daemon's log is read once, only where some rank was not seen (``mpslog``'s bounds)."""
+    connected: dict[str, set[int]] = {}
+    for check in (c for c in checks if not c.listed and not c.refused):
+        key = str(check.daemon.dirs.pipe)
+        if key not in connected:
+            connected[key] = set(MpsLog.read(check.daemon.dirs.control_log).clients_seen())
+        check.listed = bool(connected[key] & check.pids)

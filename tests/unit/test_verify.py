@@ -1,0 +1,88 @@
+"""The attach check's last word (``mpswrap.job.verify.seen_in_logs``): a rank that connected
+and exited between two listings counts as attached, from its daemon's control.log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mpswrap import _proc
+from mpswrap.errors import ControlError
+from mpswrap.job.verify import Verifier, seen_in_logs
+from mpswrap.mps.mpslog import MpsLog
+
+
+class _Control:
+    """A daemon that never answers a listing: the polls see no client."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def clients(self) -> dict[int, list[int]]:
+        self.asked += 1
+        raise ControlError("get_server_list", cause="no answer")
+
+
+def _daemon(folder: Path, log: str) -> Any:
+    folder.mkdir()
+    (folder / "control.log").write_text(log)
+    dirs = SimpleNamespace(pipe=folder / "pipe", control_log=folder / "control.log")
+    return SimpleNamespace(dirs=dirs, control=_Control())
+
+
+def _rank(pid: int, running: bool = False) -> Any:
+    ident = _proc.ProcId(pid, 1.0)
+    return SimpleNamespace(
+        name=f"rank {pid}", ident=ident, daemon=None, running=lambda: running, tree=lambda: [ident]
+    )
+
+
+def test_a_rank_its_log_names_is_attached_and_one_it_does_not_is_not_seen(
+    tmp_path: Path,
+) -> None:
+    log = (
+        "[2026-11-28 10:00:00.000 Control 10] Starting control daemon using socket x\n"
+        "[2026-11-28 10:00:01.000 Control 10] NEW CLIENT 4242 from user 1000: Starting new "
+        "server 11 for user 1000\n"
+        "[2026-11-28 10:00:01.500 Control 10] NEW CLIENT 777 from user 1000: Server already "
+        "exists\n"
+    )
+    daemon = _daemon(tmp_path / "g0", log)
+    other = _daemon(tmp_path / "g1", "")
+    checks = [
+        Verifier(_rank(4242), daemon, 30.0, "warn"),
+        Verifier(_rank(4243), daemon, 30.0, "warn"),
+        Verifier(_rank(777), other, 30.0, "warn"),  # named by g0's log, not its own daemon's
+    ]
+    for check in checks:
+        check.next_at = 0.0
+        assert not check.failed() and check.done and not check.listed  # gone before a listing
+    seen_in_logs(checks)
+    assert [c.listed for c in checks] == [True, False, False]
+
+
+def test_each_log_is_read_once_and_only_where_a_rank_was_not_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[Path] = []
+    real = MpsLog.read
+
+    def reading(path: Path) -> MpsLog:
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(MpsLog, "read", reading)
+    g0 = _daemon(tmp_path / "g0", "[2026-11-28 10:00:01.000 Control 10] NEW CLIENT 3 from user 0")
+    g1 = _daemon(tmp_path / "g1", "")
+    seen = Verifier(_rank(1), g1, 30.0, "warn")
+    seen.listed = True
+    refused = Verifier(_rank(2), g1, 30.0, "fail")
+    refused.refused = True
+    unseen = [Verifier(_rank(pid), g0, 30.0, "warn") for pid in (3, 4, 5)]
+    seen_in_logs([seen, refused, *unseen])
+    assert read == [g0.dirs.control_log]  # g1's ranks were seen or refused: its log unread
+    assert [c.listed for c in unseen] == [True, False, False]
+    assert seen.listed and not refused.listed
