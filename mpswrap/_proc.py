@@ -66,6 +66,10 @@ Popen = subprocess.Popen
 #: PATH is its user's own).
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: Seconds ``run`` reads what a command it killed wrote: its pipes end with its process
+#: group, unless a process that left the group holds them.
+KILLED_OUTPUT_WAIT = 2.0
+
 #: Signals a supervised child starts with ignored (see launcher): Slurm and mpirun signal every
 #: process of a step at once, and the supervisor must end the client through MPS first.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -201,14 +205,14 @@ def run(
             out, err = _communicate_capped(proc, input, timeout, limit)
     except subprocess.TimeoutExpired as exc:
         _kill_group(proc)
-        if limit is None:
-            out, err = proc.communicate()
-        else:  # its pipes were read here: close them, reap it
-            out, err = "", ""
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait()
+        out, err = "", ""
+        if limit is None:  # what it wrote before; a process that left its session and holds
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the pipes is not waited for
+                out, err = proc.communicate(timeout=KILLED_OUTPUT_WAIT)
+        for pipe in (proc.stdout, proc.stderr):  # read here, or given up on: close, reap
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
         what = "wrote too much" if exc.output == "limit" else "timed out"
         cause = (
             f"more than {limit} bytes" if exc.output == "limit" else f"no answer in {timeout:g} s"

@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from mpswrap import _proc, _wait
+from mpswrap.errors import ProcError
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -80,3 +83,25 @@ def test_run_returns_the_exit_of_a_program_that_never_read_its_input() -> None:
     an exit status, not a broken pipe: the input fills the pipe until the reader is gone."""
     res = _proc.run(["sh", "-c", "exit 3"], env={}, timeout=30, input="x" * (1 << 20), limit=4096)
     assert res.returncode == 3
+
+
+@pytest.mark.parametrize("limit", [None, 4096])
+def test_run_past_its_timeout_ends_even_where_a_process_that_left_its_session_holds_the_pipes(
+    tmp_path: Path, limit: int | None
+) -> None:
+    """The program is killed with its process group; a descendant that left the group (its
+    own session) still holds stdout, and is not waited for: the timeout stays a bound."""
+    pid_file = tmp_path / "escaped.pid"
+    script = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & echo started; sleep 60"
+    started = time.monotonic()
+    try:
+        with pytest.raises(ProcError) as raised:
+            _proc.run(["sh", "-c", script], env={"PATH": _proc.SAFE_PATH}, timeout=1, limit=limit)
+        took = time.monotonic() - started
+        assert raised.value.cause == "no answer in 1 s"
+        assert took < 1 + _proc.KILLED_OUTPUT_WAIT + 10, took  # not the escaped one's 60 s
+    finally:
+        wait_until(pid_file.exists, 30, "the escaped process wrote its PID")
+        escaped = _proc.identify(int(pid_file.read_text()))
+        assert escaped is not None
+        _wait.end_procs([escaped], grace=0)
