@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from .. import _proc
 from ..errors import ControlError, MpswrapError
 from ..mps.daemon import Daemon
-from ..mps.mpslog import MpsLog
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -148,6 +147,8 @@ def seen_in_logs(checks: Sequence[Verifier]) -> None:
     """After the ranks ended: a rank never listed, but that its daemon's control.log says
     connected, was a client all the same (it came and went between two listings). Each
     daemon's log is read once, only where some rank was not seen (``mpslog``'s bounds)."""
+    from ..mps.mpslog import MpsLog  # not on a rank's start path (test_import_rules)
+
     connected: dict[str, set[int]] = {}
     for check in (c for c in checks if not c.listed and not c.refused):
         key = str(check.daemon.dirs.pipe)
