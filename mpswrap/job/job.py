@@ -136,6 +136,27 @@ class JobDaemons(Struct):
         found = (self.daemon(key).manifest() for key in self.keys())
         return [m for m in found if m]
 
+    def keys_for(self, gpus: Sequence[GpuInfo]) -> list[str]:
+        """Each GPU's key: the key whose daemon serves that GPU, else the
+        first (``g0``, ``g1``, ...) that no manifest of another GPU holds. So a job's ranks
+        that see different GPUs (one GPU a task) each get their own GPU's daemon, and a
+        second ``start --gpus 1`` no longer finds GPU 0's at ``g0``. In root's trees, root's
+        own records say which GPU a key serves, never a manifest (the job user writes those)."""
+        if self.roots:
+            records = ((key, self.daemon(key).held()) for key in self.keys())
+            held = {h.gpu_uuid: key for key, h in records if h is not None}
+        else:
+            held = {m.gpu_uuid: m.key for m in self.manifests()}
+        taken = set(held.values())
+        keys = []
+        for gpu in gpus:
+            key = held.get(gpu.uuid) or next(
+                k for k in (f"g{i}" for i in range(len(taken) + len(gpus))) if k not in taken
+            )
+            taken.add(key)
+            keys.append(key)
+        return keys
+
     def uuids(self) -> list[str]:
         """The GPUs of the daemons root started for the job (root's records; none for a
         user's tree)."""
@@ -173,7 +194,7 @@ class JobDaemons(Struct):
         All are launched before the first is waited for, and waited for side by side (each
         waits on its own daemon and driver); on any failure all are stopped.
         """
-        keys = list(keys) if keys else [f"g{i}" for i in range(len(gpus))]
+        keys = list(keys) if keys else self.keys_for(gpus)
         each = [defaults] * len(gpus) if isinstance(defaults, Defaults) else list(defaults)
         self.check(keys)
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
@@ -415,7 +436,8 @@ def attach(
     counted: bool = False,
 ) -> Attachment:
     """Find the prolog's daemons of ``job``, or start (or join) user-mode ones on ``gpus``
-    (keys ``keys``, else ``g0``, ``g1``, ...). A user-mode owner always holds a reference;
+    (each GPU at its key, ``JobDaemons.keys_for``; ``keys``: the plan's, checked before
+    anything is created). A user-mode owner always holds a reference;
     ``counted``: a prolog-mode one too, so that ``leave`` can tell the node's last rank."""
     admin, manifests = prolog_daemons(settings, env.node, job)
     if manifests:
@@ -429,11 +451,15 @@ def attach(
             cause="the job's daemons stopped before this run attached",
         )
     daemons = JobDaemons(state.user_layout(settings, env.node, job), settings)
-    keys = list(keys) if keys is not None else [f"g{i}" for i in range(len(gpus))]
+    keys = list(keys) if keys is not None else daemons.keys_for(gpus)
     state.check_user_tree(daemons.layout)  # before anything is created
     daemons.check(keys)
     user = _proc.lookup_user()
     with job_dir_held(daemons.layout, user, settings) as dir_id:
+        # Again under the owner lock: a rank of the job on other GPUs may have started its
+        # own since the plan was made (keys_for).
+        keys = daemons.keys_for(gpus)
+        daemons.check(keys)
         manifests = daemons.start(
             gpus,
             user,

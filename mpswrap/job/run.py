@@ -235,8 +235,14 @@ class Plan(Struct, frozen=True):
         and the plan on them (the prolog's, where they came up since it was made)."""
         keys = [s.key for s in self.slots] if self.mode == "user" else None
         att = attach(self.settings, self.env, self.job, gpus=self.gpus, keys=keys, counted=counted)
-        if att.mode != "prolog" or self.mode != "user":
+        if self.mode != "user":
             return att, self
+        if att.mode == "user":  # the keys the owner lock gave, the plan's unless a rank came
+            slots = tuple(  # first on other GPUs
+                Slot.of(att.daemons.layout.gpu(m.key), m.gpu_uuid, self.inventory)
+                for m in att.manifests
+            )
+            return att, self if slots == self.slots else replace(self, slots=slots)
         inventory = self.inventory or _manifest_inventory(att.manifests, self.settings)
         slots = tuple(att.daemons.slots(inventory, att.manifests))
         return att, replace(
@@ -310,7 +316,7 @@ def plan(
     state.check_user_tree(daemons.layout)
     inventory = chosen_from or load_inventory(settings.gpu_inventory)
     gpus = grouped(chosen if chosen is not None else visible_gpus(env, inventory), per_rank)
-    keys = [f"g{i}" for i in range(len(gpus))]
+    keys = daemons.keys_for(gpus)
     daemons.check(keys)
     own = tuple(
         Slot.of(daemons.layout.gpu(k), g.uuid, inventory) for k, g in zip(keys, gpus, strict=True)

@@ -191,6 +191,7 @@ class Daemon:
         try:
             current = self._running()
             if current is not None:
+                self._serves(current, gpu)
                 log.info("daemon for %s already running (pid %d)", gpu.uuid, current.daemon_pid)
                 yield
                 return current
@@ -241,6 +242,19 @@ class Daemon:
             log.warning("GPU %s: its local CPUs are outside the allowed set", gpu.uuid)
             cpus = allowed
         return sorted(cpus)
+
+    def _serves(self, current: Manifest, gpu: GpuInfo) -> None:
+        """A running daemon is this GPU's (root's record says which, as root), or nobody's
+        to join: a client of it would run on another GPU."""
+        held = self.held() if self.root is not None else None
+        serving = held.gpu_uuid if held is not None else current.gpu_uuid
+        if serving != gpu.uuid:
+            raise DaemonError(
+                "this GPU's directory has another GPU's daemon",
+                thing=f"{self.dirs.root}: {serving}, pid {current.daemon_pid}",
+                cause=f"asked to start one for {gpu.uuid}",
+                hint="stop that job's daemons first (mpswrap stop --job ID), or use another --job",
+            )
 
     def _running(self) -> Manifest | None:
         try:

@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -221,3 +222,73 @@ def test_bad_input_gives_one_line_and_leaves_nothing(
     assert re.search(message, lines[0]), res.stderr
     assert not node.layout("j1", admin=False).job_dir.exists()
     assert not node.layout("j1", admin=True).job_dir.exists()
+
+
+def test_each_gpu_keeps_its_own_daemon_whatever_order_a_job_starts_them(node: SimNode) -> None:
+    """``start --gpus 0`` then ``start --gpus 1`` in one job: the second GPU gets a daemon of
+    its own (key ``g1``), not the first GPU's at ``g0``; a third start of either finds its
+    own GPU's daemon."""
+    gpus = [g["uuid"] for g in _gpus(node)]
+    (first,) = _start(node, "--gpus", "0")
+    (second,) = _start(node, "--gpus", "1")
+    assert (first["key"], first["gpu_uuid"]) == ("g0", gpus[0])
+    assert (second["key"], second["gpu_uuid"]) == ("g1", gpus[1])
+    assert first["daemon_pid"] != second["daemon_pid"]
+    (again,) = _start(node, "--gpus", "1")
+    assert (again["key"], again["daemon_pid"]) == ("g1", second["daemon_pid"])
+    both = _start(node)
+    assert [(m["key"], m["gpu_uuid"]) for m in both] == [("g0", gpus[0]), ("g1", gpus[1])]
+    assert node.mpswrap("stop", *JOB).returncode == 0
+
+
+def test_ranks_of_one_job_on_different_gpus_each_get_their_gpus_daemon(node: SimNode) -> None:
+    """Per-rank mode without a prolog, one GPU a task (``srun --gpus-per-task=1 mpswrap
+    ./app``): each rank's pipe directory is its own GPU's daemon's, overlapping or not."""
+    gpus = [g["uuid"] for g in _gpus(node)]
+    seen = node.root / "seen"
+    seen.mkdir()
+    program = (
+        f'echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_PIPE_DIRECTORY" > {seen}/$R; '
+        f'cp "$(dirname "$CUDA_MPS_PIPE_DIRECTORY")/manifest.json" {seen}/$R.json; sleep 2'
+    )
+    procs = [
+        node.start(
+            "--job", "pertask", "--", "sh", "-c", program, CUDA_VISIBLE_DEVICES=str(i), R=str(i)
+        )
+        for i in (1, 0)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    for i in (0, 1):
+        cvd, pipe = (seen / str(i)).read_text().split()
+        manifest = json.loads((seen / f"{i}.json").read_text())
+        assert cvd == manifest["gpu_uuid"] == gpus[i], (i, cvd, pipe, manifest)
+        assert Path(pipe).parent.name == manifest["key"], (pipe, manifest)
+
+
+def test_a_gpu_directory_holding_another_gpus_daemon_is_refused(node: SimNode) -> None:
+    """The last word, whatever chose the key: a running daemon of another GPU is never
+    handed out (its clients would run on that GPU)."""
+    from mpswrap._proc import lookup_user
+    from mpswrap.config import load_settings
+    from mpswrap.errors import DaemonError
+    from mpswrap.job.job import JobDaemons
+    from mpswrap.mps.gpu import load_inventory
+    from mpswrap.mps.start import Defaults
+
+    (first,) = _start(node, "--gpus", "0")
+    settings = load_settings(env=node.env())
+    daemons = JobDaemons(node.layout("j1"), settings)
+    other = load_inventory(str(node.inventory)).gpus[1]
+    with pytest.raises(DaemonError, match="another GPU's daemon") as raised:
+        daemons.start(
+            [other],
+            lookup_user(),
+            started_by="cli",
+            defaults=Defaults.from_settings(settings),
+            shared_parents=os.geteuid() == 0,  # as start makes them
+            keys=["g0"],
+        )
+    assert first["gpu_uuid"] in raised.value.line()
+    assert node.mpswrap("stop", *JOB).returncode == 0
