@@ -41,7 +41,7 @@ from .._signals import (
     signal_unshielded,
 )
 from .._struct import Struct, field, replace
-from .._wait import end_procs, pidfd
+from .._wait import TERM_GRACE, end_procs, pidfd
 from ..errors import ProcError
 from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
@@ -234,11 +234,24 @@ def end_leftovers(ranks: Sequence[Rank]) -> list[_proc.ProcId]:
         )
         if rank.daemon is not None:
             rank.ended += len(rank.daemon.end_clients({p.pid for p in mine}).terminated)
-    left = end_procs([p for p, _ in found if _proc.is_alive(p)])
+    left = end_unshielded([p for p, _ in found if _proc.is_alive(p)])
     for proc, rank in ((p, r) for p, r in found if p in left):
         log.error("%s: still running after SIGKILL: %s", rank.name, _proc.describe(proc))
         rank.left.append(proc)
     return left
+
+
+def end_unshielded(
+    procs: Sequence[_proc.ProcId],
+    grace: float = TERM_GRACE,
+    children: Sequence[_proc.Child] = (),
+) -> list[_proc.ProcId]:
+    """End what ranks or tasks left (their MPS clients ended already): SIGTERM as each would
+    take it without the shield it inherited (``signal_unshielded``: one that ignores it is
+    killed now, not after ``grace``), SIGKILL past ``grace`` for the rest and their
+    descendants; what still lives is returned."""
+    signal_unshielded(list(procs), signal.SIGTERM)
+    return end_procs(procs, None, grace, children=children, tree=True)
 
 
 def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:

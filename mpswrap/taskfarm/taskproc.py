@@ -33,7 +33,14 @@ from .. import _proc
 from .._signals import FORWARDED, TERMINATING, Guard, fork_guard
 from .._wait import end_procs, pidfd
 from ..job.containers import runtime_of
-from ..job.supervise import Rank, check_program, deliver, end_leftovers, spawn_rank
+from ..job.supervise import (
+    Rank,
+    check_program,
+    deliver,
+    end_leftovers,
+    end_unshielded,
+    spawn_rank,
+)
 from ..jobenv import ATTEMPT_VAR, TASK_VAR, TREE_VAR
 from ..mps.daemon import Daemon
 from .lanes import Attempt
@@ -139,7 +146,9 @@ class TaskProcs:
         for daemon in self.daemons:
             daemon.end_clients(pids)
         adopted = [_proc.Adopted(pid) for pid in left]
-        for proc in end_procs([], signal.SIGTERM, self.grace, children=adopted, tree=True):
+        # A shielded leftover is killed at once: the farm's loop waits here, and a grace
+        # for a process that ignores SIGTERM only held every other task's reaping up.
+        for proc in end_unshielded(procs, self.grace, adopted):
             log.error("farm: still running after SIGKILL: %s", _proc.describe(proc))
 
     def timeout(self, attempt: Attempt, now: float) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from mpswrap.taskfarm.fold import fold
@@ -69,6 +70,23 @@ def test_the_joblog_is_gnu_parallels_and_awk_reads_it(node: SimNode) -> None:
     rows = [ln.split("\t") for ln in joblog[1:]]
     assert sorted(int(r[0]) for r in rows) == [1, 2, 3]
     assert all(float(r[2]) > 1e9 and float(r[3]) >= 0 and len(r) == 9 for r in rows)
+
+
+def test_a_task_that_leaves_a_process_behind_holds_no_other_task_up(node: SimNode) -> None:
+    """A task's background process inherits the shield (TERM ignored): it is killed at once
+    when found, not after ``--grace``, during which the farm reaped and started nothing."""
+    tasks, farm_dir = node.root / "tasks.txt", node.root / "f"
+    tasks.write_text("sleep 60 &\nsleep 0.3\nsleep 0.3\nsleep 60 &\nsleep 0.3\n")
+    args = ("farm", "--per-gpu", "1", "--grace", "60", "--dir", str(farm_dir), str(tasks))
+    started = time.monotonic()
+    res = node.run(*args, timeout=300)
+    took = time.monotonic() - started
+    assert res.returncode == 0, res.stderr
+    assert "left" in res.stderr and "sleep 60" in res.stderr, res.stderr  # said, and ended
+    assert took < 45, f"{took:.1f} s: a leftover was given the 60 s grace"
+    rows = [ln.split("\t") for ln in (farm_dir / "joblog").read_text().splitlines()[1:]]
+    assert all(float(r[3]) < 45 for r in rows), rows
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
 
 
 def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -> None:
