@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -270,12 +271,17 @@ def _read_text(path: Path) -> str:
         raise ConfigError("cannot read config file", thing=str(path), cause=cause) from exc
 
 
+#: A comment: from a ``#`` at the line's start or after a blank to the line's end, as INI
+#: files have them; a ``#`` inside a value (``/tmp/a#b``) belongs to the value.
+_COMMENT = re.compile(r"(^|\s)#.*")
+
+
 def read_config_file(path: Path, problems: list[ConfigError] | None = None) -> dict[str, str]:
     """Parse an admin file into raw strings; errors name the file and line (a bad line is
     noted in ``problems`` and skipped, when given)."""
     values: dict[str, str] = {}
     for number, raw in enumerate(_read_text(path).splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
+        line = _COMMENT.sub("", raw).strip()
         if not line or line == "[mpswrap]":
             continue
         key, sep, value = line.partition("=")

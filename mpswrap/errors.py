@@ -23,6 +23,7 @@ __all__ = [
     "DaemonError",
     "GpuChoiceError",
     "GpuError",
+    "InventoryFileError",
     "LayoutError",
     "LineFormatter",
     "LockTimeout",
@@ -212,6 +213,13 @@ class GpuError(MpswrapError, LookupError):
 
 class GpuChoiceError(GpuError, UsageError):
     """A GPU list names a GPU this node does not have, or one twice: a bad value (exit 2)."""
+
+
+class InventoryFileError(GpuError, ConfigError):
+    """The file the ``gpu_inventory`` setting names cannot be read or is no inventory: a bad
+    value of a setting (exit 2), as a missing admin file is; the hooks keep their contract."""
+
+    exit_code = 2
 
 
 class ProcError(MpswrapError, OSError):

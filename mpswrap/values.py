@@ -24,6 +24,8 @@ __all__ = [
     "choice",
     "clients",
     "inventory",
+    "mem_default",
+    "mem_limit",
     "mem_size",
     "optional",
     "percent",
@@ -149,6 +151,23 @@ def mem_size(text: str) -> str:
     if unit not in ("M", "G") or not re.fullmatch(r"[0-9]{1,9}", digits) or int(digits) == 0:
         raise ValueError("expected a size like 512M or 2G")
     return f"{int(digits)}{unit}"
+
+
+def mem_limit(text: str) -> str:
+    """A client's pinned memory limit (the launch modes' ``--mem-limit``): ``auto`` (the GPU's
+    memory over the ranks on it) or a size."""
+    if text == "auto":
+        return text
+    try:
+        return mem_size(text)
+    except ValueError as exc:
+        raise ValueError(f"expected auto or {str(exc).removeprefix('expected ')}") from None
+
+
+def mem_default(text: str) -> str:
+    """``start --mem-limit``: a size, or none (off) for no default limit, as the
+    ``pinned_mem_limit`` setting reads it."""
+    return text if text.lower() in ("none", "off") else mem_size(text)
 
 
 def abs_path(text: str) -> str:

@@ -14,7 +14,17 @@ from __future__ import annotations
 import importlib
 
 from .._struct import Struct
-from .options import WRAPPER_OPTIONS, job_id, node_name, path, seconds, whole
+from .options import (
+    WRAPPER_OPTIONS,
+    given,
+    gpu_list,
+    job_id,
+    mem_default,
+    node_name,
+    path,
+    seconds,
+    whole,
+)
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
@@ -94,24 +104,32 @@ def _start(parser: Any) -> None:
         "--gpus",
         metavar="LIST",
         default="all",
+        type=gpu_list,
         help="'all', NVML indices (0,2-3) or UUIDs (default: all)",
     )
-    parser.add_argument("--user", help="run the daemons as this user, root only (default: you)")
+    parser.add_argument(
+        "--user",
+        type=given("a user name"),
+        help="run the daemons as this user, root only (default: you)",
+    )
     parser.add_argument(
         "--cpus",
         metavar="LIST",
+        type=given("CPU numbers like 0,2-3"),
         help="CPUs the daemons may use, intersected with GPU-local CPUs "
         "(default: every CPU this process may use)",
     )
     parser.add_argument(
         "--threads",
         metavar="PERCENT",
+        type=given("a percentage in (0, 100] or none"),
         help="default active thread percentage (default: the active_thread_percentage "
         "setting, none)",
     )
     parser.add_argument(
         "--mem-limit",
         metavar="SIZE",
+        type=mem_default,
         help="default pinned device memory limit, e.g. 8G (default: the pinned_mem_limit "
         "setting, none)",
     )
@@ -237,13 +255,13 @@ def _container_args(parser: Any) -> None:
 def _install(parser: Any) -> None:
     from ..slurm.install import add_install_arguments
 
-    add_install_arguments(parser)
+    add_install_arguments(parser, path)
 
 
 def _uninstall(parser: Any) -> None:
     from ..slurm.install import add_uninstall_arguments
 
-    add_uninstall_arguments(parser)
+    add_uninstall_arguments(parser, path)
 
 
 def _sim(parser: Any) -> None:

@@ -17,7 +17,6 @@ import argparse
 import logging
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,11 +24,12 @@ from contextlib import contextmanager
 from .. import __version__
 from ..errors import GpuChoiceError, MpswrapError, UsageError, internal_error
 from ..job.launchers import launcher_of
-from . import commands
+from . import commands, output
 from .commands import COMMANDS, Command
 from .logs import debug_env, setup_logging
 from .nearest import did_you_mean
 from .options import LAUNCHERS, MODES, VERBOSITY, WRAPPER_OPTIONS, add
+from .output import Output, OutputError
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
@@ -260,26 +260,24 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def _output_closed() -> int:
-    """Standard output's reader left (``mpswrap config | head -1``): no message, exit
-    128+SIGPIPE as a program a shell pipe ends; the rest of the output goes to /dev/null, so
-    that the interpreter's flush at exit raises no second time (Python's signal docs, Note on
-    SIGPIPE)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    finally:
-        os.close(devnull)
-    return 128 + signal.SIGPIPE
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(None, "info")
+    stdout, sys.stdout = sys.stdout, Output(sys.stdout)
     try:
-        return dispatch(argv)
-    except SystemExit as exc:  # --help, --version
-        return int(exc.code or 0)
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: list[str]) -> int:
+    """Run ``argv``; each way it can fail as one line and its exit code."""
+    try:
+        return _flushed(argv)
+    except OutputError as exc:  # no second try at writing what could not be written
+        output.discard()
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
     except MpswrapError as exc:
         if "--debug" in argv or debug_env():
             log.exception("failed")
@@ -288,8 +286,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        return _output_closed()
+        return output.closed()
     except Exception as exc:  # a bug or an error no module translated: one line all the same
         log.debug("traceback", exc_info=exc)
         print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)
         return 1
+
+
+def _flushed(argv: list[str]) -> int:
+    """The exit code of ``argv``'s command, its output written out (flushed here, where a
+    failure to write it is still reported, not at the interpreter's exit)."""
+    try:
+        code = dispatch(argv)
+    except SystemExit as exc:  # --help, --version
+        code = int(exc.code or 0)
+    sys.stdout.flush()
+    return code

@@ -28,8 +28,11 @@ __all__ = [
     "WRAPPER_OPTIONS",
     "Options",
     "add",
+    "given",
+    "gpu_list",
     "job_id",
     "k_or_auto",
+    "mem_default",
     "node_name",
     "path",
     "seconds",
@@ -91,19 +94,32 @@ def _name(kind: str) -> Callable[[str], str]:
 job_id, node_name = _name("job id"), _name("node name")
 
 
-def path(text: str) -> str:
-    """A file or directory name: not empty (an empty one would silently mean the default)."""
-    if not text:
-        raise _refused("invalid value '': expected a path")
-    return text
+def given(expected: str) -> Callable[[str], str]:
+    """An option's text, refused when empty: an empty value would silently mean the default
+    (the default directory, every GPU, every CPU, no module)."""
+
+    def parse(text: str) -> str:
+        if not text:
+            raise _refused(f"invalid value '': expected {expected}")
+        return text
+
+    return parse
+
+
+#: A file or directory name.
+path = given("a path")
+#: A GPU list: ``all``, NVML indices or UUIDs (checked against the node's GPUs later).
+gpu_list = given("all, GPU indices like 0,2-3 or GPU UUIDs")
+#: ``start --mem-limit``: a size, or none.
+mem_default = _checked(values.mem_default)
 
 
 Options = tuple[tuple[tuple[str, ...], dict[str, "Any"]], ...]
 #: The wrapper options: before a launcher or program, and in ``run`` (written once).
 # fmt: off
 WRAPPER_OPTIONS: Options = (
-    (("--gpus",), {"metavar": "LIST", "help": "GPUs to use: 'all', NVML indices or UUIDs "
-                   "(default: the step's GPUs, else all)"}),
+    (("--gpus",), {"metavar": "LIST", "type": gpu_list, "help": "GPUs to use: 'all', NVML "
+                   "indices or UUIDs (default: the step's GPUs, else all)"}),
     (("--policy",), {"choices": ("block", "cyclic", "affinity"),
                      "help": "rank to GPU mapping: consecutive ranks share a GPU (block), "
                      "take turns (cyclic) or go to GPUs near their CPUs (affinity) "
@@ -111,9 +127,9 @@ WRAPPER_OPTIONS: Options = (
     (("--threads",), {"metavar": "SPEC", "help": "active thread %%: none, uniform, "
                       "oversubscribe, a percent, or weights w1:w2:... "
                       "(default: the active_thread_percentage setting, none)"}),
-    (("--mem-limit",), {"metavar": "SIZE", "help": "pinned device memory per client: "
-                        "auto (GPU memory / ranks on it) or e.g. 8G, 512M "
-                        "(default: the pinned_mem_limit setting, none)"}),
+    (("--mem-limit",), {"metavar": "SIZE", "type": _checked(values.mem_limit),
+                        "help": "pinned device memory per client: auto (GPU memory / ranks "
+                        "on it) or e.g. 8G, 512M (default: the pinned_mem_limit setting, none)"}),
     (("--priority",), {"type": _checked(values.priority), "choices": (0, 1),
                        "help": "client priority, 1 = below normal "
                        "(default: the client_priority setting, none)"}),

@@ -33,12 +33,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    """A bad command line of the simulator's is one ``mpswrap:`` line and a hint, exit 2,
-    as every command's."""
-    from ..sim.__main__ import ArgumentError, parse, run
+    """A bad command line of the simulator's, or a path it cannot write, is one ``mpswrap:``
+    line and a hint, exit 2, as every command's."""
+    from ..sim.__main__ import ArgumentError, cannot_write, parse, write
 
     try:
         parsed = parse([args.sim_command, *args.sim_args], prog="mpswrap sim")
     except ArgumentError as exc:
         raise UsageError(str(exc), hint=f"{exc.prog} --help") from None
-    return run(parsed)
+    try:
+        written = write(parsed)
+    except OSError as exc:  # a path the user gave: as a bad value, exit 2
+        line, hint = cannot_write(parsed, exc)
+        raise UsageError(line, hint=hint) from exc
+    print(written)
+    return 0

@@ -22,7 +22,7 @@ from .. import _proc
 from .._signals import SignalTrap
 from .._struct import replace
 from .._wait import end_procs
-from ..errors import MpswrapError
+from ..errors import InventoryFileError, MpswrapError
 from ..job import launchargs
 from ..job.launchers import SRUN, TORCHRUN, daemon_names, launcher_of
 from ..job.run import LaunchOptions, Result, Run, local_position, plan
@@ -181,7 +181,9 @@ def _check_launch(
         for rank in range(per_node):
             planned.place(rank, per_node)
     except MpswrapError as exc:
-        if exc.exit_code == 2:  # the ranks get the same options and refuse them the same way
+        # The ranks get the same options and refuse them the same way; a GPU inventory file
+        # is the nodes' own, as NVML is.
+        if exc.exit_code == 2 and not isinstance(exc, InventoryFileError):
             raise
         log.debug("capacity not checked before launch: %s", exc.line())
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import signal
 import sys
@@ -69,8 +68,6 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:
     from typing import Any
 
-_SIZE = re.compile(r"^[1-9][0-9]*[MG]$")
-
 
 class LaunchOptions(Struct, frozen=True):
     """The wrapper options (``mpswrap --help``) shared by every way to run."""
@@ -97,9 +94,6 @@ class LaunchOptions(Struct, frozen=True):
         threads = getattr(args, "threads", None)
         if threads is not None:
             provision_threads(threads, 1, 0)  # raises UsageError naming the valid forms
-        mem_limit = getattr(args, "mem_limit", None)
-        if mem_limit not in (None, "auto") and not _SIZE.match(mem_limit):
-            raise UsageError("bad --mem-limit", thing=mem_limit, hint="use auto, 8G or 512M")
         return cls(**{n: getattr(args, n) for n in fields(cls) if hasattr(args, n)})
 
     def settings(self) -> Settings:

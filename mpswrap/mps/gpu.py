@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._struct import Struct, asdict
-from ..errors import GpuChoiceError, GpuError, LayoutError
+from ..errors import GpuChoiceError, GpuError, InventoryFileError, LayoutError
 from ..jobenv import UUID_RE, parse_int_list
 from ..paths import list_dir, read_job_file
 from . import inventory_cache
@@ -145,11 +145,24 @@ def _cpu_set(value: Any) -> frozenset[int]:
 
 
 def _from_file(path: str) -> Inventory:
+    """The inventory the ``gpu_inventory`` setting names: a file it cannot read is a bad
+    value of that setting (exit 2), as a missing admin file is."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise GpuError("cannot read GPU inventory file", thing=path, cause=str(exc)) from exc
-    return inventory_from_json(data, path)
+    except OSError as exc:
+        raise _unreadable(path, exc.strerror or str(exc)) from exc
+    except json.JSONDecodeError as exc:
+        raise _unreadable(path, f"not JSON (line {exc.lineno} column {exc.colno})") from exc
+    except ValueError as exc:  # not UTF-8
+        raise _unreadable(path, "not UTF-8 text") from exc
+    try:
+        return inventory_from_json(data, path)
+    except GpuError as exc:
+        raise _unreadable(path, f"not an inventory: {exc.cause}") from exc
+
+
+def _unreadable(path: str, cause: str) -> InventoryFileError:
+    return InventoryFileError("cannot read GPU inventory file", thing=path, cause=cause)
 
 
 def inventory_from_json(data: Any, source: str) -> Inventory:
@@ -175,7 +188,8 @@ def inventory_from_json(data: Any, source: str) -> Inventory:
         ]
         driver, cuda = str(data.get("driver_version", "")), int(data.get("cuda_driver_version", 0))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError) as exc:
-        raise GpuError("cannot read GPU inventory file", thing=source, cause=str(exc)) from exc
+        cause = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise GpuError("cannot read GPU inventory file", thing=source, cause=cause) from exc
     return Inventory(gpus, driver, cuda, source=source)
 
 

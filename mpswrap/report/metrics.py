@@ -245,7 +245,21 @@ def write_textfile(folder: Path, text: str) -> Path:
     if not folder.is_dir():
         raise UsageError("--textfile needs an existing directory", thing=str(folder))
     target = folder / FILE
-    fd, tmp = tempfile.mkstemp(prefix=".mpswrap.prom.", dir=folder)
+    try:
+        _replace(target, text)
+    except OSError as exc:
+        raise UsageError(
+            "cannot write the metrics file",
+            thing=str(target),
+            cause=exc.strerror or str(exc),
+            hint="give a directory you can write (node_exporter's --collector.textfile.directory)",
+            context="--textfile",
+        ) from exc
+    return target
+
+
+def _replace(target: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".mpswrap.prom.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -254,7 +268,6 @@ def write_textfile(folder: Path, text: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
 
 
 def _code_counts(job: dict[str, Any]) -> dict[str, int]:

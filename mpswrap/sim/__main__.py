@@ -5,19 +5,35 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import install_bin
-from ._common import number
+from ._common import number, path
 from .inventory import write_inventory
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
     from typing import NoReturn
 
-__all__ = ["COMMANDS", "MOST_GPUS", "ArgumentError", "main", "parse", "run"]
+__all__ = [
+    "COMMANDS",
+    "MOST_GPUS",
+    "WHAT",
+    "ArgumentError",
+    "cannot_write",
+    "main",
+    "parse",
+    "write",
+]
 
 #: The commands, in the order ``--help`` lists them.
 COMMANDS = ("install-bin", "inventory")
+#: What each command writes, as an error names it ("cannot write <it> (<path>): <why>"), and
+#: what the user can do.
+WHAT = {
+    COMMANDS[0]: ("the simulator's programs", "give a directory you can write, e.g. ~/mps-sim"),
+    COMMANDS[1]: ("the GPU inventory", "give a file you can write, e.g. ~/mps-sim/gpus.json"),
+}
 #: The most GPUs a fake inventory lists: more than any node has.
 MOST_GPUS = 64
 
@@ -40,10 +56,10 @@ def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argpar
     parser = _Parser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     bins = sub.add_parser(COMMANDS[0], help="write nvidia-cuda-mps-control, mps-sim-client")
-    bins.add_argument("dir")
-    bins.add_argument("--faults", default=None, help="fault file (MPSWRAP_SIM_FAULTS)")
+    bins.add_argument("dir", type=path)
+    bins.add_argument("--faults", default=None, type=path, help="fault file (MPSWRAP_SIM_FAULTS)")
     inv = sub.add_parser(COMMANDS[1], help="write a fake NVML inventory (JSON)")
-    inv.add_argument("file")
+    inv.add_argument("file", type=path)
     inv.add_argument(
         "--gpus",
         type=number(MOST_GPUS, least=1, whole=True),
@@ -53,12 +69,21 @@ def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argpar
     return parser.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> int:
+def write(args: argparse.Namespace) -> Path:
+    """Write what the command writes; its path. OSError when it cannot."""
     if args.cmd == COMMANDS[0]:
-        print(install_bin(args.dir, faults=args.faults))
-    else:
-        print(write_inventory(args.file, args.gpus))
-    return 0
+        return install_bin(args.dir, faults=args.faults)
+    return write_inventory(args.file, args.gpus)
+
+
+def cannot_write(args: argparse.Namespace, exc: OSError) -> tuple[str, str]:
+    """(the one line, the hint) for a write ``exc`` stopped: a file that exists where a
+    directory must be is "not a directory", not "File exists"."""
+    what, hint = WHAT[args.cmd]
+    given = args.dir if args.cmd == COMMANDS[0] else args.file
+    where = exc.filename if isinstance(exc.filename, str) else given
+    why = "Not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+    return f"cannot write {what} ({where}): {why}", hint
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mpswrap.sim") -> int:
@@ -68,7 +93,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m mpswrap.sim") -> 
     except ArgumentError as exc:
         print(f"{prog}: {exc}\nhint: {exc.prog} --help", file=sys.stderr)
         return 2
-    return run(args)
+    try:
+        written = write(args)
+    except OSError as exc:
+        line, hint = cannot_write(args, exc)
+        print(f"{prog}: {line}\nhint: {hint}", file=sys.stderr)
+        return 2
+    print(written)
+    return 0
 
 
 if __name__ == "__main__":

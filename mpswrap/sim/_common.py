@@ -69,6 +69,15 @@ def number(most: float, *, least: float = 0, whole: bool = False) -> Callable[[s
     return parse
 
 
+def path(text: str) -> str:
+    """A file or directory name: not empty (as mpswrap's own path options take)."""
+    if not text:
+        import argparse
+
+        raise argparse.ArgumentTypeError("invalid value '': expected a path")
+    return text
+
+
 def pipe_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     return Path(env.get("CUDA_MPS_PIPE_DIRECTORY") or PIPE_DEFAULT)

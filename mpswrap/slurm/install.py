@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from .._proc import SAFE_PATH, run
 
@@ -23,20 +24,23 @@ DEFAULT_DEST = "/usr/local/libexec/mpswrap"
 TIMEOUT = 120.0
 
 
-def add_install_arguments(parser: argparse.ArgumentParser) -> None:
+def add_install_arguments(parser: argparse.ArgumentParser, path: Callable[[str], str]) -> None:
+    """The options of install-hooks; ``path`` (the command line's) refuses an empty one."""
     parser.add_argument(
         "--python",
+        type=path,
         default=sys.executable,
         metavar="PATH",
         help="interpreter the hooks run mpswrap with (default: the one running this command)",
     )
     parser.add_argument(
         "--config",
+        type=path,
         default=DEFAULT_CONFIG,
         metavar="FILE",
         help="admin config file the hooks read (default: %(default)s)",
     )
-    _add_dest(parser)
+    _add_dest(parser, path)
     parser.add_argument(
         "--spank",
         action="store_true",
@@ -46,17 +50,19 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--modulefile",
         metavar="DIR",
+        type=path,
         help="also write the environment module DIR/mpswrap/VERSION (Tcl, for Lmod and "
         "Environment Modules): 'module load mpswrap' puts mpswrap on PATH and sets "
         "MPSWRAP_CONFIG when --config is not the default (default: none)",
     )
 
 
-def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_dest(parser)
+def add_uninstall_arguments(parser: argparse.ArgumentParser, path: Callable[[str], str]) -> None:
+    _add_dest(parser, path)
     parser.add_argument(
         "--modulefile",
         metavar="DIR",
+        type=path,
         help="also remove the modules install-hooks --modulefile DIR wrote (default: none)",
     )
     parser.add_argument(
@@ -66,9 +72,10 @@ def add_uninstall_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_dest(parser: argparse.ArgumentParser) -> None:
+def _add_dest(parser: argparse.ArgumentParser, path: Callable[[str], str]) -> None:
     parser.add_argument(
         "--dest",
+        type=path,
         default=DEFAULT_DEST,
         metavar="DIR",
         help="directory of the prolog, task_prolog and epilog shims (default: %(default)s)",

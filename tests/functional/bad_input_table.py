@@ -95,6 +95,8 @@ def _cont(line: str) -> str:
 
 
 APP = ("--", "{client}", "--seconds", "0.1")
+_SIM_BIN_HINT = "give a directory you can write, e.g. ~/mps-sim"
+_TEXTFILE_HINT = "give a directory you can write (node_exporter's --collector.textfile.directory)"
 START_HELP = "hint: mpswrap start --help"
 
 
@@ -132,8 +134,10 @@ OPTION_VALUES: tuple[Case, ...] = (
          *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}", *APP,
          hint="\nhint: mpswrap --help"),
-    _bad("", "--mem-limit", "0G", "bad --mem-limit (0G)", *APP,
-         hint="\nhint: use auto, 8G or 512M"),
+    _bad("", "--mem-limit", "0G", "argument --mem-limit: invalid value '0G': expected auto or a "
+         "size like 512M or 2G", *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--gpus", "", "argument --gpus: invalid value '': expected all, GPU indices like "
+         "0,2-3 or GPU UUIDs", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--priority", "2", "argument --priority: invalid value '2': expected 0 (normal) "
          "or 1 (below normal)", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
@@ -142,6 +146,9 @@ OPTION_VALUES: tuple[Case, ...] = (
          "whole number from 1 to 999999", *APP, hint="\nhint: mpswrap --help"),
     _bad("run", "--grace", "nan", f"argument --grace: invalid value 'nan': {_SECONDS_FROM_0}",
          "-n", "1", *APP),
+    _bad("run", "--mem-limit", "99999999999999999999G", "argument --mem-limit: invalid value "
+         "'99999999999999999999G': expected auto or a size like 512M or 2G", "-n", "1",
+         "--dry-run", *APP),
     _bad("run", "-n", "x", "argument -n/--np: invalid value 'x': expected a whole number from 1 "
          "to 999999", *APP),
     _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
@@ -172,6 +179,15 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("start", "--run-dir", "", "argument --run-dir: invalid value '': expected a path",
          *JOB),
     _bad("start", "--config", "", "argument --config: invalid value '': expected a path", *JOB),
+    _bad("start", "--gpus", "", "argument --gpus: invalid value '': expected all, GPU indices "
+         "like 0,2-3 or GPU UUIDs", *JOB),
+    _bad("start", "--cpus", "", "argument --cpus: invalid value '': expected CPU numbers like "
+         "0,2-3", *JOB),
+    _bad("start", "--user", "", "argument --user: invalid value '': expected a user name", *JOB),
+    _bad("start", "--threads", "", "argument --threads: invalid value '': expected a percentage "
+         "in (0, 100] or none", *JOB),
+    _bad("start", "--mem-limit", "", "argument --mem-limit: invalid value '': expected a size "
+         "like 512M or 2G", *JOB),
     _bad("stop", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}"),
     _bad("stop", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
     _bad("stop", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
@@ -280,8 +296,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: --threads: bad value for active_thread_percentage ('0' in argument): "
          "expected a percentage in (0, 100]", 2, option="start --threads"),
     Case("cli-mem-limit", "arguments", ("start", *JOB, "--mem-limit", "12T"),
-         "mpswrap: --mem-limit: bad value for pinned_mem_limit ('12T' in argument): expected a "
-         "size like 512M or 2G", 2, option="start --mem-limit"),
+         "mpswrap: argument --mem-limit: invalid value '12T': expected a size like 512M or 2G\n"
+         f"{START_HELP}", 2, option="start --mem-limit"),
     Case("cli-cpus", "arguments", ("start", *JOB, "--cpus", "a-b"),
          "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2,
          option="start --cpus"),
@@ -375,9 +391,15 @@ CASES: tuple[Case, ...] = (
          "mpswrap: no GPUs found (<root>/empty.json)", 1,
          env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="empty_inventory"),
     Case("inventory-missing", "GPU list", ("start", *JOB),
-         "mpswrap: cannot read GPU inventory file (<root>/none.json): [Errno 2] No such file or "
-         "directory: '<root>/none.json'", 1,
-         env={"MPSWRAP_GPU_INVENTORY": "<root>/none.json"}),
+         "mpswrap: cannot read GPU inventory file (<root>/none.json): No such file or directory",
+         2, env={"MPSWRAP_GPU_INVENTORY": "<root>/none.json"}),
+    Case("inventory-not-json", "GPU list", ("run", "-n", "1", *APP),
+         "mpswrap: cannot read GPU inventory file (/etc/passwd): not JSON (line 1 column 1)", 2,
+         env={"MPSWRAP_GPU_INVENTORY": "/etc/passwd"}),
+    Case("inventory-not-an-inventory", "GPU list", ("start", *JOB),
+         "mpswrap: cannot read GPU inventory file (<root>/empty.json): not an inventory: no field "
+         "'gpus'", 2,
+         env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="no_gpus_field"),
     # --- job ids and node names --------------------------------------------------------------
     Case("job-dotdot", "job id", ("start", "--job", "..", "--node", "n1"),
          f"mpswrap: argument --job: invalid job id ('..'): {NAME_RULE}\n{START_HELP}", 2,
@@ -421,6 +443,33 @@ CASES: tuple[Case, ...] = (
          "mpswrap: MPS control program not found (/nonexistent/nvidia-cuda-mps-control)\n"
          "hint: set control_binary to the nvidia-cuda-mps-control path", 1,
          env={"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"}),
+    Case("sim-bin-not-writable", "path", ("sim", "install-bin", "/etc/mpswrap-sim"),
+         "mpswrap: cannot write the simulator's programs (/etc/mpswrap-sim): Permission denied\n"
+         f"hint: {_SIM_BIN_HINT}", 2, as_user=True),
+    Case("sim-bin-no-parent", "path", ("sim", "install-bin", "/nonexistent/a/b"),
+         "mpswrap: cannot write the simulator's programs (/nonexistent): Permission denied\n"
+         f"hint: {_SIM_BIN_HINT}", 2, as_user=True),
+    Case("sim-bin-in-proc", "path", ("sim", "install-bin", "/proc/x"),
+         "mpswrap: cannot write the simulator's programs (/proc/x): No such file or directory\n"
+         f"hint: {_SIM_BIN_HINT}", 2),
+    Case("sim-bin-a-file", "path", ("sim", "install-bin", "/etc/passwd"),
+         "mpswrap: cannot write the simulator's programs (/etc/passwd): Not a directory\n"
+         f"hint: {_SIM_BIN_HINT}", 2),
+    Case("sim-bin-empty", "path", ("sim", "install-bin", ""),
+         "mpswrap: argument dir: invalid value '': expected a path\n"
+         "hint: mpswrap sim install-bin --help", 2),
+    Case("sim-inventory-a-directory", "path", ("sim", "inventory", "<root>", "--gpus", "2"),
+         "mpswrap: cannot write the GPU inventory (<root>): Is a directory\n"
+         "hint: give a file you can write, e.g. ~/mps-sim/gpus.json", 2),
+    Case("sim-inventory-empty", "path", ("sim", "inventory", "", "--gpus", "2"),
+         "mpswrap: argument file: invalid value '': expected a path\n"
+         "hint: mpswrap sim inventory --help", 2),
+    Case("metrics-textfile-not-writable", "path", ("metrics", "--textfile", "/etc"),
+         "mpswrap: --textfile: cannot write the metrics file (/etc/mpswrap.prom): Permission "
+         f"denied\nhint: {_TEXTFILE_HINT}", 2, as_user=True),
+    Case("metrics-textfile-proc", "path", ("metrics", "--textfile", "/proc"),
+         "mpswrap: --textfile: cannot write the metrics file (/proc/mpswrap.prom): No such file "
+         f"or directory\nhint: {_TEXTFILE_HINT}", 2),
     # --- users -------------------------------------------------------------------------------
     Case("user-unknown", "user", ("start", *JOB, "--user", "nosuchuser"),
          "mpswrap: --user: unknown user (nosuchuser)", 2, option="start --user"),
@@ -434,6 +483,12 @@ CASES: tuple[Case, ...] = (
 def _empty_inventory(node: SimNode, uid: int) -> None:
     path = node.root / "empty.json"
     path.write_text('{"driver_version": "580", "cuda_driver_version": 13000, "gpus": []}\n')
+    path.chmod(0o644)
+
+
+def _no_gpus_field(node: SimNode, uid: int) -> None:
+    path = node.root / "empty.json"
+    path.write_text('{"driver_version": "580"}\n')
     path.chmod(0o644)
 
 
@@ -478,6 +533,7 @@ def _tasks_file(node: SimNode, uid: int) -> None:
 SETUPS: dict[str, Callable[[SimNode, int], None]] = {
     "tasks_file": _tasks_file,
     "empty_inventory": _empty_inventory,
+    "no_gpus_field": _no_gpus_field,
     "symlink_user_run_dir": _symlink_user_run_dir,
     "symlink_job_dir": _symlink_job_dir,
     "root_owned_user_run_dir": _root_owned_user_run_dir,

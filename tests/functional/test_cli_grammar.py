@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -19,7 +20,7 @@ from mpswrap.cli import main as cli
 from mpswrap.cli import options
 from mpswrap.cli.commands import COMMANDS
 from mpswrap.errors import EXIT_CODES
-from tests.simenv import SimNode
+from tests.simenv import MPSWRAP, SimNode
 
 pytestmark = pytest.mark.functional
 
@@ -330,6 +331,44 @@ def test_a_closed_stdout_exits_141_quietly(node: SimNode, argv: list[str]) -> No
     res = node.run_unread(*argv)
     assert res.returncode == 128 + signal.SIGPIPE, res.stderr
     assert res.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config"],
+        ["help"],
+        ["--version"],
+        ["version"],
+        ["completion", "bash"],
+        ["status", "--json"],
+    ],
+)
+def test_an_output_that_cannot_be_written_is_one_line_exit_1(
+    node: SimNode, argv: list[str]
+) -> None:
+    """``mpswrap config > /dev/full``: as coreutils' "write error", not an internal error."""
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [*MPSWRAP, *argv],
+            env=node.env(),
+            cwd=node.root,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert res.stderr == "mpswrap: cannot write output: No space left on device\n"
+    assert res.returncode == 1
+
+
+def test_an_oserror_of_a_command_is_not_an_output_error(node: SimNode) -> None:
+    """Only writing the output is: a directory the metrics cannot be written to is named."""
+    res = node.mpswrap("metrics", "--textfile", "/proc")
+    assert res.stderr.startswith(
+        "mpswrap: --textfile: cannot write the metrics file (/proc/mpswrap.prom): No such file"
+    )
+    assert res.returncode == 2
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,20 @@ def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
         load_settings(env={"MPSWRAP_CONFIG": str(tmp_path / "absent.conf")})
 
 
+def test_a_hash_inside_a_value_is_part_of_it_one_after_a_blank_starts_a_comment(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "site.conf"
+    conf.write_text(
+        "# a comment\n  # an indented one\nuser_run_dir = /tmp/a#b\n"
+        "run_dir = /run/x # the admin's note\nkill_grace = 20\t# seconds\n"
+    )
+    settings = load_settings(env={"MPSWRAP_CONFIG": str(conf)})
+    assert settings.user_run_dir == "/tmp/a#b"
+    assert settings.run_dir == "/run/x"
+    assert settings.kill_grace == 20.0
+
+
 def test_describe_lists_every_setting() -> None:
     rows = load_settings(env={}).describe()
     names = [r[0] for r in rows]

@@ -100,6 +100,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "simcmd",
         "commands",
         "logs",
+        "output",
         "farmcmd",
         "completion",
         "manpage",

@@ -225,3 +225,50 @@ def test_every_message_is_one_line() -> None:
     )
     bare = internal_error(RuntimeError(), "x")
     assert bare == "internal error: RuntimeError: (no message) (traceback x)"
+
+
+# --- empty values and paths the command line refuses before acting --------------------------
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["install-hooks", "--modulefile", ""],
+        ["install-hooks", "--dest", ""],
+        ["uninstall-hooks", "--modulefile", ""],
+    ],
+)
+def test_an_empty_path_of_the_hook_installer_is_refused_before_it_runs(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mpswrap.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mpswrap: argument {argv[1]}: invalid value '': expected a path\n")
+
+
+def test_the_simulators_own_command_line_says_what_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mpswrap.sim.__main__ import main
+
+    assert main(["inventory", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m mpswrap.sim: cannot write the GPU inventory ({tmp_path}): ")
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("not json", "not JSON (line 1 column 1)"),
+        ('{"driver_version": "580"}', "not an inventory: no field 'gpus'"),
+    ],
+)
+def test_a_bad_inventory_file_is_a_bad_setting(tmp_path: Path, text: str, cause: str) -> None:
+    from mpswrap.mps.gpu import load_inventory
+
+    path = tmp_path / "gpus.json"
+    path.write_text(text)
+    with pytest.raises(GpuError) as caught:
+        load_inventory(str(path))
+    assert caught.value.exit_code == 2
+    assert caught.value.line() == f"cannot read GPU inventory file ({path}): {cause}"
