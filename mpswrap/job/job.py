@@ -142,6 +142,8 @@ class JobDaemons(Struct):
         that see different GPUs (one GPU a task) each get their own GPU's daemon, and a
         second ``start --gpus 1`` no longer finds GPU 0's at ``g0``. In root's trees, root's
         own records say which GPU a key serves, never a manifest (the job user writes those)."""
+        if not os.path.lexists(self.layout.job_dir):  # a new job: nothing to read, or check
+            return [f"g{i}" for i in range(len(gpus))]  # before the start's own checks
         if self.roots:
             records = ((key, self.daemon(key).held()) for key in self.keys())
             held = {h.gpu_uuid: key for key, h in records if h is not None}

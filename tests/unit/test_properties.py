@@ -159,7 +159,8 @@ def _valid_file(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
     for name in names:
         text, value = draw(_VALID[name])
         space = draw(st.sampled_from(["", " ", "\t"]))
-        lines.append(f"{space}{name}{space}={space}{text}{space}# comment")
+        blank = draw(st.sampled_from([" ", "\t", "  "]))  # an inline comment follows a blank
+        lines.append(f"{space}{name}{space}={space}{text}{blank}# comment")
         expected[name] = value
     return "\n".join(lines) + "\n", expected
 
