@@ -20,13 +20,14 @@ again and reordering lines runs nothing twice.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import fields
 from ..errors import LayoutError
@@ -56,6 +57,7 @@ STATUSES = (DONE, FAILED, FAULT, OOM, TIMEOUT, INTERRUPTED)
 RECORD_LIMIT = 1 << 16
 #: ``farm status`` reads a journal up to this size (a record is a few hundred bytes).
 STATE_LIMIT = 256 << 20
+_T = TypeVar("_T")
 _STATE = re.compile(r"state(-\d+of\d+)?\.jsonl")
 
 
@@ -99,6 +101,7 @@ class FarmDir:
         self.share = share
         self.logs = self.path / "logs"
         self._fd: int | None = None
+        self._torn = False
 
     def create(self) -> FarmDir:
         try:
@@ -145,11 +148,26 @@ class FarmDir:
 
     def write(self, data: dict[str, Any]) -> None:
         """One line, one write (O_APPEND), so that a farm ended at any moment leaves whole
-        lines. The journal stays open while the farm runs (``close``)."""
+        lines. The journal stays open while the farm runs (``close``). A line starts on a
+        line of its own where the journal ends in a torn one (a full disk, a crash): glued
+        onto it, it would be lost with it. A write that fails or falls short raises, as the
+        farm's record would otherwise be silently incomplete."""
         if self._fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-            self._fd = os.open(self.journal_path, flags, 0o644)
-        os.write(self._fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+            flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            self._fd = self._guard(lambda: os.open(self.journal_path, flags, 0o644))
+            self._torn = self._guard(lambda: _ends_torn(self._fd))
+        line = ("\n" if self._torn else "") + json.dumps(data, sort_keys=True) + "\n"
+        self._torn = True  # until the whole line is written
+        self._guard(lambda: _write_all(self._fd, line.encode()))
+        self._torn = False
+
+    def _guard(self, call: Callable[[], _T]) -> _T:
+        try:
+            return call()
+        except OSError as exc:
+            raise LayoutError(
+                "cannot write the farm's journal", thing=str(self.journal_path), cause=exc.strerror
+            ) from exc
 
     def close(self) -> None:
         if self._fd is not None:
@@ -170,6 +188,24 @@ class FarmDir:
             if not record.retried and out.get(record.key) != DONE:
                 out[record.key] = record.status
         return out
+
+
+def _ends_torn(fd: int | None) -> bool:
+    """Whether the file's last byte is no newline (an empty file ends whole)."""
+    assert fd is not None
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def _write_all(fd: int | None, data: bytes) -> None:
+    """Every byte, or an OSError: a short write (a disk filling up) is written on, and one
+    that writes nothing is an error of its own."""
+    assert fd is not None
+    while data:
+        written = os.write(fd, data)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data = data[written:]
 
 
 def read_journal(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
