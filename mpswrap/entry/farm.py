@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -338,12 +339,17 @@ def _finish(
     failed = bool(tally.failed or result.failed_before or (result.not_run and not as_asked))
     result.code = code if code else (1 if failed else 0)
     until = time.time()  # the summary's end is the journal's: its fold says the same
-    # The record first: a summary nobody reads (its pipe closed) leaves the journal whole.
-    farmer.recorder.end(result.code, until)
-    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
-    if not _quiet() or failed:
-        for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
-            show.line(line)
+    ended = result.code
+    try:
+        if not _quiet() or failed:
+            for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
+                show.line(line)
+    except BrokenPipeError:  # its reader left (`farm | head`): the exit code main gives it
+        ended = 128 + signal.SIGPIPE
+        raise
+    finally:  # a summary nobody reads still leaves the journal whole, with the code it exits
+        farmer.recorder.end(ended, until)
+        profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     return result
 
 

@@ -280,9 +280,12 @@ def node_argv() -> list[str]:
 
 def test_a_farm_whose_output_closed_still_ends_its_journal(node: SimNode) -> None:
     """``mpswrap farm tasks.txt | head -1``: every task runs, the journal is whole (its end
-    recorded), and the farm exits 141 as a program whose reader left does."""
-    (node.root / "t.txt").write_text("true\ntrue\n")
-    res = node.run_unread("farm", "--dir", "f", "t.txt")
+    recorded with the code the farm exits), and the farm exits 141 as a program whose reader
+    left does; a failed task changes neither."""
+    (node.root / "t.txt").write_text("true\ntrue\nexit 2\n")
+    res = node.run_unread("farm", "--tag", "--dir", "f", "t.txt")
     assert res.returncode == 141, res.stderr
     tally = fold(read_journal(node.root / "f")["state.jsonl"])
-    assert (tally.code, tally.done) == (0, 2), tally
+    assert (tally.code, tally.done, tally.failed) == (141, 2, 1), tally
+    status = node.run("farm", "status", "f", timeout=30)
+    assert "exit code 141" in status.stdout, status.stdout
