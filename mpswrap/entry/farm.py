@@ -243,6 +243,7 @@ def farm_tasks(
             seats=seats,
             result=result,
             show=show,
+            listed=len(tasks),
         )
 
 
@@ -266,7 +267,9 @@ def _run(
     seats: int,
     result: FarmResult,
     show: _Show,
+    listed: int,
 ) -> FarmResult:
+    """The farm itself (``listed``: the whole task list's length, for ``farm status``)."""
     quiet = _quiet()
     view = show.progress(farm_opts, quiet)
     profile = Profile(farm_profile(planned.settings.farm_profile))
@@ -304,6 +307,7 @@ def _run(
                     result.skipped - result.failed_before,
                     farmer.slots,
                     failed_before=result.failed_before,
+                    listed=listed,
                     gpus=len(farmer.lanes),
                     job=run.plan.env.job_id,
                 )

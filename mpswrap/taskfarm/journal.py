@@ -13,9 +13,11 @@ starts and changes, ``start`` for each attempt, ``exit`` for a failed attempt wh
 ended while its record waits for the verdict, ``end`` when the farm ends) and one record per
 finished attempt (``TaskRecord``). Every view of a farm (its progress line, its summary, the
 node's summary line, ``farm status``, the run record metrics read) is a fold of these lines
-(``fold``). A task whose command has a ``done`` record in any journal of the directory is not
-run again: the key is the command's text (and which occurrence of it), so an edited line runs
-again and reordering lines runs nothing twice.
+(``fold``). Each task is settled by one record across every journal of the directory, whatever
+``--share`` layout wrote it (``settled``): a ``done`` one, else the latest; a task done is not
+run again, and ``farm status`` says of each task what that record says. The key is the
+command's text (and which occurrence of it), so an edited line runs again and reordering
+lines runs nothing twice.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import errno
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +47,8 @@ __all__ = [
     "TaskRecord",
     "read_journal",
     "record_of",
+    "settled",
+    "share_of",
 ]
 
 #: Statuses of a finished attempt: exit 0; a failure of its own; ended by a fatal GPU fault of
@@ -58,7 +62,7 @@ RECORD_LIMIT = 1 << 16
 #: ``farm status`` reads a journal up to this size (a record is a few hundred bytes).
 STATE_LIMIT = 256 << 20
 _T = TypeVar("_T")
-_STATE = re.compile(r"state(-\d+of\d+)?\.jsonl")
+_STATE = re.compile(r"state(-(\d+)of(\d+))?\.jsonl")
 
 
 # A dataclass, not a Struct: a farm's result (entry/farm.FarmResult) holds them, and callers'
@@ -174,20 +178,38 @@ class FarmDir:
             os.close(self._fd)
             self._fd = None
 
-    def records(self) -> Iterator[TaskRecord]:
-        """Every attempt in every journal of the directory; lines that are not records
-        (events, lines cut short or edited by hand) are passed over."""
-        for lines in read_journal(self.path).values():
-            yield from (r for r in map(record_of, lines) if r is not None)
-
     def last_status(self) -> dict[str, str]:
-        """Each task key's last settled status in the directory, ``done`` winning: what a
-        farm run again skips (done; failed too with ``--skip-failed``)."""
-        out: dict[str, str] = {}
-        for record in self.records():
-            if not record.retried and out.get(record.key) != DONE:
-                out[record.key] = record.status
-        return out
+        """Each task key's settled status in the directory (``settled``): what a farm run
+        again skips (done; failed too with ``--skip-failed``)."""
+        return {key: r.status for key, r in settled(read_journal(self.path)).items()}
+
+
+def settled(journals: Mapping[str, Iterable[dict[str, Any]]]) -> dict[str, TaskRecord]:
+    """Each task key's record that settles it across every journal of a farm's directory,
+    whatever ``--share`` layout wrote them: a ``done`` record wins (a task done anywhere is
+    not run again), else the latest to end. What a farm run again leaves out and what
+    ``farm status`` says of each task are both this."""
+    out: dict[str, TaskRecord] = {}
+    for lines in journals.values():
+        for record in map(record_of, lines):
+            if record is None or record.retried:
+                continue
+            old = out.get(record.key)
+            if old is None or (old.status != DONE and _later(record, old)):
+                out[record.key] = record
+    return out
+
+
+def _later(record: TaskRecord, old: TaskRecord) -> bool:
+    return record.status == DONE or record.end >= old.end
+
+
+def share_of(name: str) -> Share:
+    """The share a journal's name tells (``state-IofN.jsonl``; ``state.jsonl``: the whole)."""
+    match = _STATE.fullmatch(name)
+    if not match or not match.group(1):
+        return WHOLE
+    return Share(int(match.group(2)), int(match.group(3)))
 
 
 def _ends_torn(fd: int | None) -> bool:
