@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -242,6 +243,7 @@ def farm_tasks(
             seats=seats,
             result=result,
             show=show,
+            listed=len(tasks),
         )
 
 
@@ -265,7 +267,9 @@ def _run(
     seats: int,
     result: FarmResult,
     show: _Show,
+    listed: int,
 ) -> FarmResult:
+    """The farm itself (``listed``: the whole task list's length, for ``farm status``)."""
     quiet = _quiet()
     view = show.progress(farm_opts, quiet)
     profile = Profile(farm_profile(planned.settings.farm_profile))
@@ -303,6 +307,7 @@ def _run(
                     result.skipped - result.failed_before,
                     farmer.slots,
                     failed_before=result.failed_before,
+                    listed=listed,
                     gpus=len(farmer.lanes),
                     job=run.plan.env.job_id,
                 )
@@ -338,12 +343,17 @@ def _finish(
     failed = bool(tally.failed or result.failed_before or (result.not_run and not as_asked))
     result.code = code if code else (1 if failed else 0)
     until = time.time()  # the summary's end is the journal's: its fold says the same
-    # The record first: a summary nobody reads (its pipe closed) leaves the journal whole.
-    farmer.recorder.end(result.code, until)
-    profile.learn_farm(farmer.lanes, farmer.tasks, tally)
-    if not _quiet() or failed:
-        for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
-            show.line(line)
+    ended = result.code
+    try:
+        if not _quiet() or failed:
+            for line in summary_lines(tally, result.not_run, str(farmer.recorder.dir.path), until):
+                show.line(line)
+    except BrokenPipeError:  # its reader left (`farm | head`): the exit code main gives it
+        ended = 128 + signal.SIGPIPE
+        raise
+    finally:  # a summary nobody reads still leaves the journal whole, with the code it exits
+        farmer.recorder.end(ended, until)
+        profile.learn_farm(farmer.lanes, farmer.tasks, tally)
     return result
 
 

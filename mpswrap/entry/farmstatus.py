@@ -38,9 +38,9 @@ def farm_status(
     now, records, lines = time.time(), [], []
     journals = _journals(paths, asked=directory is not None)
     for path, journal in journals.items():
-        shares = [farmstatus.share_status(n, j, alive) for n, j in journal.items()]
-        records.append(farmstatus.status_json(path, shares, now))
-        lines += farmstatus.failed_lines(shares) if failed else []
+        shares, totals = farmstatus.directory_status(journal, alive)
+        records.append(farmstatus.status_json(path, shares, totals, now))
+        lines += farmstatus.failed_lines(totals) if failed else []
         lines += [] if failed else farmstatus.status_lines(path, shares, now)
     if as_json:
         print(json.dumps(records[0] if directory else {"farms": records}, indent=1))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._struct import Struct, field
@@ -70,7 +70,7 @@ class Tally(Struct):
     #: Attempts whose process ended and whose record waits for its verdict.
     settling: set[tuple[int, int]] = field(default_factory=set)
     #: The status of each task's last record that settled it (its task not retried), by task
-    #: number; the record itself only where it failed (a long farm's memory stays flat).
+    #: number; the record itself only where it is not done (a long farm's memory stays flat).
     settled: dict[int, str] = field(default_factory=dict)
     failed_records: dict[int, TaskRecord] = field(default_factory=dict)
     statuses: Counter[str] = field(default_factory=Counter)
@@ -120,17 +120,29 @@ class Tally(Struct):
         if record.retried:
             self.retried += 1
         else:
-            old = self.settled.get(record.task)
-            if old is not None:
-                self.statuses[old] -= 1
-            self.settled[record.task] = record.status
-            self.statuses[record.status] += 1
-            if record.status in (DONE, INTERRUPTED):
-                self.failed_records.pop(record.task, None)
-            else:
-                self.failed_records[record.task] = record
+            self._settle(record.task, record)
         if self.records is not None:
             self.records.append(record)
+
+    def _settle(self, task: int, record: TaskRecord) -> None:
+        old = self.settled.get(task)
+        if old is not None:
+            self.statuses[old] -= 1
+        self.settled[task] = record.status
+        self.statuses[record.status] += 1
+        if record.status == DONE:
+            self.failed_records.pop(task, None)
+        else:
+            self.failed_records[task] = record
+
+    def settle_by(self, settled: Mapping[str, TaskRecord]) -> None:
+        """Each task this tally did not see done, as the directory's record that settles it
+        says (``journal.settled``): a farm of another journal (another ``--share`` layout)
+        may have run it since, as the next farm would see it."""
+        for task, record in list(self.failed_records.items()):
+            latest = settled.get(record.key, record)
+            if latest != record:
+                self._settle(task, latest)
 
     # --- what the views count -------------------------------------------------------------
     @property
@@ -167,7 +179,7 @@ class Tally(Struct):
 
     def failures(self) -> list[TaskRecord]:
         """The tasks that failed for good, by task number."""
-        return [r for _, r in sorted(self.failed_records.items())]
+        return [r for _, r in sorted(self.failed_records.items()) if r.status != INTERRUPTED]
 
     def attached_count(self) -> Counter[bool | None]:
         out: Counter[bool | None] = Counter()

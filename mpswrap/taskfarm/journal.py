@@ -13,20 +13,23 @@ starts and changes, ``start`` for each attempt, ``exit`` for a failed attempt wh
 ended while its record waits for the verdict, ``end`` when the farm ends) and one record per
 finished attempt (``TaskRecord``). Every view of a farm (its progress line, its summary, the
 node's summary line, ``farm status``, the run record metrics read) is a fold of these lines
-(``fold``). A task whose command has a ``done`` record in any journal of the directory is not
-run again: the key is the command's text (and which occurrence of it), so an edited line runs
-again and reordering lines runs nothing twice.
+(``fold``). Each task is settled by one record across every journal of the directory, whatever
+``--share`` layout wrote it (``settled``): a ``done`` one, else the latest; a task done is not
+run again, and ``farm status`` says of each task what that record says. The key is the
+command's text (and which occurrence of it), so an edited line runs again and reordering
+lines runs nothing twice.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import fields
 from ..errors import LayoutError
@@ -44,6 +47,8 @@ __all__ = [
     "TaskRecord",
     "read_journal",
     "record_of",
+    "settled",
+    "share_of",
 ]
 
 #: Statuses of a finished attempt: exit 0; a failure of its own; ended by a fatal GPU fault of
@@ -56,7 +61,8 @@ STATUSES = (DONE, FAILED, FAULT, OOM, TIMEOUT, INTERRUPTED)
 RECORD_LIMIT = 1 << 16
 #: ``farm status`` reads a journal up to this size (a record is a few hundred bytes).
 STATE_LIMIT = 256 << 20
-_STATE = re.compile(r"state(-\d+of\d+)?\.jsonl")
+_T = TypeVar("_T")
+_STATE = re.compile(r"state(-(\d+)of(\d+))?\.jsonl")
 
 
 # A dataclass, not a Struct: a farm's result (entry/farm.FarmResult) holds them, and callers'
@@ -99,6 +105,7 @@ class FarmDir:
         self.share = share
         self.logs = self.path / "logs"
         self._fd: int | None = None
+        self._torn = False
 
     def create(self) -> FarmDir:
         try:
@@ -145,31 +152,82 @@ class FarmDir:
 
     def write(self, data: dict[str, Any]) -> None:
         """One line, one write (O_APPEND), so that a farm ended at any moment leaves whole
-        lines. The journal stays open while the farm runs (``close``)."""
+        lines. The journal stays open while the farm runs (``close``). A line starts on a
+        line of its own where the journal ends in a torn one (a full disk, a crash): glued
+        onto it, it would be lost with it. A write that fails or falls short raises, as the
+        farm's record would otherwise be silently incomplete."""
         if self._fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-            self._fd = os.open(self.journal_path, flags, 0o644)
-        os.write(self._fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+            flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            self._fd = self._guard(lambda: os.open(self.journal_path, flags, 0o644))
+            self._torn = self._guard(lambda: _ends_torn(self._fd))
+        line = ("\n" if self._torn else "") + json.dumps(data, sort_keys=True) + "\n"
+        self._torn = True  # until the whole line is written
+        self._guard(lambda: _write_all(self._fd, line.encode()))
+        self._torn = False
+
+    def _guard(self, call: Callable[[], _T]) -> _T:
+        try:
+            return call()
+        except OSError as exc:
+            raise LayoutError(
+                "cannot write the farm's journal", thing=str(self.journal_path), cause=exc.strerror
+            ) from exc
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def records(self) -> Iterator[TaskRecord]:
-        """Every attempt in every journal of the directory; lines that are not records
-        (events, lines cut short or edited by hand) are passed over."""
-        for lines in read_journal(self.path).values():
-            yield from (r for r in map(record_of, lines) if r is not None)
-
     def last_status(self) -> dict[str, str]:
-        """Each task key's last settled status in the directory, ``done`` winning: what a
-        farm run again skips (done; failed too with ``--skip-failed``)."""
-        out: dict[str, str] = {}
-        for record in self.records():
-            if not record.retried and out.get(record.key) != DONE:
-                out[record.key] = record.status
-        return out
+        """Each task key's settled status in the directory (``settled``): what a farm run
+        again skips (done; failed too with ``--skip-failed``)."""
+        return {key: r.status for key, r in settled(read_journal(self.path)).items()}
+
+
+def settled(journals: Mapping[str, Iterable[dict[str, Any]]]) -> dict[str, TaskRecord]:
+    """Each task key's record that settles it across every journal of a farm's directory,
+    whatever ``--share`` layout wrote them: a ``done`` record wins (a task done anywhere is
+    not run again), else the latest to end. What a farm run again leaves out and what
+    ``farm status`` says of each task are both this."""
+    out: dict[str, TaskRecord] = {}
+    for lines in journals.values():
+        for record in map(record_of, lines):
+            if record is None or record.retried:
+                continue
+            old = out.get(record.key)
+            if old is None or (old.status != DONE and _later(record, old)):
+                out[record.key] = record
+    return out
+
+
+def _later(record: TaskRecord, old: TaskRecord) -> bool:
+    return record.status == DONE or record.end >= old.end
+
+
+def share_of(name: str) -> Share:
+    """The share a journal's name tells (``state-IofN.jsonl``; ``state.jsonl``: the whole)."""
+    match = _STATE.fullmatch(name)
+    if not match or not match.group(1):
+        return WHOLE
+    return Share(int(match.group(2)), int(match.group(3)))
+
+
+def _ends_torn(fd: int | None) -> bool:
+    """Whether the file's last byte is no newline (an empty file ends whole)."""
+    assert fd is not None
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def _write_all(fd: int | None, data: bytes) -> None:
+    """Every byte, or an OSError: a short write (a disk filling up) is written on, and one
+    that writes nothing is an error of its own."""
+    assert fd is not None
+    while data:
+        written = os.write(fd, data)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data = data[written:]
 
 
 def read_journal(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:

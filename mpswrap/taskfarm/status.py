@@ -2,18 +2,23 @@
 after it ended: the fold of its journal (``fold``), in the progress line's words (``view``).
 
 Each share of a directory (one journal) is one farm; every farm of the directories asked about
-is shown. A started attempt without its record is running while the farm that started it
-runs. Whether it still runs: on its own node, its process (PID and start time); elsewhere,
-inside Slurm, Slurm's state of the job the farm recorded (``scontrol``); else it cannot be told
-here. A farm without its ``end`` whose process is gone (killed outright) runs nothing: its
-started attempts count as not run, as the next run of the farm runs them. The failed tasks are
-listed with their exit codes and logs (``--failed``: only them, one a line).
+is shown, each task as the directory's record that settles it says (``journal.settled``, as a
+farm run again reads them): a task another journal's farm ran since (another ``--share``
+layout) counts as that farm left it. The directory's totals count each task of it once
+(``tasktotals``).
+
+A started attempt without its record is running while the farm that started it runs. Whether it
+still runs: on its own node, its process (PID and start time); elsewhere, inside Slurm, Slurm's
+state of the job the farm recorded (``scontrol``); else it cannot be told here. A farm without
+its ``end`` whose process is gone (killed outright) runs nothing: its started attempts count as
+not run, as the next run of the farm runs them. The failed tasks are listed with their exit
+codes and logs (``--failed``: only them, one a line).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import _proc
@@ -22,12 +27,15 @@ from ..errors import MpswrapError, shown
 from ..jobenv import JobEnv
 from ..slurm.scontrol import job_state
 from .fold import Tally, fold
+from .journal import TaskRecord, settled
+from .tasktotals import TaskTotals, task_totals
 from .view import ETA_RULE, duration, eta
 from .words import counts_words, failure_words, k_path
 
 __all__ = [
     "Liveness",
     "ShareStatus",
+    "directory_status",
     "failed_lines",
     "liveness",
     "share_status",
@@ -85,9 +93,26 @@ def liveness(env: JobEnv) -> Liveness:
     return alive
 
 
-def share_status(name: str, lines: Sequence[dict[str, Any]], alive: Liveness) -> ShareStatus:
-    """A journal's lines as ``ShareStatus``."""
+def directory_status(
+    journals: Mapping[str, Sequence[dict[str, Any]]], alive: Liveness
+) -> tuple[list[ShareStatus], TaskTotals]:
+    """Each journal of a directory as ``ShareStatus``, its tasks settled across them all, and
+    the directory's tasks, each counted once (``tasktotals``)."""
+    last = settled(journals)
+    shares = [share_status(name, lines, alive, last) for name, lines in journals.items()]
+    return shares, task_totals([(s.name, s.tally) for s in shares], last)
+
+
+def share_status(
+    name: str,
+    lines: Sequence[dict[str, Any]],
+    alive: Liveness,
+    last: Mapping[str, TaskRecord] | None = None,
+) -> ShareStatus:
+    """A journal's lines as ``ShareStatus``; ``last``: each task's settling record in the
+    directory (``journal.settled``), where other journals may have run its tasks since."""
     tally = fold(lines)
+    tally.settle_by(last or {})
     if not tally.head:
         return ShareStatus(name, "unknown", tally)
     if tally.code is not None or tally.ended:
@@ -146,9 +171,9 @@ def status_lines(directory: str, shares: Sequence[ShareStatus], now: float) -> l
     return lines
 
 
-def failed_lines(shares: Sequence[ShareStatus]) -> list[str]:
-    """``farm status --failed``: each failed task, one a line."""
-    return [failure_words(r) for share in shares for r in share.tally.failures()]
+def failed_lines(totals: TaskTotals) -> list[str]:
+    """``farm status --failed``: each failed task of the directory, one a line."""
+    return [failure_words(r) for r in sorted(totals[1], key=lambda r: r.task)]
 
 
 def _eta_basis(tally: Tally, now: float) -> str:
@@ -157,8 +182,11 @@ def _eta_basis(tally: Tally, now: float) -> str:
     return f"{basis or 'no attempt finished yet'}, {tally.slots} at once"
 
 
-def status_json(directory: str, shares: Sequence[ShareStatus], now: float) -> dict[str, Any]:
-    """What ``mpswrap farm status --json`` prints for one directory."""
+def status_json(
+    directory: str, shares: Sequence[ShareStatus], totals: TaskTotals, now: float
+) -> dict[str, Any]:
+    """What ``mpswrap farm status --json`` prints for one directory: its tasks, each once
+    (``totals``), and each farm (``shares``)."""
     farms = [_share_json(s, now) for s in shares]
     keys = (
         "tasks",
@@ -172,12 +200,12 @@ def status_json(directory: str, shares: Sequence[ShareStatus], now: float) -> di
         "done_before",
         "failed_before",
     )
-    totals = {k: sum(f[k] for f in farms) for k in keys}
+    counts = {k: totals[0][k] for k in keys}
     packing = {gpu: k for f in farms for gpu, k in f["packing"].items()}
     return {
         "directory": directory,
         "time": now,
-        **totals,
+        **counts,
         "packing": packing,
         "eta_rule": ETA_RULE,
         "shares": farms,

@@ -298,9 +298,39 @@ def node_argv() -> list[str]:
 
 def test_a_farm_whose_output_closed_still_ends_its_journal(node: SimNode) -> None:
     """``mpswrap farm tasks.txt | head -1``: every task runs, the journal is whole (its end
-    recorded), and the farm exits 141 as a program whose reader left does."""
-    (node.root / "t.txt").write_text("true\ntrue\n")
-    res = node.run_unread("farm", "--dir", "f", "t.txt")
+    recorded with the code the farm exits), and the farm exits 141 as a program whose reader
+    left does; a failed task changes neither."""
+    (node.root / "t.txt").write_text("true\ntrue\nexit 2\n")
+    res = node.run_unread("farm", "--tag", "--dir", "f", "t.txt")
     assert res.returncode == 141, res.stderr
     tally = fold(read_journal(node.root / "f")["state.jsonl"])
-    assert (tally.code, tally.done) == (0, 2), tally
+    assert (tally.code, tally.done, tally.failed) == (141, 2, 1), tally
+    status = node.run("farm", "status", "f", timeout=30)
+    assert "exit code 141" in status.stdout, status.stdout
+
+
+@pytest.mark.parametrize("share_first", [True, False])
+def test_status_settles_each_task_across_share_layouts_as_a_farm_run_again_does(
+    node: SimNode, share_first: bool
+) -> None:
+    """A task that failed in one ``--share`` layout's journal and was done since by a farm of
+    another is done for ``farm status`` as for the farm itself; the totals count tasks."""
+    (node.root / "tasks.txt").write_text("test -e flag\necho b\necho c\n")
+    farm = ("farm", "-qq", "--per-gpu", "1")
+    shares = [(*farm, "--gpus", str(i), "--share", f"{i}/2", "tasks.txt") for i in (0, 1)]
+    whole = (*farm, "--gpus", "0", "tasks.txt")
+    first, then = (shares, [whole]) if share_first else ([whole], shares)
+    for args in first:  # task 0 fails: no flag yet
+        node.run(*args, timeout=60)
+    (node.root / "flag").touch()
+    for args in then:
+        node.run(*args, timeout=60)
+    again = node.run(*whole, timeout=60)
+    assert again.returncode == 0, again.stderr  # nothing to run: all done
+    failed = node.run("farm", "status", "--failed", "tasks.txt", timeout=30)
+    assert (failed.returncode, failed.stdout) == (0, ""), failed
+    data = json.loads(node.run("farm", "status", "--json", "tasks.txt", timeout=30).stdout)
+    assert (data["tasks"], data["failed"], data["not_run"]) == (3, 0, 0), data
+    assert data["done"] + data["done_before"] == 3, data
+    text = node.run("farm", "status", "tasks.txt", timeout=30).stdout
+    assert "failed: task" not in text and ", 1 failed" not in text, text

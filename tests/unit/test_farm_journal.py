@@ -4,16 +4,17 @@ progress counts, the per-user profile, the CPU-light floor of K."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from mpswrap.errors import UsageError
+from mpswrap.errors import LayoutError, UsageError
 from mpswrap.taskfarm.controls import FAULT_RETRIES, OOM_TRIES, Halt, parse_halt, retry_left
 from mpswrap.taskfarm.fold import fold
 from mpswrap.taskfarm.joblog import HEADER, joblog_line
-from mpswrap.taskfarm.journal import TaskRecord, as_line, record_of
+from mpswrap.taskfarm.journal import FarmDir, TaskRecord, as_line, read_journal, record_of
 from mpswrap.taskfarm.packing import Packing
 from mpswrap.taskfarm.profile import Profile, command_key
 from mpswrap.taskfarm.sizing import cpu_floor
@@ -128,6 +129,40 @@ def test_a_journal_record_is_typed_or_passed_over() -> None:
 def _farm(todo: int, *lines: dict[str, object]) -> list[dict[str, object]]:
     head = {"event": "farm", "time": 5.0, "node": "n1", "pid": 1, "todo": todo, "slots": 2}
     return [head, *lines]
+
+
+def test_a_torn_last_line_never_swallows_the_next_runs_first_line(tmp_path: Path) -> None:
+    whole = json.dumps({"event": "end", "code": 1, "time": 1.0})
+    (tmp_path / "state.jsonl").write_text(whole + '\n{"attached": null, "comm')
+    journal = FarmDir(tmp_path)
+    journal.write({"event": "farm", "todo": 2, "time": 2.0})
+    journal.write(as_line(_record(0, "done")))
+    journal.close()
+    lines = read_journal(tmp_path)["state.jsonl"]
+    assert [line.get("event") for line in lines] == ["end", "farm", None]
+    assert fold(lines).total == 2
+
+
+def test_a_short_journal_write_is_written_on_and_a_failed_one_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, journal, left = os.write, FarmDir(tmp_path), [5]
+
+    def short(fd: int, data: bytes) -> int:
+        if not left[0]:
+            raise OSError(28, "No space left on device")
+        left[0] -= 1
+        return real(fd, data[:7])
+
+    monkeypatch.setattr(os, "write", short)
+    journal.write({"event": "farm", "todo": 1})  # 29 bytes, 7 at a time: whole
+    with pytest.raises(LayoutError, match="cannot write the farm's journal"):
+        journal.write({"event": "end", "code": 0})  # the disk fills up midway
+    monkeypatch.setattr(os, "write", real)
+    journal.write({"event": "end", "code": 1})  # on a line of its own
+    journal.close()
+    lines = read_journal(tmp_path)["state.jsonl"]
+    assert lines == [{"event": "farm", "todo": 1}, {"event": "end", "code": 1}]
 
 
 def test_progress_counts_what_runs_after_the_wake_and_says_tasks() -> None:

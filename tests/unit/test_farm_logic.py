@@ -300,7 +300,7 @@ def _journal() -> list[dict[str, object]]:
         return dict(rec.__dict__)
 
     return [
-        record(0, 1, "done"),  # a run before this one: counted in "skipped"
+        {**record(4, 1, "done"), "end": 9.0},  # a run before this one: counted in "skipped"
         {
             "event": "farm",
             "time": 10.0,
@@ -321,7 +321,7 @@ def _journal() -> list[dict[str, object]]:
 
 
 def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() -> None:
-    from mpswrap.taskfarm.status import share_status, status_json, status_lines
+    from mpswrap.taskfarm.status import directory_status, share_status, status_json, status_lines
 
     seen: list[tuple[object, object, object]] = []
 
@@ -340,7 +340,8 @@ def test_status_folds_the_journal_of_the_last_farm_into_the_progress_counts() ->
     lines = status_lines("t.farm", [status], 20.0)
     assert lines[1].startswith("  5 tasks: 1 done, 0 failed, 2 running, 1 not run, 1 done")
     assert "ETA" in lines[1] and "running: task 1 (line 3) on gpu 0, attempt 2" in lines[2]
-    data = status_json("t.farm", [status], 20.0)
+    shares, totals = directory_status({"state.jsonl": _journal()}, alive)
+    data = status_json("t.farm", shares, totals, 20.0)
     assert (data["tasks"], data["running"], data["not_run"]) == (5, 2, 1)
     assert data["shares"][0]["running_tasks"][0]["gpu"] == "GPU-a"
 
