@@ -3,7 +3,8 @@ tools people already point at a joblog (awk, parallel's own scripts) read a farm
 
 Tab-separated, a header line, then one line per task once it is settled: its last attempt
 (as ``parallel --retries`` writes one line per job, not per try; the journal has every
-attempt)::
+attempt). A task a signal or ``--halt now`` interrupted is not settled: it has no line, and
+runs again on resume (parallel's ``--resume`` would take a line as done)::
 
     Seq  Host  Starttime  JobRuntime  Send  Receive  Exitval  Signal  Command
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .journal import TaskRecord
+from .journal import TIMEOUT, TaskRecord
 
 __all__ = ["HEADER", "Joblog", "joblog_line"]
 
@@ -30,9 +31,12 @@ HEADER = "Seq\tHost\tStarttime\tJobRuntime\tSend\tReceive\tExitval\tSignal\tComm
 
 def joblog_line(record: TaskRecord) -> str:
     command = " ".join(record.command.split())
+    # Past --timeout, 15 whatever ended it: a CUDA task's terminate_client comes first, and
+    # it exits on its own (1, error 810) before any signal reaches it.
+    signal = record.signal or (15 if record.status == TIMEOUT else 0)
     return (
         f"{record.task + 1}\t{record.node or ':'}\t{record.start:.3f}\t{record.seconds:.3f}"
-        f"\t0\t0\t{record.code}\t{record.signal}\t{command}\n"
+        f"\t0\t0\t{record.code}\t{signal}\t{command}\n"
     )
 
 

@@ -19,7 +19,7 @@ from .. import _proc
 from ..job.outcomes import Outcome
 from .fold import Tally
 from .joblog import Joblog
-from .journal import FarmDir, TaskRecord, as_line
+from .journal import INTERRUPTED, FarmDir, TaskRecord, as_line
 from .lanes import Attempt, Lane
 from .packing import Change
 from .tasks import Task
@@ -180,7 +180,8 @@ class Recorder:
             signal,
         )
         self._write(as_line(record))
-        if self.joblog is not None and not retried:  # parallel's: a line per task
+        # parallel's: a line per task once settled (an interrupted one runs again on resume)
+        if self.joblog is not None and not retried and status != INTERRUPTED:
             self.joblog.add(record)
         self._new.append(record)
         return record
