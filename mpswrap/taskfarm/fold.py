@@ -82,8 +82,9 @@ class Tally(Struct):
     #: Each GPU's K as it went: UUID -> (position, changes); the GPUs whose K is auto.
     packing: dict[str, tuple[int, list[Change]]] = field(default_factory=dict)
     auto: set[str] = field(default_factory=set)
-    #: How the attempts ended, for the node's summary: (code, attached) -> attempts.
-    ends: Counter[tuple[int, bool | None]] = field(default_factory=Counter)
+    #: How the tasks ended (each its last attempt), for the node's summary: (code, attached,
+    #: clients terminated) -> tasks.
+    ends: Counter[tuple[int, bool | None, int]] = field(default_factory=Counter)
     #: Every record (only where asked: the API returns them; a long farm's memory stays flat).
     records: list[TaskRecord] | None = None
 
@@ -112,7 +113,6 @@ class Tally(Struct):
         self.settling.discard((record.task, record.attempt))
         self.attempts += 1
         self.busy += record.seconds
-        self.ends[(record.code, record.attached)] += 1
         row = self.gpus.setdefault(record.gpu_index, GpuRow(_word(record.gpu)))
         row.statuses[record.status] += 1
         if record.status == DONE:
@@ -120,6 +120,7 @@ class Tally(Struct):
         if record.retried:
             self.retried += 1
         else:
+            self.ends[(record.code, record.attached, record.terminated)] += 1
             self._settle(record.task, record)
         if self.records is not None:
             self.records.append(record)
@@ -183,7 +184,7 @@ class Tally(Struct):
 
     def attached_count(self) -> Counter[bool | None]:
         out: Counter[bool | None] = Counter()
-        for (_, attached), n in self.ends.items():
+        for (_, attached, _), n in self.ends.items():
             out[attached] += n
         return out
 

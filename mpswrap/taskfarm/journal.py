@@ -91,6 +91,8 @@ class TaskRecord:
     attached: bool | None = None
     #: The signal that ended it (0: it exited).
     signal: int = 0
+    #: Its MPS clients that terminate_client ended (a stop, a --timeout, --halt now).
+    terminated: int = 0
 
     @property
     def seconds(self) -> float:
@@ -272,7 +274,7 @@ def record_of(data: dict[str, Any]) -> TaskRecord | None:
 
 #: What each field of a record must be (a journal edited by hand is read, never trusted).
 _TYPES: dict[str, type | tuple[type, ...]] = {
-    **dict.fromkeys(("task", "attempt", "code", "gpu_index", "signal"), int),
+    **dict.fromkeys(("task", "attempt", "code", "gpu_index", "signal", "terminated"), int),
     **dict.fromkeys(("start", "end"), (int, float)),
     **dict.fromkeys(("key", "command", "node", "gpu", "stdout", "stderr"), str),
 }

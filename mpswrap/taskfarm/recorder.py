@@ -145,6 +145,7 @@ class Recorder:
             retried=retried,
             attached=attempt.attached,
             signal=attempt.signal,
+            terminated=attempt.rank.ended,
         )
 
     def record(
@@ -159,6 +160,7 @@ class Recorder:
         retried: bool = False,
         attached: bool | None = None,
         signal: int = 0,
+        terminated: int = 0,
     ) -> TaskRecord:
         out, err = self.dir.log_paths(task, number)
         record = TaskRecord(
@@ -178,6 +180,7 @@ class Recorder:
             retried,
             attached,
             signal,
+            terminated,
         )
         self._write(as_line(record))
         # parallel's: a line per task once settled (an interrupted one runs again on resume)
@@ -194,7 +197,7 @@ class Recorder:
         self._unsaved += new
         now = time.monotonic()
         if self.ended is not None and self._unsaved and (final or now >= self._saved_at):
-            self.ended(*(outcome_of(r) for r in self._unsaved))
+            self.ended(*(outcome_of(r) for r in self._unsaved if not r.retried))
             self._unsaved, self._saved_at = [], now + RECORD_EVERY
 
     def end(self, code: int, when: float) -> None:
@@ -212,14 +215,18 @@ class Recorder:
 
 
 def outcome_of(record: TaskRecord) -> Outcome:
-    """An attempt as the run record's outcome (the node's summary line, ``metrics``)."""
-    return Outcome(record.code, record.attached, 0, record.start)
+    """A task's last attempt as the run record's outcome (the node's summary line,
+    ``metrics``): a task retried is one outcome, its last attempt's. One whose clients
+    terminate_client ended was a client, whether or not a check had listed it yet."""
+    attached = True if record.terminated else record.attached
+    return Outcome(record.code, attached, record.terminated, record.start)
 
 
 def outcomes(tally: Tally) -> list[Outcome]:
-    """Every attempt of a tally as outcomes (the node's summary line of a farm)."""
+    """The tally's tasks as outcomes, each its last attempt's (the node's summary line of a
+    farm: tasks, as the farm's own summary counts them)."""
     return [
-        Outcome(code, attached, 0, tally.started)
-        for (code, attached), n in sorted(tally.ends.items(), key=str)
+        Outcome(code, True if terminated else attached, terminated, tally.started)
+        for (code, attached, terminated), n in sorted(tally.ends.items(), key=str)
         for _ in range(n)
     ]

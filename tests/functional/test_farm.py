@@ -136,6 +136,9 @@ def test_sigterm_mid_farm_ends_every_task_through_terminate_client_and_leaves_no
     interrupted = state(farm_dir)
     assert [r["status"] for r in interrupted] == ["interrupted"] * 4, interrupted
     assert "4 interrupted, 6 not run" in out, out
+    # The node's summary line says what the farm's does: four tasks, ended through MPS.
+    node_line = next(ln for ln in err.splitlines() if "summary: node" in ln)
+    assert ": 4 tasks, " in node_line and " 4 ended by terminate_client" in node_line, node_line
     # Not settled: no joblog line (parallel's --resume would take one as done).
     assert (farm_dir / "joblog").read_text().splitlines()[1:] == []
     assert not any(node.user_run_dir.glob("*/*"))

@@ -46,8 +46,8 @@ def test_the_summary_is_the_fold_of_the_journal_it_came_from(node: SimNode) -> N
     assert tally.ended is not None
     assert summary_lines(tally, not_run, str(farm_dir), tally.ended) == printed
     assert "8 tasks: 6 done, 2 failed, 0 not run" in printed[0]
-    # The node's summary line counts the journal's attempts, in tasks, and no alarm for the
-    # tasks that ended before a check could see them (no CUDA).
+    # The node's summary line counts the journal's tasks (each its last attempt), and no
+    # alarm for the tasks that ended before a check could see them (no CUDA).
     node_line = next(ln for ln in res.stderr.splitlines() if "summary: node" in ln)
     assert "8 tasks" in node_line and "not seen" not in node_line, node_line
 
@@ -102,6 +102,9 @@ def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -
     # The joblog has a line per task, its last attempt's, as parallel --retries writes it.
     rows = (farm_dir / "joblog").read_text().splitlines()[1:]
     assert [r.split("\t")[6] for r in rows] == ["0"], rows
+    # So does the node's summary line: one task, its last attempt's exit code.
+    node_line = next(ln for ln in res.stderr.splitlines() if "summary: node" in ln)
+    assert ": 1 task, " in node_line and "exit codes 0," in node_line, node_line
     halted, farm_dir = node.root / "halt.txt", node.root / "h"
     halted.write_text("exit 1\nexit 2\n" + "sleep 1\n" * 8)
     args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=2", "--dir", str(farm_dir))

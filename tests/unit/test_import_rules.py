@@ -80,6 +80,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "words",
         "view",
         "engine",
+        "tasktotals",
         "status",
     ),
     "report": ("summary", "metrics", "status", "plots"),
