@@ -141,13 +141,19 @@ def cmd_stop(args: argparse.Namespace) -> int:
     settings = _settings(args)
     clean = True
     layouts = _layouts(args, settings)
+    jobs = []
     for layout in layouts:
         done = JobDaemons(layout, settings).stop()
+        clean = clean and done.clean
+        if args.json:
+            jobs.append({"node": layout.node, "job": layout.job_id, **done.to_json()})
+            continue
         print(f"job {layout.job_id} on {layout.node} ({layout.job_dir}):")
         for line in done.lines():
             print(line)
-        clean = clean and done.clean
-    if not layouts:
+    if args.json:
+        print(json.dumps({"node": _node(args), "jobs": jobs, "clean": clean}, indent=1))
+    elif not layouts:
         print(f"nothing to stop on {_node(args)}")
     return 0 if clean else 1
 

@@ -76,6 +76,18 @@ class Teardown(Struct):
     def clean(self) -> bool:
         return all(r.clean for r in self.gpus) and not self.left and not self.kept
 
+    def to_json(self) -> dict[str, Any]:
+        """``stop --json``: each GPU's ladder (the job record's words), what was left."""
+        return {
+            "job_dir": str(self.job_dir),
+            "gpus": [
+                {"key": r.key, **r.ended(), "paths": r.paths, "notes": r.notes} for r in self.gpus
+            ],
+            "left": self.left,
+            "kept": self.kept,
+            "clean": self.clean,
+        }
+
     def survivors(self) -> list[str]:
         """What of the job may still run, each naming what and where: the one thing that
         fails a teardown (the epilog's exit code, a run's). Files a user can keep from

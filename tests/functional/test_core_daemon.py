@@ -292,3 +292,20 @@ def test_a_gpu_directory_holding_another_gpus_daemon_is_refused(node: SimNode) -
         )
     assert first["gpu_uuid"] in raised.value.line()
     assert node.mpswrap("stop", *JOB).returncode == 0
+
+
+def test_stop_json_says_what_each_gpus_ladder_did(node: SimNode) -> None:
+    _start(node)
+    res = node.mpswrap("stop", *JOB, "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["clean"] is True and report["node"] == "n1"
+    (job,) = report["jobs"]
+    assert job["job"] == "j1" and job["clean"] is True and job["left"] == []
+    assert [g["key"] for g in job["gpus"]] == ["g0", "g1"]
+    assert all(g["ended_by_terminate_client"] == [] and g["leftovers"] == [] for g in job["gpus"])
+    again = node.mpswrap("stop", *JOB, "--json")
+    assert (again.returncode, json.loads(again.stdout)) == (
+        0,
+        {"node": "n1", "jobs": [], "clean": True},
+    )
