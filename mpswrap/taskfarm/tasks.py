@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import select
 import shlex
 import stat
 import sys
@@ -133,28 +134,54 @@ def read_tasks(source: str) -> list[Task]:
     if source == "-":
         data = _read_list(sys.stdin.buffer.fileno(), name)
     else:
+        fd = _open_list(source)
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise UsageError(
-                "cannot read the task list", thing=source, cause=exc.strerror
-            ) from None
-        try:
+            if _named_pipe(source):  # wait for its writer, as cat does: opened before one
+                select.select([fd], [], [])  # came, it reads as empty at once
             data = _read_list(fd, name)
         finally:
             os.close(fd)
     return parse_tasks(task_lines(data, name), name)
 
 
+def _named_pipe(source: str) -> bool:
+    """A FIFO of a file system (``mkfifo``), not a pipe's ``/dev/fd/N`` (bash's ``<(...)``,
+    a link): Linux reports the end of a named pipe only once a writer came and went."""
+    try:
+        return stat.S_ISFIFO(os.lstat(source).st_mode)
+    except OSError:
+        return False
+
+
+def _open_list(source: str) -> int:
+    try:
+        return os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UsageError(
+            "cannot read the task list",
+            thing=source,
+            cause=exc.strerror,
+            hint="give a file with one command per line, or - for standard input",
+        ) from None
+
+
 def _read_list(fd: int, name: str) -> bytes:
-    """At most ``LIST_LIMIT`` bytes of a regular file or a pipe; anything else, or more, is a
-    UsageError (a character device such as ``/dev/zero`` would never end)."""
+    """At most ``LIST_LIMIT`` bytes of a regular file, a pipe or a character device
+    (``/dev/null``: no tasks; ``/dev/zero`` ends at the limit); more, a terminal (it would
+    wait for typing) or anything else is a UsageError."""
     mode = os.fstat(fd).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+    if stat.S_ISCHR(mode) and os.isatty(fd):
         raise UsageError(
             "cannot read the task list",
             thing=name,
-            cause="not a regular file or a pipe",
+            cause="a terminal",
+            hint="give a file with one command per line, or pipe the list into -",
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise UsageError(
+            "cannot read the task list",
+            thing=name,
+            cause="not a file, a pipe or a character device",
             hint="give a file with one command per line, or - for standard input",
         )
     os.set_blocking(fd, True)  # a pipe is read to its end, as `cat` would

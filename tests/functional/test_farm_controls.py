@@ -262,14 +262,40 @@ def test_status_lists_failed_tasks_every_farm_here_and_json(node: SimNode) -> No
     assert asked.returncode == 2 and "not a farm directory" in asked.stderr, asked.stderr
 
 
-@pytest.mark.parametrize("source", ["/dev/zero", "/dev/null", "."])
-def test_a_task_list_that_is_no_file_or_pipe_is_refused_before_reading(
-    node: SimNode, source: str
-) -> None:
+@pytest.mark.parametrize("source", ["/dev/zero", "."])
+def test_a_task_list_that_is_no_list_is_refused(node: SimNode, source: str) -> None:
     res = node.run("farm", "--dir", str(node.root / "f"), source, timeout=30)
     assert res.returncode == 2, res.stderr
     assert res.stderr.splitlines()[0].startswith("mpswrap: cannot read the task list"), res.stderr
-    assert "not a regular file or a pipe" in res.stderr or "Is a directory" in res.stderr
+    assert "larger than 256 MiB" in res.stderr or "not a file, a pipe" in res.stderr
+
+
+@pytest.mark.parametrize("source", ["/dev/null", "-"])
+def test_an_empty_device_is_an_empty_list(node: SimNode, source: str) -> None:
+    """As ``parallel -a /dev/null``: no tasks, nothing refused (``-`` is standard input,
+    /dev/null here)."""
+    res = subprocess.run(
+        [*node_argv(), "farm", "--dir", str(node.root / "f"), source],
+        env=node.env(),
+        cwd=node.root,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "no tasks to run" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_a_named_pipe_is_read_once_its_writer_comes(node: SimNode) -> None:
+    """As ``cat fifo``: a farm waits for the pipe's writer instead of reading it as empty."""
+    fifo = node.root / "tasks.fifo"
+    os.mkfifo(fifo)
+    proc = node.start("farm", "--dir", str(node.root / "f"), str(fifo))
+    with open(fifo, "w") as writer:  # opens once the farm has; the farm waits till then
+        writer.write("true\ntrue\n")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "2 tasks: 2 done" in out, out + err
 
 
 def test_a_task_list_from_a_pipe_is_read(node: SimNode) -> None:
