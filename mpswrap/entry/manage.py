@@ -51,7 +51,10 @@ def _layouts(args: argparse.Namespace, settings: Settings) -> list[JobLayout]:
     if job is not None:
         return state.job_layouts(settings, node, job, os.getuid(), args.run_dir)
     if args.run_dir:
-        raise UsageError("--run-dir needs --job", hint="mpswrap status --job ID --run-dir DIR")
+        raise UsageError(
+            "--run-dir needs --job",
+            hint=f"mpswrap {getattr(args, 'command', 'status')} --job ID --run-dir DIR",
+        )
     return state.jobs_on_node(settings, node, None if os.geteuid() == 0 else os.getuid())
 
 

@@ -525,8 +525,8 @@ def _say_interrupted(planned: Plan, code: int, trap: SignalTrap, start: float) -
     if sig is None or code != 128 + sig:
         return
     log.warning(
-        "%s %s: interrupted by %s after %.1f s: its programs were ended through MPS "
-        "terminate_client; exit code %d",
+        "%s %s: interrupted by %s after %.1f s: its programs were ended (their MPS clients "
+        "by terminate_client first); exit code %d",
         planned.kind,
         planned.job,
         signal.Signals(sig).name,

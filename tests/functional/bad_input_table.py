@@ -308,7 +308,7 @@ CASES: tuple[Case, ...] = (
          "mpswrap: no command to run\nhint: mpswrap run -n 4 -- python train.py", 2),
     Case("farm-no-task-list", "arguments", ("farm", "/nonexistent/tasks.txt"),
          "mpswrap: cannot read the task list (/nonexistent/tasks.txt): No such file or "
-         "directory", 2),
+         "directory\nhint: give a file with one command per line, or - for standard input", 2),
     Case("farm-per-gpu-zero", "arguments", ("farm", "--per-gpu", "0", "tasks.txt"),
          "mpswrap: argument --per-gpu: invalid value '0': expected auto or a whole number from 1 "
          "to 999999\nhint: mpswrap farm --help", 2, option="farm --per-gpu"),
