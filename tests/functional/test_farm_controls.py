@@ -188,10 +188,12 @@ def test_timeout_ends_a_task_through_terminate_client_and_records_it(node: SimNo
     ends = [json.loads(ln) for ln in rec.read_text().splitlines()]
     assert [e.get("reason") for e in ends if e["event"] == "end"] == ["terminated"]
     assert "task 0 timed out" in res.stderr and "1 timed out" in res.stdout
-    # A CUDA task ended by terminate_client exits on its own (1): still signal 15 past
-    # --timeout, as the joblog's readers look for.
+    # Signal 15 past --timeout, as the joblog's readers look for, whether the CUDA task exited
+    # on its own once terminate_client ended its client (1) or the SIGTERM that follows came
+    # first (143: the shield's stand-in), as a busy machine decides.
     rows = [ln.split("\t") for ln in (farm_dir / "joblog").read_text().splitlines()[1:]]
-    assert {r[0]: (r[6], r[7]) for r in rows} == {"1": ("1", "15"), "2": ("0", "0")}, rows
+    ended = {r[0]: (r[6], r[7]) for r in rows}
+    assert ended.pop("2") == ("0", "0") and ended["1"] in {("1", "15"), ("143", "15")}, rows
 
 
 def test_resume_reruns_failed_tasks_unless_skip_failed(node: SimNode) -> None:
