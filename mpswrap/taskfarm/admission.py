@@ -10,9 +10,10 @@ once two readings in a row showed it no larger: not between its CUDA context and
 allocation). A GPU takes another task only if its free memory, less what its running tasks may
 still grow into (the expected peak less what each holds now), covers the expected peak plus a
 margin (``margin``). A GPU that runs none of the farm's tasks always takes one: nothing else
-would ever free its memory. Before any peak is known the first task runs alone, until NVML
-shows its memory steady, it finishes, or ``LEARN_S`` pass (NVML may not report per-process
-memory at all).
+would ever free its memory. Before any peak is known tasks run alone, until NVML shows one's
+memory steady, ``LEARN_TASKS`` finished with no memory seen (a short task can end between two
+readings of a busy farm: one such task proves nothing), or ``LEARN_S`` passed since the GPU's
+first task started (NVML may not report per-process memory at all).
 
 A failed task ran out of memory when its output carries CUDA's or PyTorch's out-of-memory
 text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran: less free than the
@@ -32,6 +33,7 @@ from .._struct import Struct
 __all__ = [
     "FULL_FRACTION",
     "LEARN_S",
+    "LEARN_TASKS",
     "OOM_TEXT",
     "PEAK_QUANTILE",
     "Peaks",
@@ -49,8 +51,10 @@ MARGIN_FRACTION = 0.02
 MARGIN_MIN = 256 << 20
 #: Peaks kept of the finished tasks of a GPU (the most recent), for the quantile.
 PEAKS_KEPT = 512
-#: Seconds the first task of a GPU runs alone at most while its memory is not known.
+#: Seconds after a GPU's first task started that its tasks run alone at most while no memory
+#: is known, and the tasks that finish there with no memory seen before they stop doing so.
 LEARN_S = 30.0
+LEARN_TASKS = 2
 #: Less free than this fraction of the GPU is "full" for the out-of-memory verdict.
 FULL_FRACTION = 0.10
 #: CUDA runtime ("CUDA error 2: out of memory", cudaGetErrorString), PyTorch
@@ -102,8 +106,9 @@ class Peaks(Struct):
             del self.seen[:-PEAKS_KEPT]  # the recent ones: a long farm's memory stays flat
 
     def learning(self, expected: int | None, first_started: float, now: float) -> bool:
-        """Still learning: no peak known, no task finished, the first started lately."""
-        return expected is None and not self.finished and now - first_started < LEARN_S
+        """Still learning: no peak known, fewer than ``LEARN_TASKS`` finished (none with a peak),
+        the GPU's first task started lately."""
+        return expected is None and self.finished < LEARN_TASKS and now - first_started < LEARN_S
 
     def expected(self, running: Iterable[int] = ()) -> int | None:
         """The ``PEAK_QUANTILE`` of the peaks seen and those of the running tasks (nearest

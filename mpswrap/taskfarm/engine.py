@@ -418,6 +418,8 @@ class Farmer:
         if lane.reading is not None:
             attempt.least_free = lane.reading.free
         lane.running += 1
+        if lane.first_start is None:
+            lane.first_start = now
         self.live.append(attempt)
         self.ranks.append(rank)  # before the journal: a journal that cannot be written ends it
         self.recorder.start(attempt)

@@ -4,9 +4,10 @@ K, its free memory, a fault of its server), and what the farm learns there.
 K is the lane's ``Packing`` (given, or found as the farm runs: ``packing``). Under auto, the
 GPU's memory is read through NVML at most every ``READ_EVERY`` seconds while tasks run there
 (``usage``): a GPU takes another task only while its free memory covers the peak its tasks are
-expected to need (``admission``). Before any peak is known, the first task runs alone until a
-reading shows its memory steady (two readings without growth: then admission goes by it), a
-task finished, or ``admission.LEARN_S`` passed. A GPU whose server
+expected to need (``admission``). Before any peak is known, tasks run alone until a reading
+shows one's memory steady (two readings without growth: then admission goes by it),
+``admission.LEARN_TASKS`` finished with no memory seen, or ``admission.LEARN_S`` passed since
+the GPU's first task started. A GPU whose server
 faulted takes no new task until server.log says it recovered, or the tasks the fault named
 have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more.
 """
@@ -64,8 +65,8 @@ class Lane(Struct):
     reading: Reading | None = None
     read_at: float = 0.0
     peaks: Peaks = field(default_factory=lambda: Peaks([]))
-    #: While no peak is known: the reading a task was last admitted on (one per reading).
-    admitted_on: float = -1.0
+    #: When the GPU's first task of this farm started (None: none yet): learning's clock.
+    first_start: float | None = None
     running: int = 0
     #: When its daemon's clients were last listed (attachment).
     listed_at: float = 0.0
@@ -151,8 +152,8 @@ def admits_now(lane: Lane, mine: Sequence[Attempt]) -> tuple[bool, Change | None
     if packing is None or not packing.auto or not mine or reading is None:
         return True, None
     peak = expected(lane, mine)
-    if peak is None:  # learning: until a task's memory is steady, one finished, or LEARN_S
-        first = min(a.start for a in mine)
+    if peak is None:  # learning: until a task's memory is steady, LEARN_TASKS, or LEARN_S
+        first = lane.first_start if lane.first_start is not None else min(a.start for a in mine)
         return not lane.peaks.learning(peak, first, lane.read_at), None
     if admits(reading, peak, [a.peak for a in mine]):
         return True, None

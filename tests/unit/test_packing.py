@@ -8,7 +8,15 @@ from collections.abc import Callable
 
 import pytest
 
-from mpswrap.taskfarm.admission import Peaks, Reading, admits, margin, out_of_memory
+from mpswrap.taskfarm.admission import (
+    LEARN_S,
+    LEARN_TASKS,
+    Peaks,
+    Reading,
+    admits,
+    margin,
+    out_of_memory,
+)
 from mpswrap.taskfarm.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
@@ -158,6 +166,20 @@ def test_the_expected_peak_is_a_high_quantile_of_finished_and_running_peaks() ->
         peaks.add(gib * GIB)
     assert peaks.expected() == 9 * GIB
     assert peaks.expected([20 * GIB]) == 9 * GIB  # one outlier of ten is above the quantile
+
+
+def test_one_task_that_ended_unseen_does_not_end_learning() -> None:
+    """A short task can end between two readings of a busy farm: its zero peak is no proof
+    that the command needs no memory, so tasks go on running alone."""
+    peaks = Peaks([])
+    assert peaks.learning(None, first_started=0.0, now=1.0)
+    peaks.add(0)
+    assert LEARN_TASKS > 1 and peaks.learning(None, first_started=0.0, now=1.0)
+    for _ in range(LEARN_TASKS - 1):
+        peaks.add(0)
+    assert not peaks.learning(None, first_started=0.0, now=1.0)
+    assert not Peaks([]).learning(None, first_started=0.0, now=LEARN_S)
+    assert not Peaks([]).learning(2 * GIB, first_started=0.0, now=1.0)
 
 
 def test_admission_counts_what_running_tasks_may_still_grow_into() -> None:
