@@ -45,6 +45,11 @@ def node_status(settings: Settings, node: str, layouts: Sequence[JobLayout]) -> 
     return {"node": node, "jobs": jobs}
 
 
+#: A server's states that are healthy: serving, or starting (the real driver says INITIALIZING
+#: for a moment after ``start_server``, 2026-11-28).
+SERVING = ("ACTIVE", "INITIALIZING")
+
+
 def unhealthy(job: dict[str, Any]) -> list[str]:
     """What in one job's status is not healthy, each naming the job and GPU."""
     where = f"job {job['job']} on {job['node']}"
@@ -61,7 +66,7 @@ def unhealthy(job: dict[str, Any]) -> list[str]:
         found += [
             f"{at}: server {s['pid']} is {_word(s['status'])}"
             for s in gpu.get("servers", [])
-            if s["status"] != "ACTIVE"
+            if s["status"] not in SERVING
         ]
         found += [
             f"{at}: fault at {_word(f['time'])} not recovered"

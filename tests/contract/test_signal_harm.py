@@ -11,9 +11,11 @@ fails means the driver no longer shows it, and the shield could be reconsidered.
 clients ended through ``terminate_client`` first, then killed or left to exit on their own,
 harm nobody where they started first. Where an earlier busy client runs on, terminate_client
 harms the server too (2026-11-28, docs/gpu-results/2026-11-28-h100: the next client refused
-with 46 after every ending tried), asserted as the harm is above. With 8 victims started
-together and exiting on their own, a later ``terminate_client`` went unanswered on that driver
-(the simulator answers); they now start in order, which has not run there yet.
+with 46 after every ending tried), asserted as the harm is above; on two H200s the same day
+the KILL ending left the next client running once, so there either outcome passes. With 8
+victims started together and exiting on their own, a later ``terminate_client`` went
+unanswered on that driver (the simulator answers); they now start in order, and so they
+passed on two H200s (2026-11-28).
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
@@ -190,7 +192,10 @@ def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_
     victim is ended through terminate_client, then exits on its own or is killed. Seen on an
     H100 (driver 580.159.04, 2026-11-28, every run): the next client is refused with 46, "busy
     or unavailable"; with ranks under mpswrap (per-rank mode) the earlier client failed with
-    700. What happens to the untouched client is printed."""
+    700. On two H200s (same driver, 2026-11-28, docs/gpu-results/2026-11-28-h200x2-7713636) the
+    exit and TERM endings did the same, and after KILL the next client ran: with KILL the harm
+    is possible, not certain, and either outcome passes (any other fails). What happens to the
+    untouched client is printed."""
     extra = [] if sig is None else ["--linger", str(SHOWN)]
     server, victims, bystander = _scene(backend, 1, *extra, bystander_first=True)
     ctl = backend.control()
@@ -201,7 +206,12 @@ def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_
     else:
         _kill(victims, sig)
     code, out = _next_client(backend)
-    _harm(code != 0 and "CUDA error 46" in out, f"the next client: {out!r}", "2026-11-28")
+    refused = code != 0 and "CUDA error 46" in out
+    if sig == signal.SIGKILL:
+        assert refused or code == 0, f"the next client: {out!r}"
+        print(f"the next client: {'refused with 46' if refused else 'ran'}")
+    else:
+        _harm(refused, f"the next client: {out!r}", "2026-11-28")
     print(f"the untouched client: {_end(bystander)!r}")
     if bystander.poll() is None:
         bystander.kill()

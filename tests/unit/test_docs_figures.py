@@ -321,6 +321,44 @@ def h200x4_multigpu_hooks() -> list[str]:
     return [line for line in table if line.startswith(("| 1 |", "| 2 |", "| 4 |", "Prolog"))]
 
 
+def h200x4_multigpu_hooks_now() -> list[str]:
+    runs = load("2026-11-28-h200x4-multigpu-hooks-7713636.json")["runs"]
+    table = _module("multigpu")._hooks_table([r for r in runs if r["what"] == "hooks"])
+    rows = [line for line in table if line.startswith(("| 1 |", "| 2 |", "| 4 |", "Prolog"))]
+    trace = next(r["trace"]["prolog"] for r in runs if r.get("trace"))
+    returned = [re.search(r"'-d' returned in (\d+) ms", t) for t in trace]
+    launched = [re.search(r"launched in (\d+) ms", t) for t in trace]
+    ms = sorted(int(m[1]) for m in returned if m)
+    spread = next(m[1] for m in launched if m)
+    said = ", ".join(map(str, ms[:-1])) + f" and {ms[-1]} ms"
+    return [*rows, f"all four launched within {spread} ms, each `-d` returned in {said}"]
+
+
+def h200x2_multigpu() -> list[str]:
+    runs = load("2026-11-28-h200x2-multigpu-7713636.json")["runs"]
+    multigpu = _module("multigpu")
+    hooks = multigpu._hooks_table([r for r in runs if r["what"] == "hooks"])
+    farm = multigpu._farm_table([r for r in runs if r["what"] == "farm"])
+    return [line for line in hooks + farm if line.startswith(("| 1 |", "| 2 |", "Lowest"))]
+
+
+def h200x2_teardown_ab() -> list[str]:
+    name, trees = "2026-11-28-h200x2-teardown-ab-7713636.json", ["bbecafa", "7713636"]
+    return _teardown_rows(name, trees, ("status", "status_listed", "epilog"))
+
+
+def h200x2_farm_auto() -> list[str]:
+    farm_report = _module("farm_report")
+    data = load("2026-11-28-h200x2-farm-auto-7713636.json")
+    out = []
+    for name in ("light", "hetero", "memory"):
+        found = farm_report.ways(data, name)
+        out += [line for line in farm_report.table(found) if not line.startswith("|---")][1:]
+        judge = farm_report.verdict_memory if name == "memory" else farm_report.verdict_throughput
+        out += [v for v in judge(found) if "fewer than" not in v]
+    return out
+
+
 def h100_farm() -> list[str]:
     runs = load("2026-11-24-h100-farm-59fb4ea.json")["runs"]
 
@@ -445,6 +483,10 @@ STATEMENTS = {
     "h100-teardown-ab-running": h100_teardown_ab_running,
     "h100-teardown-ab-listed": h100_teardown_ab_listed,
     "h200x4-multigpu-hooks": h200x4_multigpu_hooks,
+    "h200x4-multigpu-hooks-now": h200x4_multigpu_hooks_now,
+    "h200x2-multigpu": h200x2_multigpu,
+    "h200x2-teardown-ab": h200x2_teardown_ab,
+    "h200x2-farm-auto": h200x2_farm_auto,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
     "startup-costs": startup_costs,
