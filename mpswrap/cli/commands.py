@@ -22,6 +22,7 @@ from .options import (
     mem_default,
     node_name,
     path,
+    run_dir,
     seconds,
     whole,
 )
@@ -85,7 +86,7 @@ def _job(parser: Any) -> None:
     parser.add_argument(
         "--run-dir",
         metavar="DIR",
-        type=path,
+        type=run_dir,
         help="state directory to use (default: the run_dir setting as root, else user_run_dir)",
     )
 

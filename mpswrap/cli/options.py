@@ -4,6 +4,7 @@ parser."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from .. import __version__, values
@@ -108,6 +109,14 @@ def given(expected: str) -> Callable[[str], str]:
 
 #: A file or directory name.
 path = given("a path")
+
+
+def run_dir(text: str) -> str:
+    """``--run-dir``: made absolute from the current directory, as the daemons' variables and
+    every later command must name it from anywhere."""
+    return os.path.abspath(path(text))
+
+
 #: A GPU list: ``all``, NVML indices or UUIDs (checked against the node's GPUs later).
 gpu_list = given("all, GPU indices like 0,2-3 or GPU UUIDs")
 #: ``start --mem-limit``: a size, or none.

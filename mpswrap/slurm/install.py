@@ -4,7 +4,7 @@ install.sh and uninstall.sh stay the one owner of that logic (path checks, root-
 copies, the refusal to remove shims slurm.conf still names); this module finds them inside
 the installed package and runs them with bash, so a wheel is all an admin needs. Their
 messages then start with the command the admin ran (``install-hooks:``), not the script's
-name.
+name, and an error reads as mpswrap's own (``mpswrap: install-hooks: ...``).
 """
 
 from __future__ import annotations

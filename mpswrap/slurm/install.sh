@@ -19,13 +19,15 @@
 # --slurm-include DIR, /usr/include or /usr/local/include) into DEST/mpswrap_spank.so, and
 # prints the plugstack.conf line. It builds with -Wall -Wextra -Werror (CFLAGS, default -O2,
 # adds flags) and shows the compiler's command and output.
-# Messages start with NAME: (default install.sh; mpswrap install-hooks passes install-hooks).
+# Messages start with NAME: (default install.sh; mpswrap install-hooks passes install-hooks,
+# and its errors then read as mpswrap's: "mpswrap: install-hooks: ...").
 # Idempotent: running it again replaces the three files (atomically: a job starting at
 # that moment sees the old or the new shim, never half of one).  Undo: uninstall.sh.
 set -euo pipefail
 
 ME=install.sh  # the name messages start with: --prog (install-hooks passes its own)
-die() { echo "$ME: ERROR: $*" >&2; exit 1; }
+die() { echo "$PREFIX$ME: $*" >&2; exit 1; }  # run by mpswrap: its one-line error form
+PREFIX=""
 warn() { echo "$ME: warning: $*" >&2; }
 usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --spank)  SPANK=1; shift ;;
     --slurm-include) [ $# -ge 2 ] || usage; INCLUDE=$2; shift 2 ;;
     --modulefile) [ $# -ge 2 ] || usage; MODULES=$2; shift 2 ;;
-    --prog) [ $# -ge 2 ] || usage; ME=$2; shift 2 ;;
+    --prog) [ $# -ge 2 ] || usage; ME=$2; PREFIX="mpswrap: "; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "$ME: unknown argument '$1'" >&2; usage ;;
   esac
@@ -118,6 +120,9 @@ if ! out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
       'import mpswrap, sys; sys.stdout.write(mpswrap.__file__)' 2>&1); then
   die "$PYTHON cannot import mpswrap (install it into that environment: $PYTHON -m pip install <the mpswrap wheel, or a source tree>): $out"
 fi
+# A program that is no Python (true, a shell script) answers nothing, or something else.
+[[ $out = /*/mpswrap/__init__.py ]] ||
+  die "$PYTHON is not a Python interpreter with mpswrap: asked for mpswrap's file, it printed '${out:0:80}'"
 echo "$ME: using mpswrap from $out"
 
 PKG=$(dirname "$out")

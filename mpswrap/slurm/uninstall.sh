@@ -14,7 +14,8 @@
 set -euo pipefail
 
 ME=uninstall.sh  # the name messages start with: --prog
-die() { echo "$ME: ERROR: $*" >&2; exit 1; }
+die() { echo "$PREFIX$ME: $*" >&2; exit 1; }  # run by mpswrap: its one-line error form
+PREFIX=""
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 DEST=/usr/local/libexec/mpswrap FORCE=0 MODULES=""
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --dest) [ $# -ge 2 ] || usage; DEST=$2; shift 2 ;;
     --modulefile) [ $# -ge 2 ] || usage; MODULES=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
-    --prog) [ $# -ge 2 ] || usage; ME=$2; shift 2 ;;
+    --prog) [ $# -ge 2 ] || usage; ME=$2; PREFIX="mpswrap: "; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "$ME: unknown argument '$1'" >&2; usage ;;
   esac

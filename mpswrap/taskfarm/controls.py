@@ -26,7 +26,7 @@ import re
 
 from .._struct import Struct
 from ..errors import UsageError
-from .journal import FAULT, OOM
+from .journal import FAULT, INTERRUPTED, OOM
 
 __all__ = ["FAULT_RETRIES", "NEVER", "OOM_TRIES", "Halt", "parse_halt", "retry_left"]
 
@@ -93,3 +93,13 @@ def retry_left(status: str, attempt: int, ooms: int, retries: int) -> bool:
     if status == OOM:
         return ooms < OOM_TRIES
     return attempt <= retries
+
+
+def after_failure(status: str, left: bool, stopping: bool, halting: bool) -> tuple[str, bool]:
+    """What a failed attempt is recorded as, and whether its task runs again (``left``: a
+    retry is left, ``retry_left``). A farm a signal (or ``--halt now``) is stopping would
+    have run it again: it is interrupted, not failed, and a farm run again runs it; a halt
+    that lets running tasks finish keeps it failed, as parallel's ``--halt soon`` does."""
+    if stopping and left:
+        return INTERRUPTED, False
+    return status, left and not halting and not stopping

@@ -23,6 +23,7 @@ recorded as such (``attached`` null), not as an alarm.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -45,7 +46,7 @@ from ..job.verify import Listings
 from ..jobenv import PLACE_IN_LAUNCH_VARS
 from ..paths import read_job_file
 from .admission import out_of_memory
-from .controls import NEVER, Halt, retry_left
+from .controls import NEVER, Halt, after_failure, retry_left
 from .faultwatch import is_victim
 from .journal import DONE, FAILED, FAULT, INTERRUPTED, OOM, TIMEOUT
 from .lanes import Attempt, Lane, Usage, admits_now, expected, read_memory, watch_faults
@@ -229,6 +230,8 @@ class Farmer:
             self.procs.overdue(attempt, now)
 
     def _stop(self, sig: int, why: str = "") -> None:
+        if not self.stopping and not self.halting:
+            self._halted(why or _signal_name(sig))
         self.stopping = True
         for attempt in self.live:
             attempt.ended_by = attempt.ended_by or "stop"
@@ -313,8 +316,9 @@ class Farmer:
                 if lane.packing is not None:
                     self._repack(lane, lane.packing.oom(now, lane.running + 1))
             ooms = self.ooms[attempt.task.number]
-            retry = retry_left(status, attempt.number, ooms, self.plan.retries)
-            retry = retry and not final and not self.stopping and not self.halting
+            left = retry_left(status, attempt.number, ooms, self.plan.retries)
+            status, retry = after_failure(status, left, self.stopping, self.halting)
+            retry = retry and not final
             self.recorder.finish(attempt, status, retried=retry)
             if retry:
                 self.queue.appendleft((attempt.task, attempt.number + 1))
@@ -347,6 +351,7 @@ class Farmer:
         tally, halt = self.recorder.tally, self.plan.halt
         if self.halting or not halt.reached(tally.failed, tally.total, tally.done):
             return
+        self._halted(f"--halt {halt}")
         self.halting = True
         (log.warning if halt.what == "fail" else log.info)(
             "farm: --halt %s: %d task(s) failed, %d done: %s",
@@ -357,6 +362,12 @@ class Farmer:
         )
         if halt.when == "now":
             self._stop(signal.SIGTERM, f"--halt {halt}")
+
+    def _halted(self, why: str) -> None:
+        """The journal says the farm starts no more tasks (its ETA then counts the running
+        ones only); a farm that cannot write its files stops all the same."""
+        with contextlib.suppress(OSError):
+            self.recorder.halted(why)
 
     def _halt_pending(self) -> bool:
         """Whether ``--halt`` would be reached were the attempts still waiting for their
@@ -482,3 +493,10 @@ def _first_check(attempt: Attempt) -> float:
     """How long a task runs before its GPU's clients are listed for it: at once for a
     container runtime that starts its container outside the task's tree and may return."""
     return 0.0 if attempt.rank.detached else ATTACH_FIRST
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

@@ -63,6 +63,8 @@ class Tally(Struct):
     slots: int = 0
     started: float = 0.0
     head: dict[str, Any] = field(default_factory=dict)
+    #: The ``halt`` event's reason: the farm starts no more tasks ("": it still does).
+    halted: str = ""
     #: The ``end`` event's exit code and time; None while it runs (or was killed outright).
     code: int | None = None
     ended: float | None = None
@@ -99,6 +101,8 @@ class Tally(Struct):
             self._k(data)
         elif kind == "exit":
             self._exit(data)
+        elif kind == "halt":
+            self.halted = _word(data.get("why")) or "halted"
         elif kind == "end":
             self.code = data.get("code") if type(data.get("code")) is int else None
             self.ended = _float(data.get("time"))

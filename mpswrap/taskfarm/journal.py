@@ -10,7 +10,8 @@ per share, held while a farm runs.
 The journal is JSON lines, each appended with one write, so a farm ended at any moment leaves
 whole lines: events (``event``: ``farm`` when a farm begins, ``k`` for each GPU's K as it
 starts and changes, ``start`` for each attempt, ``exit`` for a failed attempt whose process
-ended while its record waits for the verdict, ``end`` when the farm ends) and one record per
+ended while its record waits for the verdict, ``halt`` when it starts no more tasks (a
+``--halt``, a signal), ``end`` when the farm ends) and one record per
 finished attempt (``TaskRecord``). Every view of a farm (its progress line, its summary, the
 node's summary line, ``farm status``, the run record metrics read) is a fold of these lines
 (``fold``). Each task is settled by one record across every journal of the directory, whatever

@@ -121,6 +121,10 @@ class Recorder:
             }
         )
 
+    def halted(self, why: str) -> None:
+        """The farm starts no more tasks (``--halt``, a signal): those not run stay so."""
+        self._write({"event": "halt", "time": time.time(), "why": why})
+
     def exited(self, attempt: Attempt) -> None:
         """A failed attempt's process ended; its record waits for the verdict (a GPU fault?
         out of memory?): from here on it no longer runs."""

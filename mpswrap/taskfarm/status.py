@@ -154,6 +154,8 @@ def status_lines(directory: str, shares: Sequence[ShareStatus], now: float) -> l
         head = f"  {counts_words(tally, running=True)}"
         if tally.retried:
             head += f"; {tally.retried} attempt(s) retried"
+        if tally.halted and share.live:
+            head += f"; halted ({tally.halted}): no more tasks start"
         left = eta(tally, now) if share.live else None
         if left is not None and tally.not_run + tally.now_running:
             head += f"; ETA {duration(left)} ({_eta_basis(tally, now)})"
@@ -224,6 +226,7 @@ def _share_json(share: ShareStatus, now: float) -> dict[str, Any]:
         "started": tally.started or None,
         "ended": tally.ended,
         "exit_code": tally.code,
+        "halted": tally.halted or None,
         "tasks": tally.total + tally.done_before + tally.failed_before,
         "done": tally.done,
         "failed": tally.failed,

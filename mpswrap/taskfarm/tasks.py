@@ -212,7 +212,11 @@ class Share(Struct, frozen=True):
     count: int = 1
 
     def picks(self, task: Task) -> bool:
-        return task.number % self.count == self.index
+        return self.has(task.number)
+
+    def has(self, number: int) -> bool:
+        """Whether task ``number`` (from 0) is this share's."""
+        return number % self.count == self.index
 
     @property
     def suffix(self) -> str:

@@ -64,8 +64,7 @@ def _state(record: TaskRecord, since: float) -> str:
 def _since(begun: Sequence[Journal], number: int) -> float:
     """When the farm that last began with task ``number`` in its share began (0: none did)."""
     for name, tally in reversed(begun):
-        share = share_of(name)
-        if number % share.count == share.index:
+        if share_of(name).has(number):
             return tally.started
     return 0.0
 

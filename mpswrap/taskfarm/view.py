@@ -11,8 +11,9 @@ farm alive. ``quiet`` (``-q``) shows the failures only.
 The ETA: the mean of the attempts finished so far is what a task takes (before any finished,
 the longest a running task has run: a task takes at least that); a running task has the mean
 less its age left, or, once it outlived the mean, as long again as it ran; the work left is
-spread over the farm's places (K on each GPU); with none waiting, the running task with most
-left.
+spread over the farm's places (K on each GPU); with none waiting, or once the farm starts no
+more (a ``--halt``, a signal: the journal's ``halt``), the running task with most left, and
+no ETA with none running.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ HEARTBEAT = 60.0
 ETA_RULE = (
     "mean time of the finished attempts (before any: the longest running one's age); each "
     "task not started takes the mean, each running one the mean less its age (once past the "
-    "mean: its age again); spread over K x GPUs places"
+    "mean: its age again); spread over K x GPUs places; once the farm halted, the running "
+    "ones only"
 )
 
 
@@ -68,8 +70,8 @@ def eta(tally: Tally, now: float) -> float | None:
     if mean is None:
         return None
     ahead = [_left(mean, now - since) for since in tally.since]
-    if tally.not_run <= 0:
-        return max(ahead, default=0.0)
+    if tally.not_run <= 0 or tally.halted:  # halted: the tasks not run stay so
+        return max(ahead, default=None)
     return (tally.not_run * mean + sum(ahead)) / max(1, tally.slots)
 
 
@@ -90,6 +92,8 @@ def state_words(tally: Tally, now: float) -> str:
     if tally.retried:
         text += f", {tally.retried} retried"
     left = eta(tally, now)
+    if tally.halted:
+        text += f", halted ({tally.halted}): no more tasks start"
     if left is not None and tally.finished < tally.total:
         text += f", ETA {duration(left)}"
     return text
@@ -126,11 +130,12 @@ class Progress(View):
         if self.mode == "off":
             return
         now = time.time()
-        for record in records:
-            if self._shows(record) and self.mode == "quiet":
-                self._line(attempt_line(record))
-            elif self._shows(record):
-                self._line(f"{attempt_line(record)} [{state_words(tally, now)}]")
+        shown = [r for r in records if self._shows(r)]
+        for record in shown:
+            # The tally is the farm's after all of these: only the last line may say it.
+            last = record is shown[-1] and self.mode != "quiet"
+            state = f" [{state_words(tally, now)}]" if last else ""
+            self._line(f"{attempt_line(record)}{state}")
         beat = self.heartbeat > 0 and time.monotonic() - self.said >= self.heartbeat
         if self.mode == "lines" and beat:
             self._line(state_words(tally, now))

@@ -493,7 +493,7 @@ def test_a_directory_a_link_of_the_interpreter_leads_into_is_checked_as_the_rest
     assert res.returncode != 0, res.stdout
     uid = pwd.getpwnam(user).pw_uid
     assert (
-        f"install-hooks: ERROR: the interpreter {python} can be changed by a user other than "
+        f"mpswrap: install-hooks: the interpreter {python} can be changed by a user other than "
         f"root: {private} (owned by uid {uid}); the hooks run it as root"
     ) in res.stderr.splitlines(), res.stderr
     shutil.chown(private, "root")
@@ -520,3 +520,22 @@ def test_run_as_the_script_it_says_so(tmp: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("install.sh: using mpswrap from "), res.stdout
     assert "install.sh: warning: " in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("program", ["/bin/true", "/bin/echo"])
+def test_a_python_that_is_no_python_is_refused_in_mpswraps_one_line(
+    tmp: Path, program: str
+) -> None:
+    """A program that answers nothing (true) or something else (echo) for mpswrap's file is
+    no interpreter the hooks can run: refused before anything is written."""
+    config = tmp / "mpswrap.conf"
+    config.write_text("")
+    res = _install(tmp, program, config)
+    assert res.returncode == 1, res.stdout
+    line = res.stderr.strip()
+    assert line.startswith(
+        f"mpswrap: install-hooks: {program} is not a Python interpreter with mpswrap: asked "
+        "for mpswrap's file, it printed '"
+    ), res.stderr
+    assert "\n" not in line
+    assert not (tmp / "hooks").exists()

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from mpswrap.errors import LayoutError, UsageError
-from mpswrap.taskfarm.controls import FAULT_RETRIES, OOM_TRIES, Halt, parse_halt, retry_left
+from mpswrap.taskfarm.controls import (
+    FAULT_RETRIES,
+    OOM_TRIES,
+    Halt,
+    after_failure,
+    parse_halt,
+    retry_left,
+)
 from mpswrap.taskfarm.fold import fold
 from mpswrap.taskfarm.joblog import HEADER, joblog_line
 from mpswrap.taskfarm.journal import FarmDir, TaskRecord, as_line, read_journal, record_of
@@ -261,3 +269,50 @@ def test_the_bar_ends_its_line_and_quiet_shows_failures_only() -> None:
     quiet = Progress("quiet", stream=shown)  # type: ignore[arg-type]
     quiet.report([_record(0, "done"), _record(1, "failed", code=3)], tally)
     assert shown.text == "mpswrap: farm: task 1 failed (exit 3) (gpu 0, 2.5 s, log e1)\n"
+
+
+def test_a_failure_a_stopping_farm_would_have_retried_is_interrupted_not_failed() -> None:
+    """A signal that comes while a failed task awaits its verdict: with a retry left the task
+    is interrupted (a farm run again runs it, also with --skip-failed); without one, or under
+    a halt that lets running tasks finish, it stays failed; else it runs again."""
+    assert after_failure("failed", True, stopping=True, halting=False) == ("interrupted", False)
+    assert after_failure("oom", True, stopping=True, halting=True) == ("interrupted", False)
+    assert after_failure("failed", False, stopping=True, halting=False) == ("failed", False)
+    assert after_failure("timeout", True, stopping=False, halting=True) == ("timeout", False)
+    assert after_failure("fault", True, stopping=False, halting=False) == ("fault", True)
+
+
+def test_after_a_halt_the_eta_counts_the_running_tasks_only() -> None:
+    """Tasks a halt leaves unrun never run: no ETA counts them, and the line says so."""
+    start = {"event": "start", "task": 1, "attempt": 1, "time": 10.0, "gpu": "GPU-a"}
+    lines = _farm(10, as_line(_record(0, "failed", code=3)), start)
+    before = state_words(fold(lines), 12.0)
+    halt = {"event": "halt", "time": 11.0, "why": "--halt soon,fail=1"}
+    after = state_words(fold([*lines, halt]), 12.0)
+    assert "halted" not in before and "ETA" in before
+    assert ", halted (--halt soon,fail=1): no more tasks start, ETA " in after
+    assert _eta_seconds(after) < _eta_seconds(before)
+    ended = {"event": "exit", "task": 1, "attempt": 1, "time": 12.0}
+    assert "ETA" not in state_words(fold([*lines, halt, ended]), 13.0)
+
+
+def _eta_seconds(words: str) -> int:
+    text = words.rsplit("ETA ", 1)[1]
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def test_only_the_last_line_of_a_wake_says_where_the_farm_stands() -> None:
+    """The tally is the farm's after every attempt of the wake: a line before the last would
+    count attempts that come after it."""
+    import io
+
+    from mpswrap.taskfarm.view import Progress
+
+    records = [_record(0, "done"), _record(1, "done")]
+    tally = fold(_farm(3, *map(as_line, records)))
+    out = io.StringIO()
+    Progress("lines", out, heartbeat=0).report(records, tally)
+    first, second = out.getvalue().splitlines()
+    assert "[" not in first
+    assert "[2/3 finished (2 done, 0 failed), 0 running" in second

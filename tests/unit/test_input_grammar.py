@@ -272,3 +272,14 @@ def test_a_bad_inventory_file_is_a_bad_setting(tmp_path: Path, text: str, cause:
         load_inventory(str(path))
     assert caught.value.exit_code == 2
     assert caught.value.line() == f"cannot read GPU inventory file ({path}): {cause}"
+
+
+def test_a_relative_run_dir_is_made_absolute_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemons' variables and every later command name it from anywhere."""
+    from mpswrap.cli.options import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert run_dir("rel/dir") == str(tmp_path / "rel" / "dir")
+    assert run_dir("/abs/./dir") == "/abs/dir"
