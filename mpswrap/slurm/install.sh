@@ -26,7 +26,11 @@
 set -euo pipefail
 
 ME=install.sh  # the name messages start with: --prog (install-hooks passes its own)
-die() { echo "$PREFIX$ME: $*" >&2; exit 1; }  # run by mpswrap: its one-line error form
+# Run by mpswrap (--prog): its one-line error form, "mpswrap: install-hooks: ..."
+die() {
+  if [ -n "$PREFIX" ]; then echo "$PREFIX$ME: $*" >&2; else echo "$ME: ERROR: $*" >&2; fi
+  exit 1
+}
 PREFIX=""
 warn() { echo "$ME: warning: $*" >&2; }
 usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
@@ -121,8 +125,10 @@ if ! out=$(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$PYTHON" -I -c \
   die "$PYTHON cannot import mpswrap (install it into that environment: $PYTHON -m pip install <the mpswrap wheel, or a source tree>): $out"
 fi
 # A program that is no Python (true, a shell script) answers nothing, or something else.
-[[ $out = /*/mpswrap/__init__.py ]] ||
-  die "$PYTHON is not a Python interpreter with mpswrap: asked for mpswrap's file, it printed '${out:0:80}'"
+[[ $out =~ ^/[^[:space:]]*/mpswrap/__init__\.py$ ]] || {
+  said=${out//[$'\n\r\t']/ }
+  die "$PYTHON is not a Python interpreter with mpswrap: asked for mpswrap's file, it printed '${said:0:80}'"
+}
 echo "$ME: using mpswrap from $out"
 
 PKG=$(dirname "$out")

@@ -14,7 +14,11 @@
 set -euo pipefail
 
 ME=uninstall.sh  # the name messages start with: --prog
-die() { echo "$PREFIX$ME: $*" >&2; exit 1; }  # run by mpswrap: its one-line error form
+# Run by mpswrap (--prog): its one-line error form, "mpswrap: install-hooks: ..."
+die() {
+  if [ -n "$PREFIX" ]; then echo "$PREFIX$ME: $*" >&2; else echo "$ME: ERROR: $*" >&2; fi
+  exit 1
+}
 PREFIX=""
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 

@@ -349,9 +349,12 @@ class Farmer:
         """``--halt``: enough tasks failed for good: no new task (soon), or none running
         either (now)."""
         tally, halt = self.recorder.tally, self.plan.halt
-        if self.halting or not halt.reached(tally.failed, tally.total, tally.done):
+        if self.halting or self.stopping:  # a signal stopped it first: that is its halt
             return
-        self._halted(f"--halt {halt}")
+        if not halt.reached(tally.failed, tally.total, tally.done):
+            return
+        if self.queue or self.live or self.undecided:  # else it ran everything: no halt
+            self._halted(f"--halt {halt}")
         self.halting = True
         (log.warning if halt.what == "fail" else log.info)(
             "farm: --halt %s: %d task(s) failed, %d done: %s",

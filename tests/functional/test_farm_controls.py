@@ -30,6 +30,12 @@ def records(farm_dir: Path) -> list[dict[str, Any]]:
     return [line for line in lines if "event" not in line]
 
 
+def halts(farm_dir: Path) -> list[str]:
+    """The reasons of the journal's ``halt`` events."""
+    lines = read_journal(farm_dir)["state.jsonl"]
+    return [str(d.get("why")) for d in lines if d.get("event") == "halt"]
+
+
 def client(node: SimNode, seconds: float) -> str:
     return f"{node.client} --seconds {seconds}"
 
@@ -116,6 +122,14 @@ def test_retries_rerun_any_failure_and_halt_soon_stops_starting(node: SimNode) -
     # parallel -j2 --halt soon,fail=2 runs 2 or 3 jobs; before, a place refilled at once).
     assert {0, 1} <= {r["task"] for r in records(farm_dir)} <= {0, 1, 2}
     assert re.search(r"10 tasks: [01] done, 2 failed, [78] not run", res.stdout), res.stdout
+    # The journal says once why no more tasks started (the ETA counts the running ones then).
+    assert halts(farm_dir) == ["--halt soon,fail=2"]
+    # A halt the last task reached held nothing back: the farm ran everything, no halt.
+    last, farm_dir = node.root / "last.txt", node.root / "l"
+    last.write_text("true\nexit 4\n")
+    args = ("farm", "--per-gpu", "1", "--halt", "soon,fail=1", "--dir", str(farm_dir))
+    res = node.run(*args, str(last), timeout=60)
+    assert res.returncode == 1 and halts(farm_dir) == [], res.stderr
 
 
 def test_halt_now_on_success_ends_the_others_and_exits_0(node: SimNode) -> None:
@@ -151,6 +165,7 @@ def test_halt_now_ends_the_running_tasks_as_interrupted(node: SimNode) -> None:
     assert res.returncode == 1, res.stderr
     statuses = {r["task"]: r["status"] for r in records(farm_dir)}
     assert statuses == {0: "interrupted", 1: "failed", 2: "interrupted"}, statuses
+    assert halts(farm_dir) == ["--halt now,fail=1"]  # once: its stop is no second halt
     # The summary lists them as what they were, not as tasks that never ran.
     assert "  interrupted: task 0: " in res.stdout and "  interrupted: task 2: " in res.stdout
     assert "not run: task" not in res.stdout, res.stdout
