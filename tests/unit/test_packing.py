@@ -1,10 +1,13 @@
-"""K found as a farm runs (``job.packing``) and what the farm learns of GPU memory
-(``job.gpumemory``): pure logic, no process."""
+"""K found as a farm runs (``taskfarm.packing``) and what the farm learns of GPU memory
+(``taskfarm.admission``, and a lane's admission in ``taskfarm.lanes``): pure logic, no
+process."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +20,7 @@ from mpswrap.taskfarm.admission import (
     margin,
     out_of_memory,
 )
+from mpswrap.taskfarm.lanes import Attempt, Lane, admits_now
 from mpswrap.taskfarm.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
@@ -207,3 +211,22 @@ def test_oom_is_the_text_and_a_full_gpu_together(text: str) -> None:
     assert not out_of_memory(text, None, total, None)  # NVML never read: not known
     assert not out_of_memory("Segmentation fault", 0, total, None)
     assert margin(total) < 2 * GIB
+
+
+def test_learnings_clock_starts_with_the_gpus_first_task_not_each_one() -> None:
+    """Before any memory is known tasks run alone, for at most LEARN_S after the GPU's first
+    task started: a later task alone does not start the clock again."""
+    lane = Lane(0, cast(Any, None), None, [1, 2, 3], packing=Packing(cap=16, auto=True, k=4))
+    lane.reading = Reading(used=0, total=80 * GIB, processes={})
+    lane.first_start = 0.0
+
+    def running(start: float) -> list[Attempt]:
+        return [cast(Attempt, SimpleNamespace(start=start, steady=0, peak=0))]
+
+    lane.read_at = 1.0
+    assert admits_now(lane, running(0.0)) == (False, None)  # the first task runs alone
+    lane.peaks.add(0)  # it ended between two readings: no memory seen
+    lane.read_at = LEARN_S - 1
+    assert admits_now(lane, running(LEARN_S - 5)) == (False, None)  # the second alone too
+    lane.read_at = LEARN_S + 1
+    assert admits_now(lane, running(LEARN_S - 5)) == (True, None)  # LEARN_S since the first
