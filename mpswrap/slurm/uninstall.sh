@@ -14,7 +14,7 @@
 set -euo pipefail
 
 ME=uninstall.sh  # the name messages start with: --prog
-# Run by mpswrap (--prog): its one-line error form, "mpswrap: install-hooks: ..."
+# Run by mpswrap (--prog): its one-line error form, "mpswrap: uninstall-hooks: ..."
 die() {
   if [ -n "$PREFIX" ]; then echo "$PREFIX$ME: $*" >&2; else echo "$ME: ERROR: $*" >&2; fi
   exit 1

@@ -28,7 +28,15 @@ from .._struct import Struct
 from ..errors import UsageError
 from .journal import FAULT, INTERRUPTED, OOM
 
-__all__ = ["FAULT_RETRIES", "NEVER", "OOM_TRIES", "Halt", "parse_halt", "retry_left"]
+__all__ = [
+    "FAULT_RETRIES",
+    "NEVER",
+    "OOM_TRIES",
+    "Halt",
+    "after_failure",
+    "parse_halt",
+    "retry_left",
+]
 
 #: More runs of a task a fatal GPU fault ended, at least (``--retries`` may give more).
 FAULT_RETRIES = 1
@@ -102,4 +110,4 @@ def after_failure(status: str, left: bool, stopping: bool, halting: bool) -> tup
     that lets running tasks finish keeps it failed, as parallel's ``--halt soon`` does."""
     if stopping and left:
         return INTERRUPTED, False
-    return status, left and not halting and not stopping
+    return status, left and not halting
