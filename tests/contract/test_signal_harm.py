@@ -9,13 +9,18 @@ same driver the server served the next client after such a fault (the untouched 
 failed). The tests that kill busy clients outright assert the harm seen every time: one that
 fails means the driver no longer shows it, and the shield could be reconsidered. The same
 clients ended through ``terminate_client`` first, then killed or left to exit on their own,
-harm nobody where they started first. Where an earlier busy client runs on, terminate_client
-harms the server too (2026-11-28, docs/gpu-results/2026-11-28-h100: the next client refused
-with 46 after every ending tried), asserted as the harm is above; on two H200s the same day
-the KILL ending left the next client running once, so there either outcome passes. With 8
-victims started together and exiting on their own, a later ``terminate_client`` went
-unanswered on that driver (the simulator answers); they now start in order, and so they
-passed on two H200s (2026-11-28).
+harmed nobody where they started first, in every run but one: on four H200s (2026-11-28,
+392a34a) 8 victims ended so and left to exit on their own made the untouched client, started
+after them, fail with an illegal memory access (700). terminate_client first makes the harm
+rare, not impossible. Where an earlier busy client runs on, terminate_client harms the server
+too: on an H100 (2026-11-28, docs/gpu-results/2026-11-28-h100) the next client was refused with
+46 after every ending tried; on two H200s the same day the KILL ending left the next client
+running once, and on four H200s (392a34a) the next client ran after every ending, the earlier
+client failing with 700 after KILL. These tests assert what held in every run, and print the
+untouched client's and the next client's fate, where either outcome was seen. With 8 victims
+started together and exiting on their own, a later ``terminate_client`` went unanswered on the
+H100 (the simulator answers); they now start in order, and so they were answered on two and
+four H200s.
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
@@ -109,31 +114,30 @@ def _new_server(backend: Backend, server: int) -> None:
     wait_until(lambda: server not in backend.control().server_list(), 30, "the server to go")
 
 
-def _harm(seen: bool, what: str, when: str = "2026-11-27") -> None:
+def _harm(seen: bool, what: str) -> None:
     assert seen, (
         f"{what}: this driver no longer shows the harm of ending busy MPS clients (seen on an "
-        f"H100, driver 580.159.04, {when}); the shield could be reconsidered "
+        "H100, driver 580.159.04, 2026-11-27); the shield could be reconsidered "
         "(docs/howto-users.md, Signals)"
     )
 
 
-@pytest.mark.parametrize("count", COUNTS)
-@pytest.mark.parametrize("sig", SIGNALS)
-def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
-    backend: Backend, sig: signal.Signals, count: int
+def _bystander_after_terminate(
+    backend: Backend, server: int, bystander: subprocess.Popen[str]
 ) -> None:
-    """What mpswrap's supervisor does: terminate_client for each busy client, then the signal
-    at once, the victims having started first. The untouched client runs on, the next client
-    runs, the server stays ACTIVE."""
-    # --linger: after its 810 a victim stays on the host, so the signal finds it alive.
-    server, victims, bystander = _scene(backend, count, "--linger", str(SHOWN))
+    """The untouched client after the victims were ended through terminate_client. Seen
+    running on in every run but one (four H200s, 2026-11-28: 8 victims, it failed with 700):
+    either passes, and which is printed. Running, it is still listed, its first CUDA error is
+    the 810 of its own terminate_client, and the server is ACTIVE without a fatal error;
+    failed, it failed with a CUDA error and the server recovers once it has gone."""
     ctl = backend.control()
-    for proc in victims:
-        ctl.terminate_client(server, proc.pid)
-    _kill(victims, sig)
-    code, out = _next_client(backend)
-    assert code == 0, out
-    assert bystander.poll() is None, bystander.communicate()[0]
+    if bystander.poll() is not None:
+        out = bystander.communicate()[0]
+        print(f"the untouched client failed: {out!r}")
+        assert bystander.returncode != 0 and "CUDA error" in out, out
+        wait_until(backend.recovered, 30, "the server to recover once the failed client is gone")
+        return
+    print("the untouched client ran on")
     assert bystander.pid in ctl.client_list(server)
     ctl.terminate_client(server, bystander.pid)  # its first CUDA error is this one
     ended = _end(bystander)
@@ -143,12 +147,31 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
 
 
 @pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
+    backend: Backend, sig: signal.Signals, count: int
+) -> None:
+    """What mpswrap's supervisor does: terminate_client for each busy client, then the signal
+    at once, the victims having started first. The next client runs; the untouched client as
+    ``_bystander_after_terminate`` says."""
+    # --linger: after its 810 a victim stays on the host, so the signal finds it alive.
+    server, victims, bystander = _scene(backend, count, "--linger", str(SHOWN))
+    ctl = backend.control()
+    for proc in victims:
+        ctl.terminate_client(server, proc.pid)
+    _kill(victims, sig)
+    code, out = _next_client(backend)
+    assert code == 0, out
+    _bystander_after_terminate(backend, server, bystander)
+
+
+@pytest.mark.parametrize("count", COUNTS)
 def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm_nobody(
     backend: Backend, count: int
 ) -> None:
     """What a terminated client does when nothing signals it: its next CUDA call fails with
     810 and it exits at once, its work just ended by the server. The victims started first;
-    the untouched client runs on, the next client runs, the server stays ACTIVE."""
+    the next client runs; the untouched client as ``_bystander_after_terminate`` says."""
     server, victims, bystander = _scene(backend, count)
     ctl = backend.control()
     for proc in victims:
@@ -158,12 +181,7 @@ def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm
         assert out is not None and "CUDA error 810" in out, out
     code, out = _next_client(backend)
     assert code == 0, out
-    assert bystander.poll() is None, bystander.communicate()[0]
-    ctl.terminate_client(server, bystander.pid)
-    ended = _end(bystander)
-    assert ended is not None and "CUDA error 810" in ended, ended
-    assert ctl.server_status(server) == "ACTIVE"
-    assert FATAL not in backend.server_log(), backend.server_log()
+    _bystander_after_terminate(backend, server, bystander)
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
@@ -188,14 +206,17 @@ def test_a_busy_client_killed_by_a_signal_fails_an_untouched_one(
 def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_harms_the_server(
     backend: Backend, sig: signal.Signals | None
 ) -> None:
-    """The untouched busy client starts first (it starts the server), then the victim; the
-    victim is ended through terminate_client, then exits on its own or is killed. Seen on an
-    H100 (driver 580.159.04, 2026-11-28, every run): the next client is refused with 46, "busy
-    or unavailable"; with ranks under mpswrap (per-rank mode) the earlier client failed with
-    700. On two H200s (same driver, 2026-11-28, docs/gpu-results/2026-11-28-h200x2-7713636) the
-    exit and TERM endings did the same, and after KILL the next client ran: with KILL the harm
-    is possible, not certain, and either outcome passes (any other fails). What happens to the
-    untouched client is printed."""
+    """The untouched busy client starts first (it starts the server), then the victim; the victim
+    is ended through terminate_client, then exits on its own or is killed. Seen on an H100
+    (driver 580.159.04, 2026-11-28, every run): the next client is refused with 46, "busy or
+    unavailable"; with ranks under mpswrap (per-rank mode) the earlier client failed with 700.
+    On two H200s (same driver, 2026-11-28, docs/gpu-results/2026-11-28-h200x2-7713636) the exit
+    and TERM endings did the same, and after KILL the next client ran; on four H200s
+    (docs/gpu-results/2026-11-28-h200x4-392a34a) the next client ran after every ending, and
+    after KILL the earlier client failed with 700. The harm is possible after every ending, and
+    which form it takes is not certain after any: the next client refused with 46 or run both
+    pass (any other outcome fails), and which is printed, as is what happens to the untouched
+    client."""
     extra = [] if sig is None else ["--linger", str(SHOWN)]
     server, victims, bystander = _scene(backend, 1, *extra, bystander_first=True)
     ctl = backend.control()
@@ -207,11 +228,8 @@ def test_a_busy_client_ended_through_terminate_client_while_an_earlier_one_runs_
         _kill(victims, sig)
     code, out = _next_client(backend)
     refused = code != 0 and "CUDA error 46" in out
-    if sig == signal.SIGKILL:
-        assert refused or code == 0, f"the next client: {out!r}"
-        print(f"the next client: {'refused with 46' if refused else 'ran'}")
-    else:
-        _harm(refused, f"the next client: {out!r}", "2026-11-28")
+    assert refused or code == 0, f"the next client: {out!r}"
+    print(f"the next client: {'refused with 46' if refused else 'ran'}")
     print(f"the untouched client: {_end(bystander)!r}")
     if bystander.poll() is None:
         bystander.kill()

@@ -4,7 +4,7 @@
 # Sets up what the machine lacks (carried wheels in .whl/, Slurm .debs in .debs/), builds the
 # real CUDA test client, runs the chosen phases and writes one log per phase to $OUT (or
 # ./gpu-out), and each test phase's junit XML beside its log. Phases: contract core launcher attach ladder session faults slurm share tmpfs probe
-# metrics farm trust teardown containers container-ranks startup bench farmbench multi multibench torchrun signals (default: contract core). Each phase's log is complete when the
+# metrics farm trust teardown mpsstart containers container-ranks startup bench farmbench multi multibench torchrun signals (default: contract core). Each phase's log is complete when the
 # phase ends, so a visit cut short still brings back every finished phase. signals runs last
 # wherever it is named: it kills busy clients by signal (marker harm), which can leave an MPS
 # server unable to serve.
@@ -17,7 +17,8 @@
 # each test, so that a test that hangs is reported (with its stack) before its phase ends;
 # PYTEST_ARGS are added to each test phase's pytest (e.g. "-x", "-k block"). The exit code is 1 if any
 # phase failed or ran out of time, or a test phase skipped a test (everything a test needs must
-# be here).
+# be here). A phase that leaves an MPS daemon, server or CUDA test client running fails, and
+# what it left is listed and killed, so that the phases after it start on a clean machine.
 # machine.txt names the commit and whether the tree differed from it. The GPU machine gets a
 # copy of the tree without .git, so pass them from the checkout:
 #   MPS_RESULTS_COMMIT=$(git rev-parse HEAD) \
@@ -92,6 +93,15 @@ torch_bytecode() {  # PyTorch's bytecode, as an installed one has: the benchmark
   torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   "$PY" -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1
 }
+LEFT='nvidia-cuda-mps-(control|server)|/cuda_client( |$)'
+left_behind() {  # left_behind PHASE: fails, listing and killing them, if MPS processes remain
+  local left
+  for _ in $(seq 50); do pgrep -f "$LEFT" >/dev/null || return 0; sleep 0.2; done
+  left=$(pgrep -fa "$LEFT" | tr '\n' ';')
+  echo "phase $1 left MPS processes behind (killed now): $left"
+  pkill -9 -f "$LEFT"
+  return 1
+}
 rc=0
 for phase in "${PHASES[@]}"; do
   echo "=== phase $phase"
@@ -128,6 +138,8 @@ for phase in "${PHASES[@]}"; do
       grep -E '^(RESULT|===)' "$OUT/probe/container-ranks.txt" ;;
     teardown) bounded bash tests/gpu/probe_teardown.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
       cat "$OUT/probe/teardown.txt" ;;
+    mpsstart) bounded bash tests/gpu/probe_mps_start.sh "$OUT/probe" >/dev/null 2>&1 || rc=1
+      cat "$OUT/probe/mps-start.txt" ;;
     startup) bounded bash tests/gpu/startup_costs.sh "$PY" >"$OUT/startup.txt" 2>&1 || rc=1
       tail -25 "$OUT/startup.txt" ;;
     bench) read -ra bench_args <<<"${BENCH_ARGS:-}"  # e.g. BENCH_ARGS="--ns 12 --repeats 1"
@@ -136,5 +148,6 @@ for phase in "${PHASES[@]}"; do
         tests/contract || rc=1 ;;  # the supervisor's test first, on a GPU nothing has harmed
     *) echo "unknown phase $phase"; rc=2 ;;
   esac
+  left_behind "$phase" || rc=1
 done
 exit $rc

@@ -334,6 +334,43 @@ def h200x4_multigpu_hooks_now() -> list[str]:
     return [*rows, f"all four launched within {spread} ms, each `-d` returned in {said}"]
 
 
+def h200x4_multigpu_392() -> list[str]:
+    runs = load("2026-11-28-h200x4-multigpu-392a34a.json")["runs"]
+    multigpu = _module("multigpu")
+    hooks = multigpu._hooks_table([r for r in runs if r["what"] == "hooks"])
+    farm = multigpu._farm_table([r for r in runs if r["what"] == "farm"])
+    keep = ("| 1 |", "| 2 |", "| 4 |", "Prolog", "Lowest")
+    return [line for line in hooks + farm if line.startswith(keep)]
+
+
+def h200x4_mps_d() -> list[str]:
+    """Bare ``nvidia-cuda-mps-control -d``, one alone and one on each GPU at once, a round
+    each (tests/gpu/probe_mps_start.sh's lines); the ratio from round 2 on (round 1 ran while
+    a phase cut short was being ended)."""
+    text = (RESULTS / "2026-11-28-h200x4-mps-d-392a34a.txt").read_text()
+    modes = re.findall(r"^\d+, (\w+)$", text, re.M)
+    each = re.findall(r"^none gpus=(\d+) round=(\d+) g\d+ d_ms=(\d+)$", text, re.M)
+    alls = re.findall(r"^none gpus=(\d+) round=(\d+) all_ms=(\d+)$", text, re.M)
+    n = max(int(g) for g, _, _ in alls)
+    whole_ms = {(int(g), int(r)): int(ms) for g, r, ms in alls}
+    rounds = sorted({r for _, r in whole_ms})
+    lines = []
+    for r in rounds:
+        mine = [int(ms) for g, rr, ms in each if int(g) == n and int(rr) == r]
+        lines.append(
+            f"| {r} | {whole_ms[(1, r)]:,} | {whole_ms[(n, r)]} | {min(mine)}-{max(mine)} |"
+        )
+    later = rounds[1:]
+    ratio = med(whole_ms[(n, r)] for r in later) / med(whole_ms[(1, r)] for r in later)
+    assert len(set(modes)) == 1
+    return [
+        *lines,
+        f"mode was {modes[0]} on all {len(modes)} GPUs",
+        f"four bare `-d` launched together took {ratio:.1f} times as long as one (rounds "
+        f"{', '.join(map(str, later[:-1]))} and {later[-1]}, medians)",
+    ]
+
+
 def h200x2_multigpu() -> list[str]:
     runs = load("2026-11-28-h200x2-multigpu-7713636.json")["runs"]
     multigpu = _module("multigpu")
@@ -485,6 +522,8 @@ STATEMENTS = {
     "h200x4-multigpu-hooks": h200x4_multigpu_hooks,
     "h200x4-multigpu-hooks-now": h200x4_multigpu_hooks_now,
     "h200x2-multigpu": h200x2_multigpu,
+    "h200x4-multigpu-392": h200x4_multigpu_392,
+    "h200x4-mps-d": h200x4_mps_d,
     "h200x2-teardown-ab": h200x2_teardown_ab,
     "h200x2-farm-auto": h200x2_farm_auto,
     "start-ab": start_ab,
