@@ -16,9 +16,11 @@ readings of a busy farm: one such task proves nothing), or ``LEARN_S`` passed si
 first task started (NVML may not report per-process memory at all).
 
 A failed task ran out of memory when its output carries CUDA's or PyTorch's out-of-memory
-text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran: less free than the
-expected peak plus the margin, or less than ``FULL_FRACTION`` of the GPU. A task alone on an
-empty GPU that asks for more than the GPU has is no victim: it fails as before.
+text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran or as it ended (the
+engine reads a GPU as it sees a task there fail, the others' memory still held): less free
+than what a task was seen to need (``lanes.needed``: peaks steady or not) plus the margin, or
+less than ``FULL_FRACTION`` of the GPU. A task alone on an empty GPU that asks for more than
+the GPU has is no victim: it fails as before.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def admits(reading: Reading | None, expected: int | None, held: Iterable[int]) -
 
 def out_of_memory(text: str, least_free: int | None, total: int, expected: int | None) -> bool:
     """Did the task fail for want of memory: its output says so, and NVML showed the GPU
-    (nearly) full while it ran (``least_free``: the least free it read then)?"""
+    (nearly) full while it ran or as it ended (``least_free``: the least free read then)?"""
     if least_free is None or total <= 0 or not OOM_TEXT.search(text):
         return False
     full = max(total * FULL_FRACTION, (expected or 0) + margin(total))

@@ -49,7 +49,7 @@ from .admission import out_of_memory
 from .controls import NEVER, Halt, after_failure, retry_left
 from .faultwatch import is_victim
 from .journal import DONE, FAILED, FAULT, INTERRUPTED, OOM, TIMEOUT
-from .lanes import Attempt, Lane, Usage, admits_now, expected, read_memory, watch_faults
+from .lanes import Attempt, Lane, Usage, admits_now, needed, read_memory, watch_faults
 from .packing import Change
 from .recorder import Recorder
 from .sizing import cpu_floor
@@ -269,6 +269,10 @@ class Farmer:
             self.recorder.finish(attempt, DONE)
             self._finished(lane, now)
         else:
+            # Its GPU as it failed, the others' memory still held: a task that ran out of
+            # memory between two wakes of the farm is seen on a full GPU (``_oom``).
+            if self.usage is not None:
+                read_memory(lane, [*self._mine(lane), attempt], self.usage, now, force=True)
             lane.suspect = True
             self.undecided.append(attempt)
             self.recorder.exited(attempt)
@@ -298,7 +302,7 @@ class Farmer:
             read_job_file(path, OOM_TAIL, tail=True) or ""
             for path in self.recorder.dir.log_paths(attempt.task, attempt.number)
         )
-        peak = expected(attempt.lane, self._mine(attempt.lane))
+        peak = needed(attempt.lane, self._mine(attempt.lane))  # not its own: alone, no victim
         return out_of_memory(text, attempt.least_free, reading.total, peak)
 
     # --- failures ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from .faultwatch import FaultWatch
 from .packing import Change, Packing
 from .tasks import Task
 
-__all__ = ["Attempt", "Lane", "Usage", "admits_now", "read_memory", "watch_faults"]
+__all__ = ["Attempt", "Lane", "Usage", "admits_now", "needed", "read_memory", "watch_faults"]
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +119,14 @@ class Attempt(Struct):
     steady: int = 0
 
 
-def read_memory(lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float) -> None:
+def read_memory(
+    lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float, *, force: bool = False
+) -> None:
     """NVML's reading of the lane's GPU (at most every ``READ_EVERY`` s; also idle: the first
     task's start is judged on one); each running task's peak, and the least free memory its
-    GPU had while it ran."""
-    if now - lane.read_at < READ_EVERY:
+    GPU had while it ran. ``force``: now, however recent the last reading (a task of the lane
+    just failed: was its GPU full as it ended?)."""
+    if now - lane.read_at < READ_EVERY and not force:
         return
     lane.read_at = now
     lane.reading = reading = Reading.of(usage(lane.slot.uuid))
@@ -143,6 +146,13 @@ def read_memory(lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float) -
 def expected(lane: Lane, mine: Sequence[Attempt]) -> int | None:
     """The peak the next task of the lane is expected to need (None: none known yet)."""
     return lane.peaks.expected(a.steady for a in mine)
+
+
+def needed(lane: Lane, attempts: Sequence[Attempt]) -> int | None:
+    """What a task of the lane is seen to need, for the out-of-memory verdict: as ``expected``,
+    with the most each of ``attempts`` held at one reading, steady or still growing (a task
+    that held that much shows what a task may need; admission waits for a steady one)."""
+    return lane.peaks.expected(a.peak for a in attempts)
 
 
 def admits_now(lane: Lane, mine: Sequence[Attempt]) -> tuple[bool, Change | None]:

@@ -452,28 +452,26 @@ def test_calibrate_refuses_more_copies_than_the_gpu_takes_and_leaves_nothing(
 
 # --- issue 31: what GNU parallel and HyperQueue users expect ------------------------------
 def test_progress_lines_count_what_runs_when_they_are_printed(node: SimNode) -> None:
-    """Ten places for ten tasks: all start at once, so once the tasks that exited together
-    are reaped, the running count is the tasks not finished: never more (a stale count), and
-    exactly that on the last line of each batch; the last line says 0."""
+    """Ten places for ten tasks: all start at once. A line for each task; the last line of a
+    wake says where the farm stands once the tasks that exited together are reaped, so its
+    running count is exactly the tasks not finished (never a stale count); the last says 0.
+    A busy machine may reap two tasks in one wake: then only the second line says it."""
     rec, farm_dir = node.root / "rec.jsonl", node.root / "farm"
     tasks = node.root / "tasks.txt"
     tasks.write_text("".join(task_line(node, rec, 0.2 + 0.4 * i) + "\n" for i in range(10)))
     args = ("farm", "--per-gpu", "5", "--progress", "lines", "--dir", str(farm_dir), str(tasks))
     res = node.run(*args, timeout=120)
     assert res.returncode == 0, res.stderr
+    done_lines = re.findall(r"^mpswrap: farm: task (\d+) done \(", res.stderr, re.M)
+    assert sorted(map(int, done_lines)) == list(range(10)), res.stderr
     found = [
         (int(done), int(running))
         for done, running in re.findall(
             r"\[(\d+)/10 finished \(\d+ done, \d+ failed\), (\d+) running", res.stderr
         )
     ]
-    assert len(found) == 10, res.stderr
-    assert all(done + running <= 10 for done, running in found), res.stderr
-    batch_ends = [
-        f for f, after in zip(found, [*found[1:], (0, -1)], strict=True) if f[1] != after[1]
-    ]
-    assert all(done + running == 10 for done, running in batch_ends), res.stderr
-    assert len(batch_ends) > 1, res.stderr  # not all reaped at once: the counts were tested
+    assert all(done + running == 10 for done, running in found), res.stderr
+    assert len(found) > 1, res.stderr  # not all reaped at once: the counts were tested
     assert found[-1] == (10, 0)
 
 

@@ -1,11 +1,12 @@
 """K found as a farm runs (``taskfarm.packing``) and what the farm learns of GPU memory
-(``taskfarm.admission``, and a lane's admission in ``taskfarm.lanes``): pure logic, no
-process."""
+(``taskfarm.admission``, a lane's admission and readings in ``taskfarm.lanes``, and the
+reading the engine takes as a task fails): pure logic, no process."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -20,7 +21,8 @@ from mpswrap.taskfarm.admission import (
     margin,
     out_of_memory,
 )
-from mpswrap.taskfarm.lanes import Attempt, Lane, admits_now
+from mpswrap.taskfarm.engine import Farmer
+from mpswrap.taskfarm.lanes import READ_EVERY, Attempt, Lane, admits_now
 from mpswrap.taskfarm.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
@@ -230,3 +232,57 @@ def test_learnings_clock_starts_with_the_gpus_first_task_not_each_one() -> None:
     assert admits_now(lane, running(LEARN_S - 5)) == (False, None)  # the second alone too
     lane.read_at = LEARN_S + 1
     assert admits_now(lane, running(LEARN_S - 5)) == (True, None)  # LEARN_S since the first
+
+
+def test_a_failed_task_is_judged_on_its_gpu_as_it_ended_however_recent_the_last_reading(
+    tmp_path: Path,
+) -> None:
+    """Two heavy tasks start on an empty GPU; the second runs out of memory and exits before
+    the next reading is due (the farm woke within READ_EVERY of the last, as on a busy
+    machine), the first's memory not yet steady. The second is judged on a reading taken as it
+    ended, against what the first holds: out of memory on a full GPU, not a failure of its
+    own."""
+    total, heavy, now = 80 * GIB, 45 * GIB, 10.0
+    lane = Lane(0, cast(Any, SimpleNamespace(uuid="GPU-0")), None, [])
+    lane.reading = Reading(used=0, total=total, processes={})  # read as both started
+    lane.read_at = now
+
+    def started(pid: int) -> Attempt:
+        rank = cast(Any, SimpleNamespace(ident=SimpleNamespace(pid=pid)))
+        attempt = Attempt(cast(Any, None), 1, lane, 0, rank, now, None)
+        attempt.least_free = total
+        return attempt
+
+    first, second = started(101), started(102)
+    second.code = 1
+    lane.running = 2
+    log = tmp_path / "task.err"
+    log.write_text("CUDA error 2: out of memory (cudaMalloc --alloc-mib)\n")
+    farmer = Farmer.__new__(Farmer)
+    farmer.usage = lambda uuid: {
+        "memory_used_bytes": heavy,
+        "memory_total_bytes": total,
+        "processes": {101: heavy},
+    }
+    farmer.live, farmer.ranks, farmer.undecided = [first], [first.rank, second.rank], []
+    farmer._cpu = {0: [0.0, 0.0]}
+    farmer.recorder = cast(
+        Any,
+        SimpleNamespace(
+            exited=lambda attempt: None,
+            dir=SimpleNamespace(log_paths=lambda task, number: [log]),
+        ),
+    )
+    farmer._ended(second, now + READ_EVERY / 2)
+    assert second in farmer.undecided
+    assert second.least_free == total - heavy
+    assert (first.peak, first.steady) == (heavy, 0)  # seen once: not yet steady
+    assert farmer._oom(second)
+
+    # A task alone that held 70 GiB and then asked for more: its own demand, no victim.
+    alone = started(103)
+    alone.code, alone.peak, alone.least_free = 1, 70 * GIB, 10 * GIB
+    farmer.live, farmer.ranks, lane.running = [], [alone.rank], 1
+    farmer.usage = lambda uuid: {"memory_used_bytes": 0, "memory_total_bytes": total}
+    farmer._ended(alone, now + 1)
+    assert not farmer._oom(alone)
