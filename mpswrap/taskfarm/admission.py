@@ -17,10 +17,10 @@ first task started (NVML may not report per-process memory at all).
 
 A failed task ran out of memory when its output carries CUDA's or PyTorch's out-of-memory
 text (``OOM_TEXT``) and NVML showed its GPU (nearly) full while it ran or as it ended (the
-engine reads a GPU as it sees a task there fail, the others' memory still held): less free
-than what a task was seen to need (``lanes.needed``: peaks steady or not) plus the margin, or
-less than ``FULL_FRACTION`` of the GPU. A task alone on an empty GPU that asks for more than
-the GPU has is no victim: it fails as before.
+engine reads a GPU as it sees tasks there fail, the others' memory still held,
+``lanes.read_failed``): less free than what the others were seen to need, steady or not,
+plus the margin, or less than ``FULL_FRACTION`` of the GPU. A task alone on an empty GPU that
+asks for more than the GPU has is no victim: it fails as before.
 """
 
 from __future__ import annotations

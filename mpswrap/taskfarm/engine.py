@@ -49,7 +49,15 @@ from .admission import out_of_memory
 from .controls import NEVER, Halt, after_failure, retry_left
 from .faultwatch import is_victim
 from .journal import DONE, FAILED, FAULT, INTERRUPTED, OOM, TIMEOUT
-from .lanes import Attempt, Lane, Usage, admits_now, needed, read_memory, watch_faults
+from .lanes import (
+    Attempt,
+    Lane,
+    Usage,
+    admits_now,
+    read_failed,
+    read_memory,
+    watch_faults,
+)
 from .packing import Change
 from .recorder import Recorder
 from .sizing import cpu_floor
@@ -251,7 +259,17 @@ class Farmer:
         self.live = [a for a in self.live if id(a) not in ended]
         for attempt in gone:
             self._ended(attempt, now)
+        self._read_failed([a for a in gone if a.code != 0 and not a.ended_by])
         self.procs.ended(gone, self.live)
+
+    def _read_failed(self, failed: list[Attempt]) -> None:
+        """Each GPU where tasks just failed, read once now, the others' memory still held: a
+        task that ran out of memory between two readings is seen on its full GPU (``_oom``)."""
+        if self.usage is None:
+            return
+        for lane in {id(a.lane): a.lane for a in failed}.values():
+            mine = [a for a in failed if a.lane is lane]
+            read_failed(lane, mine, self._mine(lane), self.usage)
 
     def _ended(self, attempt: Attempt, now: float) -> None:
         lane = attempt.lane
@@ -269,10 +287,6 @@ class Farmer:
             self.recorder.finish(attempt, DONE)
             self._finished(lane, now)
         else:
-            # Its GPU as it failed, the others' memory still held: a task that ran out of
-            # memory between two wakes of the farm is seen on a full GPU (``_oom``).
-            if self.usage is not None:
-                read_memory(lane, [*self._mine(lane), attempt], self.usage, now, force=True)
             lane.suspect = True
             self.undecided.append(attempt)
             self.recorder.exited(attempt)
@@ -302,8 +316,7 @@ class Farmer:
             read_job_file(path, OOM_TAIL, tail=True) or ""
             for path in self.recorder.dir.log_paths(attempt.task, attempt.number)
         )
-        peak = needed(attempt.lane, self._mine(attempt.lane))  # not its own: alone, no victim
-        return out_of_memory(text, attempt.least_free, reading.total, peak)
+        return out_of_memory(text, attempt.least_free, reading.total, attempt.others_need)
 
     # --- failures ------------------------------------------------------------------------
     def _decide(self, now: float, final: bool) -> None:

@@ -3,13 +3,14 @@ K, its free memory, a fault of its server), and what the farm learns there.
 
 K is the lane's ``Packing`` (given, or found as the farm runs: ``packing``). Under auto, the
 GPU's memory is read through NVML at most every ``READ_EVERY`` seconds while tasks run there
-(``usage``): a GPU takes another task only while its free memory covers the peak its tasks are
-expected to need (``admission``). Before any peak is known, tasks run alone until a reading
+(``usage``), and once more as soon as tasks there fail (``read_failed``: for the out-of-memory
+verdict only): a GPU takes another task only while its free memory covers the peak its tasks
+are expected to need (``admission``). Before any peak is known, tasks run alone until a reading
 shows one's memory steady (two readings without growth: then admission goes by it),
 ``admission.LEARN_TASKS`` finished with no memory seen, or ``admission.LEARN_S`` passed since
-the GPU's first task started. A GPU whose server
-faulted takes no new task until server.log says it recovered, or the tasks the fault named
-have exited (``HOLD_MAX`` at most), and ``RECOVER_WAIT`` more.
+the GPU's first task started. A GPU whose server faulted takes no new task until server.log
+says it recovered, or the tasks the fault named have exited (``HOLD_MAX`` at most), and
+``RECOVER_WAIT`` more.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from .faultwatch import FaultWatch
 from .packing import Change, Packing
 from .tasks import Task
 
-__all__ = ["Attempt", "Lane", "Usage", "admits_now", "needed", "read_memory", "watch_faults"]
+__all__ = [
+    "Attempt",
+    "Lane",
+    "Usage",
+    "admits_now",
+    "read_failed",
+    "read_memory",
+    "watch_faults",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +126,15 @@ class Attempt(Struct):
     #: task seen between its CUDA context and its first allocation is not yet a peak to go by.
     held: int = 0
     steady: int = 0
+    #: Failed: what the GPU's other tasks were seen to need as it ended (``read_failed``).
+    others_need: int | None = None
 
 
-def read_memory(
-    lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float, *, force: bool = False
-) -> None:
+def read_memory(lane: Lane, mine: Sequence[Attempt], usage: Usage, now: float) -> None:
     """NVML's reading of the lane's GPU (at most every ``READ_EVERY`` s; also idle: the first
     task's start is judged on one); each running task's peak, and the least free memory its
-    GPU had while it ran. ``force``: now, however recent the last reading (a task of the lane
-    just failed: was its GPU full as it ended?)."""
-    if now - lane.read_at < READ_EVERY and not force:
+    GPU had while it ran."""
+    if now - lane.read_at < READ_EVERY:
         return
     lane.read_at = now
     lane.reading = reading = Reading.of(usage(lane.slot.uuid))
@@ -148,11 +156,26 @@ def expected(lane: Lane, mine: Sequence[Attempt]) -> int | None:
     return lane.peaks.expected(a.steady for a in mine)
 
 
-def needed(lane: Lane, attempts: Sequence[Attempt]) -> int | None:
-    """What a task of the lane is seen to need, for the out-of-memory verdict: as ``expected``,
-    with the most each of ``attempts`` held at one reading, steady or still growing (a task
-    that held that much shows what a task may need; admission waits for a steady one)."""
-    return lane.peaks.expected(a.peak for a in attempts)
+def read_failed(
+    lane: Lane, failed: Sequence[Attempt], mine: Sequence[Attempt], usage: Usage
+) -> None:
+    """The GPU as tasks of it failed, read at once (however recent the last reading), the
+    running tasks' memory still held: for the out-of-memory verdict of each failed one, the
+    least free memory (what a failed task may still hold counted as free) and what the others
+    were seen to need (``Attempt.others_need``: as ``expected``, each running task's most
+    held, steady or still growing; never the failed task's own, so that a task alone that asks
+    for more than the GPU has is no victim). The lane's reading and the running tasks'
+    peaks, steadiness and least free memory are left as the regular readings make them."""
+    reading = Reading.of(usage(lane.slot.uuid))
+    if reading is None:
+        return
+    held = _held_by([*mine, *failed], reading)
+    seen = [max(a.peak, held.get(id(a), 0)) for a in mine]
+    for attempt in failed:
+        free = reading.free + held.get(id(attempt), 0)
+        least = attempt.least_free
+        attempt.least_free = free if least is None else min(least, free)
+        attempt.others_need = lane.peaks.expected(seen)
 
 
 def admits_now(lane: Lane, mine: Sequence[Attempt]) -> tuple[bool, Change | None]:

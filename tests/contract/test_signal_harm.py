@@ -16,11 +16,12 @@ rare, not impossible. Where an earlier busy client runs on, terminate_client har
 too: on an H100 (2026-11-28, docs/gpu-results/2026-11-28-h100) the next client was refused with
 46 after every ending tried; on two H200s the same day the KILL ending left the next client
 running once, and on four H200s (392a34a) the next client ran after every ending, the earlier
-client failing with 700 after KILL. These tests assert what held in every run, and print the
-untouched client's and the next client's fate, where either outcome was seen. With 8 victims
-started together and exiting on their own, a later ``terminate_client`` went unanswered on the
-H100 (the simulator answers); they now start in order, and so they were answered on two and
-four H200s.
+client failing with 700 after KILL. These tests assert what held in every run; where a driver
+has shown either outcome (8 victims exiting on their own; the next client after an earlier busy
+client's neighbour was ended) they pass either, and print which. With 8 victims started
+together and exiting on their own, a later ``terminate_client`` went unanswered on the H100
+(the simulator answers); they now start in order, and so they were answered on two and four
+H200s.
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier
@@ -123,25 +124,28 @@ def _harm(seen: bool, what: str) -> None:
 
 
 def _bystander_after_terminate(
-    backend: Backend, server: int, bystander: subprocess.Popen[str]
+    backend: Backend, server: int, bystander: subprocess.Popen[str], harm_seen: bool
 ) -> None:
-    """The untouched client after the victims were ended through terminate_client. Seen
-    running on in every run but one (four H200s, 2026-11-28: 8 victims, it failed with 700):
-    either passes, and which is printed. Running, it is still listed, its first CUDA error is
-    the 810 of its own terminate_client, and the server is ACTIVE without a fatal error;
-    failed, it failed with a CUDA error and the server recovers once it has gone."""
+    """The untouched client after the victims were ended through terminate_client: it runs
+    on, is still listed, its first CUDA error is the 810 of its own terminate_client, and the
+    server is ACTIVE without a fatal error. ``harm_seen``: a driver has shown it failing
+    instead (four H200s, 2026-11-28: 8 victims exiting on their own, error 700), so that
+    passes too, once the server recovers; which it did is printed."""
     ctl = backend.control()
-    if bystander.poll() is not None:
-        out = bystander.communicate()[0]
-        print(f"the untouched client failed: {out!r}")
-        assert bystander.returncode != 0 and "CUDA error" in out, out
+    harmed = None if bystander.poll() is None else bystander.communicate()[0]
+    if harmed is None:
+        ctl.terminate_client(server, bystander.pid)  # its first CUDA error is this one
+        ended = _end(bystander)
+        assert ended is not None, "the untouched client outlived its terminate_client"
+        if "CUDA error 810" not in ended:
+            harmed = ended  # a failure of its own that surfaced only now
+    if harmed is not None:
+        print(f"the untouched client failed: {harmed!r}")
+        assert harm_seen, f"the untouched client failed: {harmed!r}"
+        assert bystander.returncode != 0 and "CUDA error" in harmed, harmed
         wait_until(backend.recovered, 30, "the server to recover once the failed client is gone")
         return
     print("the untouched client ran on")
-    assert bystander.pid in ctl.client_list(server)
-    ctl.terminate_client(server, bystander.pid)  # its first CUDA error is this one
-    ended = _end(bystander)
-    assert ended is not None and "CUDA error 810" in ended, ended
     assert ctl.server_status(server) == "ACTIVE"
     assert FATAL not in backend.server_log(), backend.server_log()
 
@@ -152,8 +156,8 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
     backend: Backend, sig: signal.Signals, count: int
 ) -> None:
     """What mpswrap's supervisor does: terminate_client for each busy client, then the signal
-    at once, the victims having started first. The next client runs; the untouched client as
-    ``_bystander_after_terminate`` says."""
+    at once, the victims having started first. The next client runs, the untouched client
+    runs on (every run so far), the server stays ACTIVE."""
     # --linger: after its 810 a victim stays on the host, so the signal finds it alive.
     server, victims, bystander = _scene(backend, count, "--linger", str(SHOWN))
     ctl = backend.control()
@@ -162,7 +166,7 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
     _kill(victims, sig)
     code, out = _next_client(backend)
     assert code == 0, out
-    _bystander_after_terminate(backend, server, bystander)
+    _bystander_after_terminate(backend, server, bystander, harm_seen=False)
 
 
 @pytest.mark.parametrize("count", COUNTS)
@@ -171,7 +175,8 @@ def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm
 ) -> None:
     """What a terminated client does when nothing signals it: its next CUDA call fails with
     810 and it exits at once, its work just ended by the server. The victims started first;
-    the next client runs; the untouched client as ``_bystander_after_terminate`` says."""
+    the next client runs, the untouched client runs on and the server stays ACTIVE, but with
+    8 victims, where four H200s once failed the untouched client (700): that passes too."""
     server, victims, bystander = _scene(backend, count)
     ctl = backend.control()
     for proc in victims:
@@ -181,7 +186,7 @@ def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm
         assert out is not None and "CUDA error 810" in out, out
     code, out = _next_client(backend)
     assert code == 0, out
-    _bystander_after_terminate(backend, server, bystander)
+    _bystander_after_terminate(backend, server, bystander, harm_seen=count == SEVERAL)
 
 
 @pytest.mark.parametrize("sig", SIGNALS)

@@ -15,19 +15,23 @@ ROUNDS=${PROBE_ROUNDS:-3}
 N=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | grep -c .)
 work=$(mktemp -d /tmp/probe-mps-start.XXXXXX)
 ms() { date +%s%3N; }
-running() { pgrep -f 'nvidia-cuda-mps-(control|server)' >/dev/null; }
+# The MPS programs themselves (not a shell whose command line names them).
+MPS='^([^ ]*/)?nvidia-cuda-mps-(control|server)( |$)'
+running() { pgrep -f "$MPS" >/dev/null; }
 gone() {  # wait (10 s at most) until no MPS process is left; else say so and fail
   for _ in $(seq 100); do running || return 0; sleep 0.1; done
-  echo "PROBE FAILED: MPS processes left: $(pgrep -fa 'nvidia-cuda-mps-(control|server)' | tr '\n' ';')"
+  echo "PROBE FAILED: MPS processes left: $(pgrep -fa "$MPS" | tr '\n' ';')"
   exit 1
 }
 if running; then
-  echo "PROBE FAILED: MPS already running: $(pgrep -fa 'nvidia-cuda-mps-(control|server)' | tr '\n' ';')"
+  echo "PROBE FAILED: MPS already running: $(pgrep -fa "$MPS" | tr '\n' ';')"
   exit 1
 fi
+holder=
+trap '[ -n "$holder" ] && kill "$holder" 2>/dev/null; rm -rf "$work"' EXIT
 
 round() {  # round LABEL COUNT ROUND: COUNT bare daemons launched together
-  local label=$1 n=$2 r=$3 base=$work/$1-$2-$3 t0 i
+  local label=$1 n=$2 r=$3 base=$work/$1-$2-$3 t0 i pids=()
   t0=$(ms)
   for ((i = 0; i < n; i++)); do
     mkdir -p "$base/g$i/pipe" "$base/g$i/log"
@@ -37,8 +41,9 @@ round() {  # round LABEL COUNT ROUND: COUNT bare daemons launched together
         CUDA_MPS_LOG_DIRECTORY=$base/g$i/log nvidia-cuda-mps-control -d
       echo "$label gpus=$n round=$r g$i d_ms=$(($(ms) - s))"
     ) &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"  # these launches, not the NVML holder
   echo "$label gpus=$n round=$r all_ms=$(($(ms) - t0))"
   for ((i = 0; i < n; i++)); do
     echo quit | CUDA_MPS_PIPE_DIRECTORY=$base/g$i/pipe nvidia-cuda-mps-control
@@ -58,6 +63,4 @@ time.sleep(600)  # until the probe ends it
 holder=$!
 sleep 2
 for ((r = 1; r <= ROUNDS; r++)); do round held 1 "$r"; round held "$N" "$r"; done
-kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
-rm -rf "$work"
 exit 0

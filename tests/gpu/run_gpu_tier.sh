@@ -93,7 +93,8 @@ torch_bytecode() {  # PyTorch's bytecode, as an installed one has: the benchmark
   torch_dir=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   "$PY" -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1
 }
-LEFT='nvidia-cuda-mps-(control|server)|/cuda_client( |$)'
+# The MPS programs and the CUDA test client themselves (not a shell naming them).
+LEFT='^([^ ]*/)?(nvidia-cuda-mps-(control|server)|cuda_client)( |$)'
 left_behind() {  # left_behind PHASE: fails, listing and killing them, if MPS processes remain
   local left
   for _ in $(seq 50); do pgrep -f "$LEFT" >/dev/null || return 0; sleep 0.2; done

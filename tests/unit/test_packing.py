@@ -22,7 +22,7 @@ from mpswrap.taskfarm.admission import (
     out_of_memory,
 )
 from mpswrap.taskfarm.engine import Farmer
-from mpswrap.taskfarm.lanes import READ_EVERY, Attempt, Lane, admits_now
+from mpswrap.taskfarm.lanes import READ_EVERY, Attempt, Lane, admits_now, read_memory
 from mpswrap.taskfarm.packing import EXPLORE, MARGIN, Packing, converge
 
 GIB = 1 << 30
@@ -239,33 +239,29 @@ def test_a_failed_task_is_judged_on_its_gpu_as_it_ended_however_recent_the_last_
 ) -> None:
     """Two heavy tasks start on an empty GPU; the second runs out of memory and exits before
     the next reading is due (the farm woke within READ_EVERY of the last, as on a busy
-    machine), the first's memory not yet steady. The second is judged on a reading taken as it
-    ended, against what the first holds: out of memory on a full GPU, not a failure of its
-    own."""
+    machine), the first's memory seen once, not yet steady. The reap reads the GPU for the
+    failed task alone: it is out of memory on a full GPU, not a failure of its own; the
+    running task's steadiness and the lane's reading are the regular readings' alone."""
     total, heavy, now = 80 * GIB, 45 * GIB, 10.0
     lane = Lane(0, cast(Any, SimpleNamespace(uuid="GPU-0")), None, [])
-    lane.reading = Reading(used=0, total=total, processes={})  # read as both started
-    lane.read_at = now
+    nvml = {"memory_used_bytes": 0, "memory_total_bytes": total, "processes": {}}
 
     def started(pid: int) -> Attempt:
         rank = cast(Any, SimpleNamespace(ident=SimpleNamespace(pid=pid)))
-        attempt = Attempt(cast(Any, None), 1, lane, 0, rank, now, None)
-        attempt.least_free = total
-        return attempt
+        return Attempt(cast(Any, None), 1, lane, 0, rank, now, None)
 
     first, second = started(101), started(102)
-    second.code = 1
-    lane.running = 2
+    read_memory(lane, [first, second], lambda uuid: nvml, now)  # as both started
     log = tmp_path / "task.err"
     log.write_text("CUDA error 2: out of memory (cudaMalloc --alloc-mib)\n")
+    gone: list[Attempt] = []
     farmer = Farmer.__new__(Farmer)
-    farmer.usage = lambda uuid: {
-        "memory_used_bytes": heavy,
-        "memory_total_bytes": total,
-        "processes": {101: heavy},
-    }
-    farmer.live, farmer.ranks, farmer.undecided = [first], [first.rank, second.rank], []
+    farmer.usage = lambda uuid: nvml
+    farmer.live, farmer.ranks, farmer.undecided = [first, second], [first.rank, second.rank], []
     farmer._cpu = {0: [0.0, 0.0]}
+    farmer.procs = cast(
+        Any, SimpleNamespace(reap=lambda a: a in gone, ended=lambda done, live: None)
+    )
     farmer.recorder = cast(
         Any,
         SimpleNamespace(
@@ -273,16 +269,30 @@ def test_a_failed_task_is_judged_on_its_gpu_as_it_ended_however_recent_the_last_
             dir=SimpleNamespace(log_paths=lambda task, number: [log]),
         ),
     )
-    farmer._ended(second, now + READ_EVERY / 2)
+    lane.running = 2
+
+    # The first allocates, the second fails for want of memory; the farm's next wake comes
+    # within READ_EVERY: its regular reading is skipped.
+    nvml.update(memory_used_bytes=heavy, processes={101: heavy})
+    second.code = 1
+    gone.append(second)
+    later = now + READ_EVERY / 2
+    read_memory(lane, farmer._mine(lane), farmer.usage, later)  # what _tick does first
+    farmer._reap(later)
     assert second in farmer.undecided
     assert second.least_free == total - heavy
-    assert (first.peak, first.steady) == (heavy, 0)  # seen once: not yet steady
     assert farmer._oom(second)
+    assert (first.peak, first.steady, lane.read_at) == (0, 0, now)  # as the regular ones left
 
-    # A task alone that held 70 GiB and then asked for more: its own demand, no victim.
+    # A task alone that held 70 GiB and then asked for more: its own demand, no victim, also
+    # once a task that starts after it holds as much.
     alone = started(103)
-    alone.code, alone.peak, alone.least_free = 1, 70 * GIB, 10 * GIB
-    farmer.live, farmer.ranks, lane.running = [], [alone.rank], 1
-    farmer.usage = lambda uuid: {"memory_used_bytes": 0, "memory_total_bytes": total}
-    farmer._ended(alone, now + 1)
+    alone.peak, alone.least_free, alone.code = 70 * GIB, 10 * GIB, 1
+    farmer.live, farmer.ranks, lane.running = [alone], [alone.rank], 1
+    nvml.update(memory_used_bytes=70 * GIB, processes={103: 70 * GIB})  # not yet freed
+    gone[:] = [alone]
+    farmer._reap(now + 1)
+    assert alone.least_free == 10 * GIB
+    farmer.live = [started(104)]
+    farmer.live[0].peak = 70 * GIB
     assert not farmer._oom(alone)
