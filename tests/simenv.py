@@ -12,7 +12,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -80,7 +80,11 @@ def _check(argv: list[str]) -> None:
 
 @dataclass(frozen=True)
 class SimNode(SimFiles):
-    """A simulated node: the simulator's files, and mpswrap's run directories beside them."""
+    """A simulated node: the simulator's files, and mpswrap's run directories beside them;
+    the runs ``start`` began, reaped when the node is finished (a test that fails midway
+    leaves no running Popen to warn in a later test)."""
+
+    begun: list[subprocess.Popen[str]] = field(default_factory=list, compare=False)
 
     @property
     def run_dir(self) -> Path:
@@ -155,7 +159,7 @@ class SimNode(SimFiles):
     def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
         """``python -m mpswrap ARGS`` in its own session, like a job step: the test signals it
         as a whole."""
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [*MPSWRAP, *args],
             env=self.env(**extra),
             cwd=self.root,
@@ -164,6 +168,8 @@ class SimNode(SimFiles):
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        self.begun.append(proc)
+        return proc
 
     def run_unread(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``python -m mpswrap ARGS`` with a standard output nobody reads (``| head -1`` after
@@ -220,6 +226,10 @@ def make_sim_node(gpus: int = 2) -> SimNode:
 def finish_sim_node(node: SimNode) -> list[str]:
     """Kill and report whatever of this node survived (its processes, root's cgroups of its
     jobs); remove its files."""
+    for run in node.begun:  # still running only where the test failed before its end
+        if run.poll() is None:
+            run.kill()
+        run.communicate(timeout=30)
     left = node.wait_nothing_left(3)
     report = [what for p in left if (what := described(p)) is not None]
     for proc in left:
