@@ -5,7 +5,9 @@
 # they returned 220 to 426 ms later, 2026-11-28). Each round: a bare daemon with
 # CUDA_VISIBLE_DEVICES=<index> in its own pipe and log directory, all of a round's launched
 # together, each timed to its return, then `quit` and a wait until no MPS process is left.
-# Rounds without, then with, a process holding NVML open on every GPU beside them.
+# Rounds of four kinds: bare (`none`); the GPU named by UUID (`uuid`); by UUID and started as
+# mpswrap starts it, as an unprivileged user in that user's directories, pinned to 4 CPUs
+# (`asjob`); bare with a process holding NVML open on every GPU beside them (`held`).
 # The GPUs' persistence mode is read and printed, never changed (nor any other GPU setting).
 # Root on a GPU machine with no MPS process running; exit 1 if one is found or left behind.
 set -u
@@ -30,15 +32,25 @@ fi
 holder=
 trap '[ -n "$holder" ] && kill "$holder" 2>/dev/null; rm -rf "$work"' EXIT
 
-round() {  # round LABEL COUNT ROUND: COUNT bare daemons launched together
-  local label=$1 n=$2 r=$3 base=$work/$1-$2-$3 t0 i pids=()
+mapfile -t UUIDS < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
+USER_=mpsstartprobe
+id "$USER_" >/dev/null 2>&1 || useradd -M -d /tmp "$USER_"
+chmod 755 "$work"
+
+round() {  # round LABEL COUNT ROUND: COUNT daemons of kind LABEL launched together
+  local label=$1 n=$2 r=$3 base=$work/$1-$2-$3 t0 i pids=() as=() dev
+  [ "$label" = asjob ] && as=(setpriv --reuid="$USER_" --regid="$USER_" --init-groups
+    env HOME=/tmp taskset -c 0-3)
   t0=$(ms)
   for ((i = 0; i < n; i++)); do
     mkdir -p "$base/g$i/pipe" "$base/g$i/log"
+    [ "$label" = asjob ] && chown -R "$USER_:" "$base"
+    dev=$i
+    [ "$label" = uuid ] || [ "$label" = asjob ] && dev=${UUIDS[$i]}
     (
       s=$(ms)
-      CUDA_VISIBLE_DEVICES=$i CUDA_MPS_PIPE_DIRECTORY=$base/g$i/pipe \
-        CUDA_MPS_LOG_DIRECTORY=$base/g$i/log nvidia-cuda-mps-control -d
+      CUDA_VISIBLE_DEVICES=$dev CUDA_MPS_PIPE_DIRECTORY=$base/g$i/pipe \
+        CUDA_MPS_LOG_DIRECTORY=$base/g$i/log "${as[@]}" nvidia-cuda-mps-control -d
       echo "$label gpus=$n round=$r g$i d_ms=$(($(ms) - s))"
     ) &
     pids+=($!)
@@ -46,13 +58,15 @@ round() {  # round LABEL COUNT ROUND: COUNT bare daemons launched together
   wait "${pids[@]}"  # these launches, not the NVML holder
   echo "$label gpus=$n round=$r all_ms=$(($(ms) - t0))"
   for ((i = 0; i < n; i++)); do
-    echo quit | CUDA_MPS_PIPE_DIRECTORY=$base/g$i/pipe nvidia-cuda-mps-control
+    echo quit | CUDA_MPS_PIPE_DIRECTORY=$base/g$i/pipe "${as[@]}" nvidia-cuda-mps-control
   done
   gone
 }
 
 nvidia-smi --query-gpu=index,persistence_mode --format=csv
-for ((r = 1; r <= ROUNDS; r++)); do round none 1 "$r"; round none "$N" "$r"; done
+for kind in none uuid asjob; do
+  for ((r = 1; r <= ROUNDS; r++)); do round "$kind" 1 "$r"; round "$kind" "$N" "$r"; done
+done
 python3 -c '
 import ctypes, time
 nvml = ctypes.CDLL("libnvidia-ml.so.1")
