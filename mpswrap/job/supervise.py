@@ -19,6 +19,7 @@ it would have been 0.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -41,7 +42,7 @@ from .._signals import (
     signal_unshielded,
 )
 from .._struct import Struct, field, replace
-from .._wait import TERM_GRACE, end_procs, pidfd
+from .._wait import TERM_GRACE, end_procs, pidfd, side_by_side
 from ..errors import ProcError
 from ..jobenv import TREE_VAR
 from ..mps.daemon import Daemon
@@ -303,15 +304,19 @@ def deliver(ranks: Sequence[Rank], sig: int) -> None:
 
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     """End every MPS client among the ranks' process trees through their daemons' ladder
-    (``Daemon.end_clients``); returns the PIDs it ended (terminated, or with their server)."""
+    (``Daemon.end_clients``), the GPUs side by side (each one's ``terminate_window`` runs
+    at once with the others'); returns the PIDs it ended (terminated, or with their server)."""
     groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
     for rank in (r for r in ranks if r.daemon is not None):
         assert rank.daemon is not None
         group = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, {}))
         group[1].update((p.pid, rank) for p in rank.tree())
+    ladders = [functools.partial(d.end_clients, set(owners)) for d, owners in groups.values()]
+    reports = side_by_side(ladders)
     ended: set[int] = set()
-    for daemon, owners in groups.values():
-        report = daemon.end_clients(set(owners))
+    for (daemon, owners), report in zip(groups.values(), reports, strict=True):
+        if isinstance(report, BaseException):
+            raise report
         ended.update(report.terminated, report.dropped)
         for pid in report.terminated:
             if pid in owners:

@@ -198,8 +198,9 @@ def _teardown(b: Backend) -> None:
         except subprocess.TimeoutExpired:
             pass
     # quit answers before the daemon process has finished exiting (the real daemon, too, is
-    # reaped only later): give what quit ended a bounded moment, then anything alive leaked.
-    deadline = time.monotonic() + 10
+    # reaped only later; a server that had a fatal fault took over 10 s on four H200s): give
+    # what quit ended a bounded moment, then anything alive leaked.
+    deadline = time.monotonic() + 30
     while (left := _processes_of(b)) and time.monotonic() < deadline:
         time.sleep(0.05)
     for stray in left:

