@@ -506,6 +506,29 @@ def children_of(pid: int) -> list[ProcId]:
     return out
 
 
+def descendants(pids: Iterable[int]) -> dict[int, list[ProcId]]:
+    """The descendants of each of ``pids`` (recursive), identified, from one reading of the
+    process table: ``children_of`` reads all of it for each PID, and for the 48 ranks of a
+    run on four H200s (64 CPUs) that took 0.7 s before the first client was ended."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isascii() and name.isdigit():
+            parent = parent_of(int(name))
+            if parent is not None:
+                kids.setdefault(parent, []).append(int(name))
+    out: dict[int, list[ProcId]] = {}
+    for pid in pids:
+        found, todo = [], list(kids.get(pid, ()))
+        while todo:
+            kid = todo.pop()
+            todo += kids.get(kid, ())
+            ident = identify(kid)
+            if ident is not None:
+                found.append(ident)
+        out[pid] = found
+    return out
+
+
 def lineage(pid: int) -> list[int]:
     """``pid`` and its ancestors' PIDs, its parent first (just ``pid`` where unreadable)."""
     import psutil

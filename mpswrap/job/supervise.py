@@ -113,10 +113,12 @@ class Rank(Struct):
     #: not left behind.
     doomed: set[int] = field(default_factory=set)
 
-    def tree(self) -> list[_proc.ProcId]:
-        """The child and its descendants (a wrapper script's client counts); for a runtime
-        that starts its container elsewhere, also the processes that carry the rank's tag."""
-        found = [self.ident, *_proc.children_of(self.ident.pid)]
+    def tree(self, table: Mapping[int, list[_proc.ProcId]] | None = None) -> list[_proc.ProcId]:
+        """The child and its descendants (a wrapper script's client counts; from ``table``,
+        ``_proc.descendants`` of several ranks, where given); for a runtime that starts its
+        container elsewhere, also the processes that carry the rank's tag."""
+        kids = _proc.children_of(self.ident.pid) if table is None else table[self.ident.pid]
+        found = [self.ident, *kids]
         if self.detached:
             found += [p for p, _ in _tagged([self]) if p not in found]
         return found
@@ -199,6 +201,12 @@ def spawn_rank(
     )
 
 
+def trees(ranks: Sequence[Rank]) -> list[list[_proc.ProcId]]:
+    """Each rank's ``tree()``, from one reading of the process table for them all."""
+    table = _proc.descendants(r.ident.pid for r in ranks)
+    return [r.tree(table) for r in ranks]
+
+
 def _tagged(ranks: Sequence[Rank]) -> list[tuple[_proc.ProcId, Rank]]:
     """The processes that carry a rank's tag, of the rank's own Slurm job: a job
     submitted from the rank inherits the tag with the rest of its environment."""
@@ -265,7 +273,12 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
     ended = _terminate_clients(live)
     # Under load the real daemon has answered a listing with nothing (seen with 12 ranks on
     # an H100): look once more for ranks none of whose processes was ended.
-    again = [r for r in live if r.running() and not ended & {p.pid for p in r.tree()}]
+    running = [r for r in live if r.running()]
+    again = [
+        r
+        for r, tree in zip(running, trees(running), strict=True)
+        if not ended & {p.pid for p in tree}
+    ]
     if again:
         time.sleep(0.2)
         _terminate_clients(again)
@@ -292,11 +305,11 @@ def end_ranks(ranks: Sequence[Rank], sig: int, grace: float) -> None:
 def deliver(ranks: Sequence[Rank], sig: int) -> None:
     """``sig`` to ranks whose clients were ended: to every process of a shielded rank as it
     would take it without the shield (``signal_unshielded``), else to the rank's program."""
-    for rank in ranks:
+    for rank, tree in zip(ranks, trees(ranks), strict=True):
         if not rank.shielded:
             _proc.kill_procs([rank.ident], sig)
             continue
-        killed = signal_unshielded(rank.tree(), sig)
+        killed = signal_unshielded(tree, sig)
         rank.doomed.update(p.pid for p in killed)
         if rank.ident in killed:
             rank.stood_in = sig
@@ -307,10 +320,11 @@ def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     (``Daemon.end_clients``), the GPUs side by side (each one's ``terminate_window`` runs
     at once with the others'); returns the PIDs it ended (terminated, or with their server)."""
     groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
-    for rank in (r for r in ranks if r.daemon is not None):
+    served = [r for r in ranks if r.daemon is not None]
+    for rank, tree in zip(served, trees(served), strict=True):
         assert rank.daemon is not None
         group = groups.setdefault(str(rank.daemon.dirs.pipe), (rank.daemon, {}))
-        group[1].update((p.pid, rank) for p in rank.tree())
+        group[1].update((p.pid, rank) for p in tree)
     ladders = [functools.partial(d.end_clients, set(owners)) for d, owners in groups.values()]
     reports = side_by_side(ladders)
     ended: set[int] = set()

@@ -164,10 +164,11 @@ def test_sigterm_to_a_run_of_48_clients(
     # and the run exits soon after its last client could be reaped. The clients' own exit
     # after shutdown_server -f is the driver's (1.1 to 2.3 s for 48 on an H100): the total is
     # printed against the target above, not asserted.
-    # The run's ladder ends its GPUs' clients one GPU after another: the first server is shut
-    # down within the window; the times of the others are printed.
+    # The run's ladder ends its GPUs' clients side by side, each GPU in its own window: every
+    # server is shut down within it (on four H200s one GPU after another took 1.8 s, and
+    # side by side but with each rank's processes read from the whole process table, 1.8 s).
     shutdowns = [t for t, line in timeline if "'shutdown_server " in line]
     print("shutdown_server -f at (s after the signal): " + ", ".join(f"{t:.2f}" for t in shutdowns))
     if shutdowns:
-        assert shutdowns[0] <= WINDOW_S + 0.75, f"shutdown_server at {shutdowns[0]:.2f} s"
+        assert max(shutdowns) <= WINDOW_S + 0.75, f"shutdown_server at {shutdowns} s"
     assert exits and took - exits[-1] <= 0.5, f"exit {took:.2f} s, clients gone at {exits[-1:]}"
