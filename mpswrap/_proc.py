@@ -21,7 +21,7 @@ import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ._struct import Struct
 from .errors import ProcError, UsageError
@@ -584,15 +584,18 @@ def procs_mentioning(marker: str) -> list[ProcId]:
     return found
 
 
-def procs_with_env(name: str, *more: str) -> list[tuple[ProcId, dict[str, str]]]:
+def procs_with_env(
+    name: str, *more: str, among: Iterable[int] | None = None
+) -> list[tuple[ProcId, dict[str, str]]]:
     """This user's processes that have the variable ``name``, with its value and those of
     ``more`` they have (the tag a supervisor gives a rank is inherited by everything the
-    rank starts). The caller and its ancestors are skipped."""
+    rank starts); only those of ``among`` where given, else all. The caller and its
+    ancestors are skipped."""
     import psutil
 
     found = []
     skip, uid = _self_and_ancestors(), os.geteuid()
-    for proc in psutil.process_iter(["pid", "uids", "create_time"]):
+    for proc in _with_info(among) if among is not None else psutil.process_iter(_INFO):
         if proc.info["pid"] in skip or not proc.info["uids"] or proc.info["uids"].real != uid:
             continue
         try:
@@ -603,6 +606,23 @@ def procs_with_env(name: str, *more: str) -> list[tuple[ProcId, dict[str, str]]]
         except (psutil.Error, OSError):
             continue
     return found
+
+
+#: What ``procs_with_env`` reads of each process first.
+_INFO = ["pid", "uids", "create_time"]
+
+
+def _with_info(pids: Iterable[int]) -> Iterator[psutil.Process]:
+    """The processes of ``pids`` that exist, each with ``info`` as ``process_iter`` gives it."""
+    import psutil
+
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.info = proc.as_dict(_INFO)
+        except psutil.Error:
+            continue
+        yield proc
 
 
 # --- a farm's children ------------------------------------------------------------------

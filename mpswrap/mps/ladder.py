@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,7 @@ class Ladder(Struct):
         daemon = manifest.daemon if manifest else _identify_pidfile(self.dirs.pid_file)
         servers = list(manifest.server_ids) if manifest else []
         logged = MpsLog.read(self.dirs.control_log).server_pids() - {s.pid for s in servers}
-        servers += [p for p in self._naming_pipe() if p.pid in logged]
+        servers += _with_pipe(str(self.dirs.pipe), self._job, among=logged) if logged else []
         return Identity(daemon, servers=servers, uid=os.geteuid())
 
     def _naming_pipe(self) -> list[_proc.ProcId]:
@@ -403,10 +404,11 @@ def _copy_regular(src: Path, dest: Path) -> None:
             out.write(text)
 
 
-def _with_pipe(pipe: str, job: str) -> list[_proc.ProcId]:
-    """This user's processes whose ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe``, other Slurm jobs'
-    left out (Slurm's cgroup, or the ``SLURM_JOB_ID`` slurmstepd gave them, names another)."""
-    found = _proc.procs_with_env("CUDA_MPS_PIPE_DIRECTORY", "SLURM_JOB_ID")
+def _with_pipe(pipe: str, job: str, among: Iterable[int] | None = None) -> list[_proc.ProcId]:
+    """This user's processes (of ``among`` where given: the whole process table is read
+    otherwise) whose ``CUDA_MPS_PIPE_DIRECTORY`` is ``pipe``, other Slurm jobs' left out
+    (Slurm's cgroup, or the ``SLURM_JOB_ID`` slurmstepd gave them, names another)."""
+    found = _proc.procs_with_env("CUDA_MPS_PIPE_DIRECTORY", "SLURM_JOB_ID", among=among)
     return [
         proc
         for proc, env in found
@@ -423,4 +425,4 @@ def _identify_pidfile(path: Path) -> _proc.ProcId | None:
     if not pid:
         return None
     job = path.parent.parent.parent.name  # <job>/<key>/pipe/<pid file>
-    return next((p for p in _with_pipe(str(path.parent), job) if p.pid == pid), None)
+    return next(iter(_with_pipe(str(path.parent), job, among=[pid])), None)
