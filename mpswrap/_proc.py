@@ -595,7 +595,7 @@ def procs_with_env(
 
     found = []
     skip, uid = _self_and_ancestors(), os.geteuid()
-    for proc in _with_info(among) if among is not None else psutil.process_iter(_INFO):
+    for proc in _with_info(_owned_by(uid) if among is None else among):
         if proc.info["pid"] in skip or not proc.info["uids"] or proc.info["uids"].real != uid:
             continue
         try:
@@ -610,6 +610,22 @@ def procs_with_env(
 
 #: What ``procs_with_env`` reads of each process first.
 _INFO = ["pid", "uids", "create_time"]
+
+
+def _owned_by(uid: int) -> list[int]:
+    """The PIDs whose ``/proc`` entry ``uid`` owns (its processes, and only a process that
+    changed its user may differ): one ``stat`` each, where reading each one's uids to find
+    this user's took 50-100 ms on a machine of 64 CPUs, for every GPU of a run's teardown."""
+    pids = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isascii() and entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+    return pids
 
 
 def _with_info(pids: Iterable[int]) -> Iterator[psutil.Process]:
