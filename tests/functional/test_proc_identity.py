@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from mpswrap import _proc
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 
@@ -40,3 +41,26 @@ def test_zombie_gone_and_reused_pids_are_not_alive() -> None:
     assert _proc.identify(child.pid) is None and not _proc.is_alive(ident)
     me = _proc.identify(os.getpid())
     assert me is not None and not _proc.is_alive(_proc.ProcId(me.pid, me.start_time - 1))
+
+
+def test_processes_with_a_variable_are_found_by_one_read_of_their_environment() -> None:
+    """``procs_with_env``: this user's processes that set the variable, with the values asked
+    for, among given PIDs or all; zombies and the caller left out."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    env = {**os.environ, "MPSWRAP_T_PIPE": "/p/one", "MPSWRAP_T_MORE": "x"}
+    named = subprocess.Popen(sleep, env=env)
+    other = subprocess.Popen(sleep, env={**os.environ, "MPSWRAP_T_PIPE_NOT": "/p/two"})
+    zombie = subprocess.Popen(["true"], env=env)
+    try:
+        wait_until(
+            lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, "a zombie"
+        )
+        found = {p.pid: v for p, v in _proc.procs_with_env("MPSWRAP_T_PIPE", "MPSWRAP_T_MORE")}
+        assert found[named.pid] == {"MPSWRAP_T_PIPE": "/p/one", "MPSWRAP_T_MORE": "x"}
+        assert other.pid not in found and zombie.pid not in found and os.getpid() not in found
+        among = _proc.procs_with_env("MPSWRAP_T_PIPE", among=[other.pid, zombie.pid, named.pid])
+        assert among == [(_proc.identify(named.pid), {"MPSWRAP_T_PIPE": "/p/one"})]
+    finally:
+        for proc in (named, other, zombie):
+            proc.kill()
+            proc.wait()
