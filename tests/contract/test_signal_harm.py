@@ -8,20 +8,20 @@ unavailable"), with a fatal GPU error and a device reset in server.log; in a lat
 same driver the server served the next client after such a fault (the untouched client still
 failed). The tests that kill busy clients outright assert the harm seen every time: one that
 fails means the driver no longer shows it, and the shield could be reconsidered. The same
-clients ended through ``terminate_client`` first, then killed or left to exit on their own,
-harmed nobody where they started first, in every run but one: on four H200s (2026-11-28,
-392a34a) 8 victims ended so and left to exit on their own made the untouched client, started
-after them, fail with an illegal memory access (700). terminate_client first makes the harm
-rare, not impossible. Where an earlier busy client runs on, terminate_client harms the server
-too: on an H100 (2026-11-28, docs/gpu-results/2026-11-28-h100) the next client was refused with
-46 after every ending tried; on two H200s the same day the KILL ending left the next client
-running once, and on four H200s (392a34a) the next client ran after every ending, the earlier
-client failing with 700 after KILL. These tests assert what held in every run; where a driver
-has shown either outcome (8 victims exiting on their own; the next client after an earlier busy
-client's neighbour was ended) they pass either, and print which. With 8 victims started
-together and exiting on their own, a later ``terminate_client`` went unanswered on the H100
-(the simulator answers); they now start in order, and so they were answered on two and four
-H200s.
+clients ended through ``terminate_client`` first and then killed harmed nobody where they
+started first, in every run; left to exit on their own, 8 of them made a client fail with an
+illegal memory access (700) in each of three runs on four H200s (2026-11-28: the untouched
+client, started after them, or a victim itself), and nobody on the H100 and on two H200s.
+terminate_client first is better than a signal, not harmless. Where an earlier busy client
+runs on, terminate_client harms the server too: on an H100 (2026-11-28,
+docs/gpu-results/2026-11-28-h100) the next client was refused with 46 after every ending
+tried; on two H200s the same day the KILL ending left the next client running once, and on
+four H200s (392a34a) the next client ran after every ending, the earlier client failing with
+700 after KILL. These tests assert what held in every run; where a driver has shown either
+outcome (victims exiting on their own; the next client after an earlier busy client's
+neighbour was ended) they pass either, and print which. With 8 victims started together and
+exiting on their own, a later ``terminate_client`` went unanswered on the H100 (the simulator
+answers); they now start in order, and so they were answered on two and four H200s.
 
 A real server may be left unable to serve: each test has a daemon of its own, the tests that
 expect no harm come first, the one that leaves a server unable to serve last, and the gpu tier

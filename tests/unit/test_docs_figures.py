@@ -371,6 +371,60 @@ def h200x4_mps_d() -> list[str]:
     ]
 
 
+#: tests/gpu/probe_mps_start.sh's kinds of start, as benchmarks.md names them.
+MPS_START_KINDS = {
+    "none": "bare, GPU by index",
+    "uuid": "GPU by UUID",
+    "asjob": "by UUID, as a user, on 4 CPUs",
+    "held": "bare, NVML held open",
+}
+
+
+def mps_start(name: str) -> list[str]:
+    """tests/gpu/probe_mps_start.sh's rounds: for each kind of start, one ``-d`` alone and
+    one on each GPU launched together (ms to the last), medians and ranges of the rounds."""
+    text = (RESULTS / name).read_text()
+    alls = re.findall(r"^(\w+) gpus=(\d+) round=\d+ all_ms=(\d+)$", text, re.M)
+    n = max(int(g) for _, g, _ in alls)
+    modes = re.findall(r"^\d+, (\w+)$", text, re.M)
+    assert len(set(modes)) == 1
+    lines = [f"persistence mode {modes[0]} on all {len(modes)} GPUs"]
+    for kind, label in MPS_START_KINDS.items():
+        one = [int(ms) for k, g, ms in alls if k == kind and int(g) == 1]
+        every = [int(ms) for k, g, ms in alls if k == kind and int(g) == n]
+        lines.append(
+            f"| {label} | {med(one):.0f} ({min(one)}-{max(one)}) | "
+            f"{med(every):.0f} ({min(every)}-{max(every)}) | {med(every) / med(one):.1f}x |"
+        )
+    return lines
+
+
+#: The calls of the four-H200 record whose ``ladder`` phase ran, in order.
+RUN_TEARDOWN = REPO / "docs" / "gpu-results" / "2026-11-28-h200-4e40ed8"
+
+
+def run_teardown() -> list[str]:
+    """SIGTERM to a run of 48 busy clients on four GPUs (phase ``ladder``), at each commit of
+    the record: when the first GPU's servers were listed, when each server was shut down,
+    when the last client was gone and when the run exited, in seconds after the signal."""
+    lines = []
+    for call in "acdef":
+        where = RUN_TEARDOWN / f"call-{call}"
+        commit = re.search(r"^commit: (\w{7})", (where / "machine.txt").read_text(), re.M)
+        log = (where / "ladder.log").read_text()
+        listed = re.search(r"^ +([\d.]+)  mpswrap: \d+ ms control .*'get_server_list'", log, re.M)
+        shut = re.search(r"shutdown_server -f at \(s after the signal\): ([\d., ]+)$", log, re.M)
+        gone = re.search(r"clients gone: first [\d.]+ s, median [\d.]+ s, last ([\d.]+) s", log)
+        took = re.search(r"teardown of 48 live clients after SIGTERM: ([\d.]+) s", log)
+        assert commit and listed and shut and gone and took, call
+        times = [float(t) for t in shut[1].split(", ")]
+        lines.append(
+            f"| {call} | {commit[1]} | {float(listed[1]):.2f} | "
+            f"{min(times):.2f}-{max(times):.2f} | {float(gone[1]):.2f} | {float(took[1]):.2f} |"
+        )
+    return lines
+
+
 def h200x2_multigpu() -> list[str]:
     runs = load("2026-11-28-h200x2-multigpu-7713636.json")["runs"]
     multigpu = _module("multigpu")
@@ -524,6 +578,9 @@ STATEMENTS = {
     "h200x2-multigpu": h200x2_multigpu,
     "h200x4-multigpu-392": h200x4_multigpu_392,
     "h200x4-mps-d": h200x4_mps_d,
+    "h200x4-mps-start": lambda: mps_start("2026-11-28-h200x4-mps-start-4e40ed8.txt"),
+    "h200x2-mps-start": lambda: mps_start("2026-11-28-h200x2-mps-start-9aba3b9.txt"),
+    "h200x4-run-teardown": run_teardown,
     "h200x2-teardown-ab": h200x2_teardown_ab,
     "h200x2-farm-auto": h200x2_farm_auto,
     "start-ab": start_ab,
@@ -535,6 +592,7 @@ STATEMENTS = {
 }
 #: Figures of the results that are not measurements: targets, settings, method.
 NOT_MEASURED = (
+    "(within 1.3x of one)",
     "at most 2x; before this change it took 26.6x, 89.2 s against 3.35 s",
     "(`--per-gpu 2`)",
     "500 tasks of `true`, two at a time",
