@@ -506,16 +506,24 @@ def children_of(pid: int) -> list[ProcId]:
     return out
 
 
-def descendants(pids: Iterable[int]) -> dict[int, list[ProcId]]:
-    """The descendants of each of ``pids`` (recursive), identified, from one reading of the
-    process table: ``children_of`` reads all of it for each PID, and for the 48 ranks of a
-    run on four H200s (64 CPUs) that took 0.7 s before the first client was ended."""
+def process_table() -> dict[int, list[int]]:
+    """Each process's children by PID, from one reading of ``/proc``."""
     kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isascii() and name.isdigit():
             parent = parent_of(int(name))
             if parent is not None:
                 kids.setdefault(parent, []).append(int(name))
+    return kids
+
+
+def descendants(
+    pids: Iterable[int], table: Mapping[int, list[int]] | None = None
+) -> dict[int, list[ProcId]]:
+    """The descendants of each of ``pids`` (recursive), identified, from one reading of the
+    process table (``table``, where the caller has one): ``children_of`` reads all of it for
+    each PID, 0.15 s with 1,700 processes on two CPUs."""
+    kids = process_table() if table is None else table
     out: dict[int, list[ProcId]] = {}
     for pid in pids:
         found, todo = [], list(kids.get(pid, ()))

@@ -87,3 +87,38 @@ def test_each_log_is_read_once_and_only_where_a_rank_was_not_seen(
     assert read == [g0.dirs.control_log]  # g1's ranks were seen or refused: its log unread
     assert [c.listed for c in unseen] == [True, False, False]
     assert seen.listed and not refused.listed
+
+
+def test_the_checks_of_one_wake_share_one_reading_of_the_process_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """48 running ranks not yet listed: one poll of each reads the process table once, and
+    each rank's tree comes from it (its own PID's descendants in that reading)."""
+    readings: list[int] = []
+
+    def table() -> dict[int, list[int]]:
+        readings.append(1)
+        return {1000 + i: [] for i in range(48)}
+
+    monkeypatch.setattr(_proc, "process_table", table)
+    daemon = _daemon(tmp_path / "g0", "")
+    seen: list[dict[int, list[_proc.ProcId]]] = []
+
+    def rank(pid: int) -> Any:
+        ident = _proc.ProcId(pid, 1.0)
+
+        def tree(found: dict[int, list[_proc.ProcId]] | None = None) -> list[_proc.ProcId]:
+            assert found is not None
+            seen.append(found)
+            return [ident]
+
+        return SimpleNamespace(
+            name=f"rank {pid}", ident=ident, daemon=daemon, running=lambda: True, tree=tree
+        )
+
+    checks = Verifier.for_ranks([rank(1000 + i) for i in range(48)], "warn", 30.0)
+    for check in checks:
+        check.next_at = 0.0
+        assert not check.failed() and not check.done
+    assert len(readings) == 1
+    assert [list(found) for found in seen] == [[1000 + i] for i in range(48)]
