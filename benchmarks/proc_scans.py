@@ -33,7 +33,7 @@ import psutil
 from revision import REPO, revision
 
 sys.path.insert(0, str(REPO))
-from mpswrap import _proc  # noqa: E402
+from mpswrap import _proc
 
 RANKS = 48
 PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
@@ -98,10 +98,12 @@ def main() -> int:
             ms = {}
             ms["trees_psutil"], before = _timed(lambda: _psutil_trees(ranks))
             ms["trees_own"], after = _timed(lambda: _own_trees(ranks))
-            assert before == after and all(len(k) == 1 for k in after.values())
+            assert before == after
+            assert all(len(kids) == 1 for kids in after.values())
             ms["env_psutil"], before = _timed(lambda: _psutil_env(pipe))
             ms["env_own"], after = _timed(lambda: _own_env(pipe))
-            assert before == after and len(after) == 2 * RANKS, (len(before), len(after))
+            assert before == after
+            assert len(after) == 2 * RANKS, len(after)
             runs.append({"round": rnd, **{k: round(v, 1) for k, v in ms.items()}})
             print(json.dumps(runs[-1]), flush=True)
         processes = len(psutil.pids())

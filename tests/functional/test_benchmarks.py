@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from mpswrap import _proc
 from mpswrap.mps.gpu import load_inventory
 from tests.placed import placed
 from tests.simenv import SimNode, sim_node
 from tests.tree import REPO
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.functional
 EXPECTED = {
@@ -261,3 +263,29 @@ def test_farm_beside_gnu_parallel_quick_runs_and_records(tmp_path: Path) -> None
     if data["true"]["parallel"] is not None:
         assert data["farm_over_parallel"] is not None
     assert "farm / parallel:" in res.stdout and "farm peak RSS" in res.stdout
+
+
+@pytest.mark.timeout(300)
+def test_proc_scans_finds_the_same_processes_both_ways_and_records_them(tmp_path: Path) -> None:
+    """benchmarks/proc_scans.py with few processes: psutil's way and mpswrap's find the same
+    trees and the same processes naming the pipe (the script asserts it), each round is
+    recorded, and nothing it started is left. Not timed: the figures are benchmarks.md's."""
+    out = tmp_path / "scans.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "proc_scans.py"), "--extra", "20"]
+    res = subprocess.run(
+        [*argv, "--rounds", "2", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["round"] for r in data["runs"]] == [0, 1]
+    assert data["meta"]["ranks"] == 48 and data["meta"]["extra"] == 20
+
+    def left() -> list[int]:
+        found = _proc.procs_with_env("CUDA_MPS_PIPE_DIRECTORY")
+        return [p.pid for p, env in found if "/proc-scans-" in env["CUDA_MPS_PIPE_DIRECTORY"]]
+
+    wait_until(lambda: not left(), 30, "the script's processes to be gone")

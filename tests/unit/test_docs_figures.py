@@ -6,6 +6,7 @@ record (benchmarks/revision.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import statistics
@@ -425,6 +426,25 @@ def run_teardown() -> list[str]:
     return lines
 
 
+def proc_scans() -> list[str]:
+    """benchmarks/proc_scans.py: each question asked both ways in each round, medians and
+    ranges in ms, and how many times longer psutil's way took (medians)."""
+    data = json.loads((RESULTS / "2026-11-28-cpu-proc-scans-05c2fbf.json").read_text())
+    runs, meta = data["runs"], data["meta"]
+    lines = [f"{meta['cpus']} CPUs, {meta['processes']:,} processes"]
+    for what, label in (
+        ("trees", "every rank's descendants"),
+        ("env", "the processes naming the pipe"),
+    ):
+        old = [r[f"{what}_psutil"] for r in runs]
+        new = [r[f"{what}_own"] for r in runs]
+        lines.append(
+            f"| {label} | {med(old):,.1f} ({min(old):,.1f}-{max(old):,.1f}) | "
+            f"{med(new):.1f} ({min(new):.1f}-{max(new):.1f}) | {med(old) / med(new):.1f}x |"
+        )
+    return lines
+
+
 def h200x2_multigpu() -> list[str]:
     runs = load("2026-11-28-h200x2-multigpu-7713636.json")["runs"]
     multigpu = _module("multigpu")
@@ -581,6 +601,7 @@ STATEMENTS = {
     "h200x4-mps-start": lambda: mps_start("2026-11-28-h200x4-mps-start-4e40ed8.txt"),
     "h200x2-mps-start": lambda: mps_start("2026-11-28-h200x2-mps-start-9aba3b9.txt"),
     "h200x4-run-teardown": run_teardown,
+    "cpu-proc-scans": proc_scans,
     "h200x2-teardown-ab": h200x2_teardown_ab,
     "h200x2-farm-auto": h200x2_farm_auto,
     "start-ab": start_ab,
