@@ -341,6 +341,7 @@ class ProcId(Struct, frozen=True):
 
 
 @functools.cache
+@functools.cache
 def _boot_time() -> float:
     with open("/proc/stat", "rb") as handle:
         for line in handle:
@@ -349,15 +350,20 @@ def _boot_time() -> float:
     raise OSError("no btime line in /proc/stat")
 
 
+def _parse_stat(data: bytes) -> tuple[bytes, int, float]:
+    """State letter, parent PID and start time from a ``/proc/<pid>/stat`` line; the start
+    time as psutil's ``create_time`` (clock ticks since boot over the tick rate, plus the
+    boot time), so the two compare."""
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time()
+
+
 def _stat(pid: int) -> tuple[bytes, float] | None:
-    """State letter and start time of ``pid``: psutil's ``create_time`` (clock ticks since
-    boot over the tick rate, plus the boot time), so the two compare. None when gone or
-    hidden from us."""
+    """State letter and start time of ``pid``; None when gone or hidden from us."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        fields = data[data.rindex(b")") + 2 :].split()
-        return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK") + _boot_time()
+            state, _, start = _parse_stat(handle.read())
+        return state, start
     except (OSError, ValueError, IndexError):
         return None
 
@@ -371,8 +377,7 @@ def parent_of(pid: int) -> int | None:
     """The parent PID of ``pid`` (``/proc/<pid>/stat``), None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
+            return _parse_stat(handle.read())[1]
     except (OSError, ValueError, IndexError):
         return None
 
@@ -506,33 +511,39 @@ def children_of(pid: int) -> list[ProcId]:
     return out
 
 
-def process_table() -> dict[int, list[int]]:
-    """Each process's children by PID, from one reading of ``/proc``."""
-    kids: dict[int, list[int]] = {}
+def process_table() -> dict[int, list[ProcId]]:
+    """Each process's children by parent PID, each identified by the same reading of its
+    ``stat`` that named its parent."""
+    kids: dict[int, list[ProcId]] = {}
     for name in os.listdir("/proc"):
         if name.isascii() and name.isdigit():
-            parent = parent_of(int(name))
-            if parent is not None:
-                kids.setdefault(parent, []).append(int(name))
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    _, parent, start = _parse_stat(handle.read())
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(parent, []).append(ProcId(int(name), start))
     return kids
 
 
 def descendants(
-    pids: Iterable[int], table: Mapping[int, list[int]] | None = None
+    pids: Iterable[int], table: Mapping[int, list[ProcId]] | None = None
 ) -> dict[int, list[ProcId]]:
-    """The descendants of each of ``pids`` (recursive), identified, from one reading of the
-    process table (``table``, where the caller has one): ``children_of`` reads all of it for
-    each PID, 0.15 s with 1,700 processes on two CPUs."""
+    """The descendants of each of ``pids`` (recursive), from one reading of the process table
+    (``table``, where the caller has one): ``children_of`` reads all of it for each PID
+    (docs/benchmarks.md, ``proc_scans.py``). Each PID is taken once: PIDs reused while the
+    table was read cannot make a loop."""
     kids = process_table() if table is None else table
     out: dict[int, list[ProcId]] = {}
     for pid in pids:
-        found, todo = [], list(kids.get(pid, ()))
+        found: list[ProcId] = []
+        seen, todo = {pid}, list(kids.get(pid, ()))
         while todo:
             kid = todo.pop()
-            todo += kids.get(kid, ())
-            ident = identify(kid)
-            if ident is not None:
-                found.append(ident)
+            if kid.pid not in seen:
+                seen.add(kid.pid)
+                found.append(kid)
+                todo += kids.get(kid.pid, ())
         out[pid] = found
     return out
 
@@ -607,19 +618,17 @@ def procs_with_env(
     skip, uid = _self_and_ancestors(), os.geteuid()
     key = os.fsencode(name) + b"="
     for pid in _owned_by(uid) if among is None else among:
-        if pid in skip:
-            continue
-        env = _environ_with(pid, key)
-        stat = _stat(pid) if env is not None else None
-        if env is None or stat is None or stat[0] == b"Z" or _real_uid(pid) != uid:
-            continue
-        found.append((ProcId(pid, stat[1]), {k: env[k] for k in (name, *more) if k in env}))
+        seen = None if pid in skip else _with_env(pid, key)
+        if seen is not None and seen[1] == uid:
+            env = seen[2]
+            found.append((seen[0], {k: env[k] for k in (name, *more) if k in env}))
     return found
 
 
 def _owned_by(uid: int) -> list[int]:
-    """The PIDs whose ``/proc`` entry ``uid`` owns (its processes; only a process that
-    changed its user may differ): one ``stat`` each."""
+    """The PIDs whose ``/proc`` entry ``uid`` owns: its processes, but for one that changed
+    its effective user or is not dumpable (root owns that one's entry, and only root may read
+    its environment); one ``stat`` each."""
     pids = []
     with os.scandir("/proc") as entries:
         for entry in entries:
@@ -632,35 +641,47 @@ def _owned_by(uid: int) -> list[int]:
     return pids
 
 
-def _environ_with(pid: int, key: bytes) -> dict[str, str] | None:
-    """The environment of ``pid`` where it sets the variable of ``key`` (``NAME=``); None
-    where it does not, or cannot be read. A name set twice has its first value, the one
-    ``getenv`` (and so the CUDA driver) reads."""
+def _with_env(pid: int, key: bytes) -> tuple[ProcId, int, dict[str, str]] | None:
+    """``pid``, its real user ID and its environment, where it sets the variable of ``key``
+    (``NAME=``) and is no zombie; None where it does not, or cannot be read. All three are
+    read through one descriptor of its ``/proc`` directory, which reads as gone once the
+    process has exited, so a PID reused meanwhile is not taken for it. A name set twice has
+    its first value, the one ``getenv`` (and so the CUDA driver) reads."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            raw = handle.read()
+        folder = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
-    if not raw.startswith(key) and b"\0" + key not in raw:
+    try:
+        raw = _read_at(folder, "environ")
+        if not raw.startswith(key) and b"\0" + key not in raw:
+            return None
+        state, _, start = _parse_stat(_read_at(folder, "stat"))
+        status = _read_at(folder, "status")
+        uid = int(status[status.index(b"\nUid:") :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(folder)
+    if state == b"Z":
         return None
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         name, sep, value = item.partition(b"=")
         if sep and name:
             env.setdefault(os.fsdecode(name), os.fsdecode(value))
-    return env
+    return ProcId(pid, start), uid, env
 
 
-def _real_uid(pid: int) -> int | None:
-    """The real user ID of ``pid`` (``/proc/<pid>/status``), None when gone."""
+def _read_at(folder: int, name: str) -> bytes:
+    """The whole of file ``name`` in the directory of descriptor ``folder``."""
+    handle = os.open(name, os.O_RDONLY, dir_fd=folder)
     try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            for line in handle:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        chunks = []
+        while chunk := os.read(handle, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
 
 
 # --- a farm's children ------------------------------------------------------------------

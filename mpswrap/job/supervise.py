@@ -318,7 +318,9 @@ def deliver(ranks: Sequence[Rank], sig: int) -> None:
 def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     """End every MPS client among the ranks' process trees through their daemons' ladder
     (``Daemon.end_clients``), the GPUs side by side (each one's ``terminate_window`` runs
-    at once with the others'); returns the PIDs it ended (terminated, or with their server)."""
+    at once with the others'); returns the PIDs it ended (terminated, or with their server).
+    A GPU whose ladder fails is said, and the others' results still count: what follows (the
+    signal, SIGKILL after the grace) ends every rank."""
     groups: dict[str, tuple[Daemon, dict[int, Rank]]] = {}  # pipe -> (daemon, pid -> rank)
     served = [r for r in ranks if r.daemon is not None]
     for rank, tree in zip(served, trees(served), strict=True):
@@ -329,6 +331,9 @@ def _terminate_clients(ranks: Sequence[Rank]) -> set[int]:
     reports = side_by_side(ladders)
     ended: set[int] = set()
     for (daemon, owners), report in zip(groups.values(), reports, strict=True):
+        if isinstance(report, Exception):  # the ranks' signals and SIGKILL come all the same
+            log.error("%s: its clients' ladder failed: %s", daemon.dirs.key, report)
+            continue
         if isinstance(report, BaseException):
             raise report
         ended.update(report.terminated, report.dropped)

@@ -59,17 +59,16 @@ class Listings:
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[float, set[int]]] = {}
-        self._table: tuple[float, dict[int, list[int]]] | None = None
+        self._table: tuple[float, dict[int, list[_proc.ProcId]]] | None = None
 
     def tree(self, rank: Watched) -> set[int]:
         """The PIDs of ``rank``'s tree, from a reading of the process table that serves every
         check of one wake (a reading for each check took 0.15 s each with 1,700 processes on
         two CPUs: 48 ranks' checks held the wait loop for seconds)."""
         if self._table is None or time.monotonic() - self._table[0] >= LISTING_FRESH:
-            table = _proc.process_table()
-            self._table = (time.monotonic(), table)
-        pid = rank.ident.pid
-        return {p.pid for p in rank.tree(_proc.descendants([pid], self._table[1]))}
+            self._table = (time.monotonic(), _proc.process_table())
+        found = _proc.descendants([rank.ident.pid], self._table[1])
+        return {p.pid for p in rank.tree(found)}
 
     def clients(self, daemon: Daemon) -> set[int]:
         key, now = str(daemon.dirs.pipe), time.monotonic()

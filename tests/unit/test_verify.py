@@ -11,6 +11,7 @@ import pytest
 
 from mpswrap import _proc
 from mpswrap.errors import ControlError
+from mpswrap.job import verify
 from mpswrap.job.verify import Verifier, seen_in_logs
 from mpswrap.mps.mpslog import MpsLog
 
@@ -93,24 +94,27 @@ def test_the_checks_of_one_wake_share_one_reading_of_the_process_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """48 running ranks not yet listed: one poll of each reads the process table once, and
-    each rank's tree comes from it (its own PID's descendants in that reading)."""
+    each rank's tree comes from it (its own PID's descendants in that reading); a later wake
+    reads it again."""
     readings: list[int] = []
+    child = _proc.ProcId(5000, 1.0)  # rank 1000's child
 
-    def table() -> dict[int, list[int]]:
+    def table() -> dict[int, list[_proc.ProcId]]:
         readings.append(1)
-        return {1000 + i: [] for i in range(48)}
+        return {1000: [child]}
 
     monkeypatch.setattr(_proc, "process_table", table)
+    monkeypatch.setattr(verify, "LISTING_FRESH", 3600.0)  # one wake, however slow the machine
     daemon = _daemon(tmp_path / "g0", "")
-    seen: list[dict[int, list[_proc.ProcId]]] = []
+    seen: dict[int, list[_proc.ProcId]] = {}
 
     def rank(pid: int) -> Any:
         ident = _proc.ProcId(pid, 1.0)
 
         def tree(found: dict[int, list[_proc.ProcId]] | None = None) -> list[_proc.ProcId]:
             assert found is not None
-            seen.append(found)
-            return [ident]
+            seen[pid] = found[pid]
+            return [ident, *found[pid]]
 
         return SimpleNamespace(
             name=f"rank {pid}", ident=ident, daemon=daemon, running=lambda: True, tree=tree
@@ -121,4 +125,9 @@ def test_the_checks_of_one_wake_share_one_reading_of_the_process_table(
         check.next_at = 0.0
         assert not check.failed() and not check.done
     assert len(readings) == 1
-    assert [list(found) for found in seen] == [[1000 + i] for i in range(48)]
+    assert seen == {1000 + i: ([child] if i == 0 else []) for i in range(48)}
+    assert checks[0].pids == {1000, 5000}
+    monkeypatch.setattr(verify, "LISTING_FRESH", 0.0)  # the next wake
+    checks[1].next_at = 0.0
+    checks[1].failed()
+    assert len(readings) == 2
