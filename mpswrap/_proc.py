@@ -495,20 +495,8 @@ def kill_procs(procs: Iterable[ProcId], sig: int = signal.SIGKILL) -> None:
 
 
 def children_of(pid: int) -> list[ProcId]:
-    """Descendants of ``pid`` (recursive), identified."""
-    import psutil
-
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
-    out = []
-    for kid in kids:
-        try:
-            out.append(ProcId(kid.pid, kid.create_time()))
-        except psutil.Error:
-            continue
-    return out
+    """Descendants of ``pid`` (recursive), identified (``descendants`` of one PID)."""
+    return descendants([pid])[pid]
 
 
 def process_table() -> dict[int, list[ProcId]]:
