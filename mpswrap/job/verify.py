@@ -61,19 +61,19 @@ class Listings:
         self._seen: dict[str, tuple[float, set[int]]] = {}
         self._table: tuple[float, dict[int, list[_proc.ProcId]]] | None = None
 
-    def tree(self, rank: Watched) -> set[int]:
+    def tree(self, rank: Watched, fresh: bool = False) -> set[int]:
         """The PIDs of ``rank``'s tree, from a reading of the process table that serves every
         check of one wake (a reading for each check took 0.15 s each with 1,700 processes on
-        two CPUs: 48 ranks' checks held the wait loop for seconds)."""
-        if self._table is None or time.monotonic() - self._table[0] >= LISTING_FRESH:
+        two CPUs: 48 ranks' checks held the wait loop for seconds); ``fresh`` reads it again."""
+        if fresh or self._table is None or time.monotonic() - self._table[0] >= LISTING_FRESH:
             self._table = (time.monotonic(), _proc.process_table())
         found = _proc.descendants([rank.ident.pid], self._table[1])
         return {p.pid for p in rank.tree(found)}
 
-    def clients(self, daemon: Daemon) -> set[int]:
+    def clients(self, daemon: Daemon, fresh: bool = False) -> set[int]:
         key, now = str(daemon.dirs.pipe), time.monotonic()
         cached = self._seen.get(key)
-        if cached and now - cached[0] < LISTING_FRESH:
+        if cached and not fresh and now - cached[0] < LISTING_FRESH:
             return cached[1]
         try:
             pids = {pid for pids in daemon.control.clients().values() for pid in pids}
@@ -128,14 +128,9 @@ class Verifier:
         if not self.rank.running():  # gone before it was listed: nothing to warn about
             self.done = True
             return False
-        tree = self.listings.tree(self.rank)
-        self.pids |= tree
-        if self.listings.clients(self.daemon) & tree:
-            self.done = self.listed = True
-            return False
-        if time.monotonic() - self.start < self.timeout:
-            self.next_at = time.monotonic() + self.delay
-            self.delay = min(self.delay * 2, MAX_DELAY)
+        # The last word, once time is up, is a fresh look: a child started since the wake's
+        # shared reading (up to LISTING_FRESH old), already listed by its daemon, is a client.
+        if self._listed() or self._later() or self._listed(fresh=True):
             return False
         self.done = True
         if self.mode == "fail":
@@ -144,6 +139,22 @@ class Verifier:
             return True
         log.warning("%s; hint: %s", self.error().line(), self.error().hint)
         return False
+
+    def _later(self) -> bool:
+        """Whether the rank still has time: then the next poll is set, backing off."""
+        if time.monotonic() - self.start >= self.timeout:
+            return False
+        self.next_at = time.monotonic() + self.delay
+        self.delay = min(self.delay * 2, MAX_DELAY)
+        return True
+
+    def _listed(self, fresh: bool = False) -> bool:
+        """Whether the daemon lists the rank or a descendant (then this check is done)."""
+        tree = self.listings.tree(self.rank, fresh)
+        self.pids |= tree
+        if self.listings.clients(self.daemon, fresh) & tree:
+            self.done = self.listed = True
+        return self.listed
 
     def error(self) -> MpswrapError:
         return MpswrapError(

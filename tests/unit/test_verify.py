@@ -131,3 +131,66 @@ def test_the_checks_of_one_wake_share_one_reading_of_the_process_table(
     checks[1].next_at = 0.0
     checks[1].failed()
     assert len(readings) == 2
+
+
+def test_a_rank_is_refused_only_after_a_fresh_look_at_its_tree_and_its_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fail`` mode, time up: the wake's shared reading (however old) misses the rank's
+    child started since, which its daemon already lists; the last word reads both again, so
+    the rank is a client, not refused. Earlier polls use the shared reading."""
+    child = _proc.ProcId(5000, 1.0)
+    tables: list[dict[int, list[_proc.ProcId]]] = [{1000: []}, {1000: [child]}]  # shared, fresh
+    readings: list[int] = []
+
+    def table() -> dict[int, list[_proc.ProcId]]:
+        readings.append(1)
+        return tables[min(len(readings), len(tables)) - 1]
+
+    monkeypatch.setattr(_proc, "process_table", table)
+    monkeypatch.setattr(verify, "LISTING_FRESH", 3600.0)
+    listings = [set(), {5000}]  # the daemon lists the child from its second listing on
+    asked: list[int] = []
+
+    def clients() -> dict[int, list[int]]:
+        asked.append(1)
+        return {1: sorted(listings[min(len(asked), 2) - 1])}
+
+    daemon = _daemon(tmp_path / "g0", "")
+    daemon.control.clients = clients
+    ident = _proc.ProcId(1000, 1.0)
+    rank = SimpleNamespace(
+        name="rank 1000",
+        ident=ident,
+        daemon=daemon,
+        running=lambda: True,
+        tree=lambda found=None: [ident, *(found or {}).get(1000, [])],
+    )
+    check = Verifier(rank, daemon, 30.0, "fail", verify.Listings())
+    check.next_at = 0.0
+    assert not check.failed() and not check.done  # within its time: the shared reading
+    assert (len(readings), len(asked)) == (1, 1)
+    check.start, check.next_at = -1e9, 0.0  # time is up
+    assert not check.failed()
+    assert check.done and check.listed and not check.refused
+    assert (len(readings), len(asked)) == (2, 2)
+    assert check.pids == {1000, 5000}
+
+
+def test_a_rank_still_unlisted_after_the_fresh_look_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_proc, "process_table", lambda: {1000: []})
+    daemon = _daemon(tmp_path / "g0", "")
+    ident = _proc.ProcId(1000, 1.0)
+    rank = SimpleNamespace(
+        name="rank 1000",
+        ident=ident,
+        daemon=daemon,
+        running=lambda: True,
+        tree=lambda found=None: [ident],
+    )
+    check = Verifier(rank, daemon, 0.0, "fail")
+    check.next_at = 0.0
+    assert check.failed() and check.refused and check.done and not check.listed
+    assert daemon.control.asked == 2  # the shared listing and the fresh one
