@@ -400,8 +400,11 @@ def mps_start(name: str) -> list[str]:
     return lines
 
 
-#: The calls of the four-H200 record whose ``ladder`` phase ran, in order.
-RUN_TEARDOWN = REPO / "docs" / "gpu-results" / "2026-11-28-h200-4e40ed8"
+#: The four-H200 calls whose ``ladder`` phase ran, in order: (record, call).
+RUN_TEARDOWN = [
+    *(("2026-11-28-h200-4e40ed8", call) for call in "acdef"),
+    ("2026-11-28-h200-44d43f9", "a"),
+]
 
 
 def run_teardown() -> list[str]:
@@ -409,8 +412,8 @@ def run_teardown() -> list[str]:
     the record: when the first GPU's servers were listed, when each server was shut down,
     when the last client was gone and when the run exited, in seconds after the signal."""
     lines = []
-    for call in "acdef":
-        where = RUN_TEARDOWN / f"call-{call}"
+    for record, call in RUN_TEARDOWN:
+        where = REPO / "docs" / "gpu-results" / record / f"call-{call}"
         commit = re.search(r"^commit: (\w{7})", (where / "machine.txt").read_text(), re.M)
         log = (where / "ladder.log").read_text()
         listed = re.search(r"^ +([\d.]+)  mpswrap: \d+ ms control .*'get_server_list'", log, re.M)
@@ -420,7 +423,7 @@ def run_teardown() -> list[str]:
         assert commit and listed and shut and gone and took, call
         times = [float(t) for t in shut[1].split(", ")]
         lines.append(
-            f"| {call} | {commit[1]} | {float(listed[1]):.2f} | "
+            f"| {record[-7:]}/{call} | {commit[1]} | {float(listed[1]):.2f} | "
             f"{min(times):.2f}-{max(times):.2f} | {float(gone[1]):.2f} | {float(took[1]):.2f} |"
         )
     return lines
