@@ -27,7 +27,7 @@ from pathlib import Path
 from ._struct import Struct
 from ._wait import backoff
 
-__all__ = ["Cgroup", "member_of", "mount_point", "parent_dir"]
+__all__ = ["Cgroup", "member_of", "mount_point", "parent_dir", "paths_of"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,18 @@ def parent_dir(setting: str) -> Path | None:
         return Path(setting)
     mount = mount_point()
     return mount / AUTO_NAME if mount else None
+
+
+def paths_of(pid: int) -> list[str]:
+    """Every cgroup path of ``pid``, one for each hierarchy ``/proc/PID/cgroup`` lists (the
+    cgroup2 one and any v1 ones); none when gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as handle:
+            lines = handle.read(64 << 10).splitlines()
+    except OSError:
+        return []
+    fields = (line.split(b":", 2) for line in lines)
+    return [f[2].decode(errors="replace") for f in fields if len(f) == 3]
 
 
 def member_of(pid: int) -> str | None:

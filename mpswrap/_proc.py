@@ -445,16 +445,24 @@ def describe(pid_id: ProcId) -> str:
 
 
 def facts(pid: int, environ_of: int | None) -> dict[str, Any]:
-    """A process for ``status``: command line, user, start time; its environment only when it
-    runs as ``environ_of`` (never another user's) and we may read it. Each field on its own."""
+    """A process for ``status``: command line, user (name and real uid), start time; its
+    environment only when it runs as ``environ_of`` (never another user's) and we may read it.
+    Each field on its own."""
     import psutil
 
-    out: dict[str, Any] = {"cmdline": "", "user": None, "start_time": None, "environ": {}}
+    out: dict[str, Any] = {
+        "cmdline": "",
+        "user": None,
+        "uid": None,
+        "start_time": None,
+        "environ": {},
+    }
     try:
         proc = psutil.Process(pid)
     except psutil.Error:
         return out
     for key, read in (
+        ("uid", lambda: proc.uids().real),
         ("cmdline", lambda: " ".join(proc.cmdline())),
         ("start_time", proc.create_time),
         ("user", lambda: user_name(proc.uids().real)),
@@ -611,6 +619,13 @@ def procs_with_env(
             env = seen[2]
             found.append((seen[0], {k: env[k] for k in (name, *more) if k in env}))
     return found
+
+
+def env_value(pid: int, name: str) -> str | None:
+    """The value of variable ``name`` in ``pid``'s environment (any user's, where we may read
+    it); None where it has none, or is gone or unreadable."""
+    seen = _with_env(pid, os.fsencode(name) + b"=")
+    return None if seen is None else seen[2].get(name)
 
 
 def _owned_by(uid: int) -> list[int]:

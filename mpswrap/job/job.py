@@ -108,8 +108,10 @@ class Teardown(Struct):
         return [report.lines()[0] for report in self.gpus]
 
     def lines(self) -> list[str]:
+        """The teardown as people read it, each line escaped: a control reply or a command
+        line in it is the job user's text."""
         out = [line for report in self.gpus for line in report.lines()]
-        return out + [f"LEFT BEHIND: {item}" for item in self.left + self.kept]
+        return [one_line(x) for x in out + [f"LEFT BEHIND: {i}" for i in self.left + self.kept]]
 
 
 class JobDaemons(Struct):
@@ -316,7 +318,9 @@ class JobDaemons(Struct):
         for root to fail (a user must not be able to drain a node)."""
         done = Teardown(self.layout.job_dir)
         lay = self.layout
-        argv = [sys.executable, "-m", "mpswrap", "stop", "--job", lay.job_id, "--node", lay.node]
+        # -s: no site directory of the user's (HOME is theirs: a .pth there runs at start).
+        argv = [sys.executable, "-s", "-m", "mpswrap", "stop", "--job", lay.job_id]
+        argv += ["--node", lay.node]
         argv += ["--run-dir", str(lay.run_dir)]
         try:
             user = _proc.lookup_user(lay.owner)
@@ -328,9 +332,9 @@ class JobDaemons(Struct):
                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
                 **{k: v for k, v in os.environ.items() if k.startswith("MPSWRAP_")},
             }
-            res = _proc.run(
-                argv, env=env, timeout=max(1.0, deadline.left()), user=user, limit=1 << 20
-            )
+            # Bounded even where the caller has no deadline (root's ``mpswrap stop``).
+            timeout = max(1.0, deadline.bound(self.settings.teardown_deadline))
+            res = _proc.run(argv, env=env, timeout=timeout, user=user, limit=1 << 20)
         except MpswrapError as exc:
             done.kept.append(f"{lay.job_dir}: its user's teardown: {exc.line()}")
             return done

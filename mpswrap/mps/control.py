@@ -134,6 +134,8 @@ class Snapshot(Struct, frozen=True):
 
     default_active_thread_percentage: float
     servers: dict[int, tuple[str, float, list[int]]]
+    #: Servers listed but passed over (not the daemon's own).
+    passed_over: int = 0
 
 
 class Control(Struct, frozen=True):
@@ -239,10 +241,13 @@ class Control(Struct, frozen=True):
         """Every server and its clients: the one walk over servers and clients."""
         return {server: self.client_list(server) for server in self.server_list()}
 
-    def snapshot(self, servers_limit: int = 64) -> Snapshot:
+    def snapshot(
+        self, servers_limit: int = 64, keep: Callable[[int], bool] | None = None
+    ) -> Snapshot:
         """What ``status`` shows of the daemon, in one control run for the daemon and one per
-        server: the commands of each go on one stdin, their one-line replies first (the
-        control program answers them in order, as the contract suite checks)."""
+        server (of those ``keep`` keeps, where given): the commands of each go on one stdin,
+        their one-line replies first (the control program answers them in order, as the
+        contract suite checks). ``Snapshot.passed_over``: the servers ``keep`` refused."""
         words = self.command("get_server_list\nget_default_active_thread_percentage").split()
         try:
             default = fields.number(float(words[-1][:32]), 100.0)
@@ -250,8 +255,9 @@ class Control(Struct, frozen=True):
         except (ValueError, IndexError):
             cause = repr(words[:8])
             raise ControlError("unexpected reply", thing="get_server_list", cause=cause) from None
+        kept = [p for p in pids if keep is None or keep(p)]
         servers = {}
-        for server in pids:
+        for server in kept:
             batch = f"get_server_status {server}\nget_active_thread_percentage {server}\n"
             lines = self.command(batch + f"get_client_list {server}").splitlines()
             try:
@@ -261,7 +267,7 @@ class Control(Struct, frozen=True):
             except (ValueError, IndexError):
                 cause = repr(lines[:4])
                 raise ControlError("unexpected reply", thing=batch, cause=cause) from None
-        return Snapshot(default, servers)
+        return Snapshot(default, servers, len(pids) - len(kept))
 
     def has_client(self, pids: set[int]) -> int | None:
         """The server one of ``pids`` is a client of, or None."""
@@ -335,12 +341,17 @@ def _whole(read: Callable[[], int | None]) -> int | None:
         return None
 
 
-def client_status(pid: int, uid: int | None) -> dict[str, Any]:
+def client_status(pid: int, uid: int | None) -> dict[str, Any] | None:
     """One client as ``status`` shows it; its rank, farm task, thread share and memory limit
     from its environment, read only when it runs as ``uid`` (the daemon's user: the PIDs come
     from a daemon that user controls) and we may read it: words for people and labels for
-    metrics, never a reason to act. GPU memory comes from NVML later."""
+    metrics, never a reason to act. GPU memory comes from NVML later. None for a process of
+    another user than ``uid``: the daemon's listing of it is not shown (its command line
+    would reach the job's status and metrics)."""
     facts = _proc.facts(pid, uid)
+    owner = facts.pop("uid")
+    if uid is not None and owner is not None and owner != uid:
+        return None
     env, start = facts.pop("environ"), facts["start_time"]
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     return {

@@ -376,19 +376,30 @@ class Daemon:
         try:
             if deadline.passed:
                 raise ControlError("not asked", cause=DEADLINE_PASSED)
-            found = self.control_within(deadline).snapshot()
+            # The listing is the job user's word: as root, only servers the daemon holds
+            # (root's record and cgroup) are asked about, shown and exported.
+            ident = self.identity()
+            keep = None if ident is None else ident.holder()
+            found = self.control_within(deadline).snapshot(keep=keep)
         except ControlError as exc:
             late = deadline.passed and deadline.seconds is not None
             out["error"] = f"{NOT_IN_TIME} ({deadline.seconds:g} s)" if late else exc.line()
             return out
         out["default_active_thread_percentage"] = found.default_active_thread_percentage
+        if found.passed_over:
+            log.warning(
+                "%s: %d listed server(s) not the daemon's: not shown",
+                self.dirs.key,
+                found.passed_over,
+            )
         for server, (state, share, clients) in found.servers.items():
+            listed = (client_status(c, uid) for c in clients[:CLIENTS_SHOWN])
             out["servers"].append(
                 {
                     "pid": server,
                     "status": state,
                     "active_thread_percentage": share,
-                    "clients": [client_status(c, uid) for c in clients[:CLIENTS_SHOWN]],
+                    "clients": [c for c in listed if c is not None],
                 }
             )
         return out

@@ -18,9 +18,10 @@ import logging
 import os
 import re
 import signal
+from collections.abc import Callable
 
 from .. import _proc, _wait
-from .._cgroup import Cgroup, member_of
+from .._cgroup import Cgroup, member_of, paths_of
 from .._struct import Struct, field
 
 __all__ = ["Identity", "other_job"]
@@ -67,6 +68,12 @@ class Identity(Struct):
             return self.cgroup.holds(member_of(pid))
         return any(p.pid == pid for p in self.members())
 
+    def holder(self) -> Callable[[int], bool]:
+        """``holds`` for many PIDs at once: without a cgroup, the members are read once."""
+        if self.cgroup is not None and self.cgroup.exists():
+            return self.holds
+        return {p.pid for p in self.members()}.__contains__
+
     def end(self, deadline: _wait.Deadline) -> list[_proc.ProcId]:
         """End every member (the polite steps are over: the daemon was asked to quit); return
         what still runs. The cgroup by ``cgroup.kill``, waited for until it is empty; else
@@ -85,13 +92,21 @@ class Identity(Struct):
         return self.members()
 
 
-def other_job(pid: int, job: str) -> bool:
-    """Whether Slurm's cgroup of ``pid`` names a job other than ``job`` (proctrack/cgroup,
-    task/cgroup): such a process is never this job's to end. Without Slurm's cgroups this
-    says nothing (False)."""
-    where = member_of(pid) or ""
-    found = _SLURM_JOB.search(where)
-    return found is not None and found.group(1) != job
+def other_job(pid: int, job: str, by_env: bool = False) -> bool:
+    """Whether ``pid`` is another Slurm job's than ``job``: never this job's to end.
+
+    Slurm's cgroups decide where one of them names a job (proctrack/cgroup, task/cgroup; the
+    cgroup2 tree or any v1 hierarchy, as on a node of cgroup v1 or a hybrid layout). Where
+    none does (proctrack/linuxproc, a process outside Slurm) and ``by_env``, the
+    ``SLURM_JOB_ID`` slurmstepd gave it does: its user may change that, but only to keep a
+    process of their own from this teardown's signals. Otherwise: False."""
+    named = {m.group(1) for path in paths_of(pid) if (m := _SLURM_JOB.search(path))}
+    if named:
+        return named != {job}
+    if not by_env:
+        return False
+    value = _proc.env_value(pid, "SLURM_JOB_ID")
+    return value is not None and value != job
 
 
 def own_uid() -> int:

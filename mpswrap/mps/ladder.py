@@ -27,7 +27,7 @@ from .. import _proc, _wait, trust
 from .._lock import maybe_locked
 from .._struct import Struct, field
 from ..config import Settings
-from ..errors import ControlError, LayoutError, MpswrapError
+from ..errors import ControlError, LayoutError, MpswrapError, one_line
 from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
 from ..removal import remove_tree
 from . import record
@@ -89,7 +89,8 @@ class StopReport(Struct):
             f"{len(self.killed)}{forced}; server.log: {self.log_terminations} client "
             f"termination(s) succeeded, {self.log_faults} fatal error(s){notes}"
         )
-        return [head, *(f"{self.key}: LEFT BEHIND: {item}" for item in self.leftovers + self.paths)]
+        left = (f"{self.key}: LEFT BEHIND: {item}" for item in self.leftovers + self.paths)
+        return [one_line(line) for line in (head, *left)]  # notes hold the job user's replies
 
 
 class Ladder(Struct):
@@ -332,7 +333,9 @@ class Ladder(Struct):
             return False
         if ident.daemon is not None and client.start_time < ident.daemon.start_time - 1:
             return False
-        return not other_job(client.pid, self._job)
+        # Root's record names a Slurm job's daemon: where Slurm's cgroups say nothing of the
+        # client, the job id slurmstepd gave it does (a user-mode run's job is its own name).
+        return not other_job(client.pid, self._job, by_env=self.identity is not None)
 
     def _not_mine(self, proc: _proc.ProcId, ident: Identity) -> None:
         if proc in self._named:

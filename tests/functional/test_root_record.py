@@ -547,6 +547,7 @@ _STATUS_SOCKET = textwrap.dedent(
     """
     import json, os, socket, sys, time
     path, n, delay, status = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    listed = json.loads(sys.argv[5]) or [3000000 + i for i in range(n)]
     os.unlink(path)
     lst = socket.socket(socket.AF_UNIX)
     lst.bind(path)
@@ -561,7 +562,7 @@ _STATUS_SOCKET = textwrap.dedent(
             data += c
         cmd = json.loads(data or b'{"cmd": ""}')["cmd"]
         if cmd == "get_server_list":
-            out = "\\n".join(str(3000000 + i) for i in range(n))
+            out = "\\n".join(map(str, listed))
         elif cmd.startswith("get_default_active"):
             out = "100"
         elif cmd.startswith("get_server_status"):
@@ -583,25 +584,47 @@ _STATUS_SOCKET = textwrap.dedent(
 )
 
 
-def _status_socket(node: SimNode, n: int, delay: float, status: str) -> subprocess.Popen[str]:
+def _status_socket(
+    node: SimNode, n: int, delay: float, status: str, servers: list[int] | None = None
+) -> subprocess.Popen[str]:
     """The job's user answers on g0's control socket in the simulator's protocol: ``n``
-    servers, each command about one of them after ``delay`` seconds, its status ``status``."""
+    servers (``servers``, or ``n`` PIDs of nothing), each command about one of them after
+    ``delay`` seconds, its status ``status``."""
+    argv = [str(n), str(delay), status, json.dumps(servers or [])]
+    return _fake_socket(node, _STATUS_SOCKET, argv)
+
+
+def _fake_socket(node: SimNode, script_text: str, args: list[str]) -> subprocess.Popen[str]:
+    """The job's user puts the program ``script_text`` on g0's control socket (``args``
+    after the socket's path): the process, once the socket is its."""
     script = node.root / "fake.py"
-    script.write_text(_STATUS_SOCKET)
+    script.write_text(script_text)
     script.chmod(0o644)
     control = admin_job(node) / "g0" / "pipe" / "control"
     real = control.stat().st_ino
-    argv = ["/usr/bin/python3", str(script), str(control), str(n), str(delay), status]
-    proc = spawn_as(_user(), argv)
+    proc = spawn_as(_user(), ["/usr/bin/python3", str(script), str(control), *args])
     _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
     return proc
+
+
+def _real_server(node: SimNode, job: str = "101") -> int:
+    """A server the job's daemon really starts for the job's user (before any fake socket):
+    its PID, a server root's record and cgroup hold."""
+    g0 = admin_job(node, job) / "g0"
+    env = basics(CUDA_MPS_PIPE_DIRECTORY=str(g0 / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(g0 / "log"))
+    uid = pwd.getpwnam(_user()).pw_uid
+    started = run_as(_user(), [node.control], env, input=f"start_server -uid {uid}\n")
+    assert started.returncode == 0, started.stderr
+    listed = run_as(_user(), [node.control], env, input="get_server_list\n")
+    return int(listed.stdout.split()[0])
 
 
 def test_a_server_status_from_the_socket_prints_no_escape(node: SimNode) -> None:
     """The job's user answers ``get_server_status`` with an escape sequence: root's
     ``status`` names the server as not healthy, escaped, on stdout and in its log line."""
     pids = _prolog(node, gpus="0")
-    fake = _status_socket(node, 2, 0.0, "\x1b[2J\x1b]0;pwned\x07")
+    server = _real_server(node)
+    fake = _status_socket(node, 2, 0.0, "\x1b[2J\x1b]0;pwned\x07", [server])
     try:
         res = _root_says(node)
     finally:
@@ -609,7 +632,7 @@ def test_a_server_status_from_the_socket_prints_no_escape(node: SimNode) -> None
         fake.communicate(timeout=30)
     _epilog_within(node)
     _all_gone(node, pids)
-    assert res.returncode == 3 and "server 3000000 is" in res.stderr, res.stderr
+    assert res.returncode == 3 and f"server {server} is" in res.stderr, res.stderr
     assert "\x1b" not in res.stdout + res.stderr, repr(res.stdout + res.stderr)
 
 
@@ -635,12 +658,13 @@ def test_a_run_record_nested_past_any_parser_never_breaks_roots_status(node: Sim
 def test_roots_status_and_metrics_end_within_their_deadline_whatever_a_socket_lists(
     node: SimNode,
 ) -> None:
-    """The job's user answers on g0's control socket, listing 64 servers and answering each
-    command about one 0.8 s late (unbounded, ~150 s): root's ``status`` and ``metrics`` end
-    within their one deadline (``report.status.DEADLINE``, plus starting Python on a loaded
-    machine), what was not answered is "not answered in time", and ``status`` exits 3."""
+    """The job's user answers on g0's control socket, listing the daemon's server 64 times
+    and answering each command about one 0.8 s late (unbounded, ~150 s): root's ``status``
+    and ``metrics`` end within their one deadline (``report.status.DEADLINE``, plus starting
+    Python on a loaded machine), what was not answered is "not answered in time", and
+    ``status`` exits 3."""
     pids = _prolog(node, gpus="0")
-    fake = _status_socket(node, 64, 0.8, "ACTIVE")
+    fake = _status_socket(node, 64, 0.8, "ACTIVE", [_real_server(node)] * 64)
     try:
         took = []
         for command in (["status"], ["metrics"]):
@@ -747,3 +771,162 @@ def test_roots_metrics_prints_no_carriage_return_of_a_user_mode_manifest(node: S
     assert out.returncode == 0, out.stderr
     assert b"\r" not in out.stdout, [ln for ln in out.stdout.split(b"\n") if b"\r" in ln]
     assert f'user="{user}"'.encode() in out.stdout and b'user="root' not in out.stdout
+
+
+# --- what root's stop, status and metrics take from the socket, and whose code they run ------
+_SAYING_SOCKET = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    # Each command answered as argv[2] says: command prefix -> [stdout, stderr, rc], the
+    # longest prefix that matches; "" answers every other command.
+    path, said = sys.argv[1], json.loads(sys.argv[2])
+    os.unlink(path)
+    lst = socket.socket(socket.AF_UNIX)
+    lst.bind(path)
+    lst.listen(64)
+    while True:
+        conn, _ = lst.accept()
+        data = b""
+        while not data.endswith(b"\\n"):
+            c = conn.recv(65536)
+            if not c:
+                break
+            data += c
+        cmd = json.loads(data or b'{"cmd": ""}')["cmd"]
+        key = max((k for k in said if cmd.startswith(k)), key=len, default=None)
+        out, err, rc = said[key] if key is not None else ("", "", 0)
+        try:
+            conn.sendall(json.dumps({"stdout": out, "stderr": err, "rc": rc}).encode() + b"\\n")
+        except OSError:
+            pass
+        conn.close()
+    """
+)
+
+
+def _saying(node: SimNode, said: dict[str, tuple[str, str, int]]) -> subprocess.Popen[str]:
+    return _fake_socket(node, _SAYING_SOCKET, [json.dumps(said)])
+
+
+def _end(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def test_roots_stop_prints_no_escape_sequence_of_a_control_reply(node: SimNode) -> None:
+    """The job's user answers every command on g0's socket with a terminal's title and colour
+    sequences: root's ``mpswrap stop`` of the job names the reply, escaped."""
+    pids = _prolog(node, gpus="0")
+    fake = _saying(node, {"": ("", "\x1b]0;pwned\x07\x1b[31mred", 1)})
+    try:
+        res = _root_says(node, "stop", "--job", "101")
+    finally:
+        _end(fake)
+    _epilog_within(node)
+    _all_gone(node, pids)
+    said = res.stdout + res.stderr
+    assert "pwned" in said and "\x1b" not in said, repr(said)
+
+
+def test_roots_stop_of_the_node_bounds_a_users_own_teardown(node: SimNode) -> None:
+    """A user-mode job directory of the test user on the node: root's ``mpswrap stop`` of the
+    whole node, which has no deadline of its own, runs that user's own teardown within a
+    bound and names the job, never an internal error."""
+    tree = node.user_run_dir / "n1" / "109"
+    _as_user(f"mkdir -p {tree} && chmod 700 {node.user_run_dir} {tree.parent} {tree}")
+    res = _root_says(node, "stop")
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 0 and "job 109 on n1" in res.stdout, res.stdout + res.stderr
+    assert not tree.exists()
+
+
+def test_the_sweep_of_a_users_tree_runs_none_of_that_users_own_python_code(
+    node: SimNode,
+) -> None:
+    """The epilog ends a user-mode tree of the job's user by running that user's own
+    ``mpswrap stop``, as them, with their HOME: a ``.pth`` file in their site directory, which
+    runs in every Python they start, runs nowhere in that teardown."""
+    owner = ensure_user("mpswsite", home=True)
+    home = pwd.getpwnam(owner).pw_dir
+    ask = [sys.executable, "-c", "import site; print(site.getusersitepackages())"]
+    site = run_as(owner, ask, basics(HOME=home)).stdout.strip()
+    marker = node.root / "ran"
+    marker.touch(mode=0o666)
+    marker.chmod(0o666)
+    code = f"try:\n with open({str(marker)!r}, 'a') as f: f.write(' '.join(sys.argv) + '\\n')"
+    pth = f"import sys; exec({code + chr(10) + 'except Exception: pass'!r})\n"
+    src = node.root / "zz.pth"
+    src.write_text(pth)
+    src.chmod(0o644)
+    try:
+        run_as(owner, ["sh", "-c", f"mkdir -p {site} && cp {src} {site}/zz-mpswrap-test.pth"])
+        run_as(owner, [sys.executable, "-c", "pass"], basics(HOME=home))
+        assert marker.read_text(), "the .pth does not run in this user's Python: no test"
+        marker.write_text("")
+        tree = node.user_run_dir / "n1" / "101"
+        run_as(owner, ["sh", "-c", f"mkdir -p {tree} && chmod 700 {tree.parent.parent} {tree}"])
+        res = slurm_hook(node, "epilog", user=owner, gpus="0")
+        assert res.returncode == 0, res.stderr
+        assert not tree.exists(), res.stderr  # the user's own teardown ran
+        assert marker.read_text() == "", marker.read_text()
+    finally:
+        run_as(owner, ["rm", "-f", f"{site}/zz-mpswrap-test.pth"])
+
+
+def test_a_process_of_another_job_a_socket_lists_as_a_client_is_never_signalled(
+    node: SimNode,
+) -> None:
+    """Without Slurm's cgroups (proctrack/linuxproc), the job's user runs a process of job 102
+    (its ``SLURM_JOB_ID``), and job 101's control socket lists it as a client of 101's own
+    server: 101's epilog may ask MPS to end it, and never signals it."""
+    pids = _prolog(node, gpus="0")
+    server = _real_server(node)
+    victim = spawn_as(_user(), ["sleep", "300"], SLURM_JOB_ID="102")
+    said = {"get_server_list": (str(server), "", 0), "get_client_list": (str(victim.pid), "", 0)}
+    fake = _saying(node, said)
+    try:
+        _, stderr = _epilog_within(node)
+        assert victim.poll() is None, f"job 102's process was signalled: {stderr}"
+    finally:
+        _end(fake, victim)
+    _all_gone(node, pids)
+
+
+def test_roots_status_and_metrics_show_only_the_daemons_servers_and_the_job_users_clients(
+    node: SimNode,
+) -> None:
+    """The job's socket lists a server that is not the daemon's and, as a client of the
+    daemon's own server, another user's process whose command line holds a secret: root's
+    ``status``, ``status --json`` and ``metrics --process-labels`` show the daemon's server,
+    and neither the stranger nor the other user's process."""
+    pids = _prolog(node, gpus="0")
+    server = _real_server(node)
+    secret = "--password=hunter2-of-another-user"
+    other = spawn_as(
+        ensure_other_user(), [sys.executable, "-c", "import time; time.sleep(300)", secret]
+    )
+    said = {
+        "get_server_list": (f"{server}\n4242", "", 0),
+        "get_client_list": (str(other.pid), "", 0),
+        "get_server_status": ("ACTIVE", "", 0),
+        "get_active_thread_percentage": ("100", "", 0),
+        "get_default_active_thread_percentage": ("100", "", 0),
+    }
+    _wait(lambda: secret in " ".join(psutil.Process(other.pid).cmdline()), "the other process")
+    fake = _saying(node, said)
+    try:
+        shown = [
+            _root_says(node, *c)
+            for c in (["status"], ["status", "--json"], ["metrics", "--process-labels"])
+        ]
+    finally:
+        _end(fake, other)
+    _epilog_within(node)
+    _all_gone(node, pids)
+    assert f"server {server}" in shown[0].stdout, shown[0].stdout + shown[0].stderr
+    assert "not the daemon's: not shown" in shown[0].stderr, shown[0].stderr
+    for res in shown:
+        assert "internal error" not in res.stderr, res.stderr
+        assert secret not in res.stdout and str(other.pid) not in res.stdout, res.stdout
+        assert "4242" not in res.stdout, res.stdout

@@ -1,0 +1,36 @@
+"""Whose Slurm job a process is (``mps.identity.other_job``): Slurm's cgroups decide where one
+names a job, in the cgroup2 tree or any v1 hierarchy; else, for root's teardown of a Slurm
+job's daemon, the ``SLURM_JOB_ID`` slurmstepd gave the process."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpswrap import _proc
+from mpswrap.mps import identity
+from mpswrap.mps.identity import other_job
+
+V1 = ["12:freezer:/slurm/uid_1005/job_999/step_0", "1:name=systemd:/system.slice/slurmd.service"]
+V2 = ["0::/system.slice/slurmstepd.scope/job_101/step_0/user/task_0"]
+
+
+@pytest.mark.parametrize(
+    ("paths", "env", "by_env", "other"),
+    [
+        (V1, None, False, True),  # a v1 hierarchy names job 999: the hybrid layout's case
+        (V2, None, False, False),
+        (V2, "999", True, False),  # the cgroup outranks a variable its user may set
+        (["0::/user.slice/user-1005.slice/session-3.scope"], "102", True, True),
+        (["0::/user.slice/user-1005.slice/session-3.scope"], "102", False, False),
+        (["0::/user.slice"], "101", True, False),
+        (["0::/user.slice"], None, True, False),
+        ([], None, True, False),  # gone
+        (["0::/a/job_101", "3:cpu:/slurm/job_102"], None, False, True),
+    ],
+)
+def test_a_process_is_another_jobs_by_its_cgroups_else_by_its_job_id(
+    monkeypatch: pytest.MonkeyPatch, paths: list[str], env: str | None, by_env: bool, other: bool
+) -> None:
+    monkeypatch.setattr(identity, "paths_of", lambda pid: [p.split(":", 2)[2] for p in paths])
+    monkeypatch.setattr(_proc, "env_value", lambda pid, name: env)
+    assert other_job(4242, "101", by_env=by_env) is other
