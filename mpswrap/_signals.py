@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 
 from ._proc import SHIELDED, ProcId, is_alive, kill_procs
@@ -30,8 +31,10 @@ __all__ = [
     "SHIELD_VAR",
     "TERMINATING",
     "Guard",
+    "Interrupted",
     "SignalTrap",
     "fork_guard",
+    "raising",
     "shield_value",
     "signal_unshielded",
     "unshield",
@@ -221,3 +224,31 @@ def _guard_main(read_fd: int, on_orphaned: Callable[[], None], ignore: Sequence[
         code = 1
     finally:
         os._exit(code)
+
+
+class Interrupted(BaseException):
+    """A terminating signal, raised (``raising``) where a command's own cleanup must run
+    before it exits: ``main`` exits 128+N, as the signal's default action would."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def raising(signals: Sequence[int] = TERMINATING) -> Iterator[None]:
+    """Within it, the first of ``signals`` raises Interrupted and the rest are ignored from
+    then on, so the cleanup it interrupts for runs to its end; leaving restores them. For a
+    command that holds no supervised program (``demo``): a run's wait loop uses SignalTrap."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)

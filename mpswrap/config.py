@@ -394,7 +394,8 @@ def _file_layer(
     if not explicit and not os.path.exists(path):
         return
     try:
-        if trust.is_root() and os.path.exists(path):  # else reading it says what is wrong
+        # A file only: reading anything else (a directory, a FIFO) says what is wrong.
+        if trust.is_root() and os.path.isfile(path):
             trust.check_root_file(path, "admin config file")
         lines = read_config_file(Path(path), problems)
     except ConfigError as exc:

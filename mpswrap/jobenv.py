@@ -37,6 +37,7 @@ UUID_RE = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/[0-9
 _GPU_ITEM = re.compile(
     rf"(?P<lo>[0-9]{{1,4}})(?:-(?P<hi>[0-9]{{1,4}}))?|(?P<uuid>{UUID_RE.pattern})"
 )
+_ASCII_NUMBER = re.compile(r"[0-9]{1,7}")
 _MAX_GPU_POSITION = 999  # a daemon's key is g<position>, three digits at most
 _WHOLE = re.compile(r"-?[0-9]{1,9}")
 _COUNT = re.compile(r"[0-9]{1,9}")
@@ -137,6 +138,8 @@ def parse_int_list(text: str, what: str = "list") -> tuple[int, ...]:
             continue
         lo, sep, hi = part.partition("-")
         try:
+            if not _ASCII_NUMBER.fullmatch(lo) or (sep and not _ASCII_NUMBER.fullmatch(hi)):
+                raise ValueError(part)  # int() takes '٣', '1_0' and ' 7 ', a list does not
             first = int(lo)
             last = int(hi) if sep else first
         except ValueError:

@@ -347,7 +347,7 @@ COMMANDS: tuple[Command, ...] = (
         "recommend the copies per GPU (farm --per-gpu) and the --threads policy.",
         ("mpswrap calibrate -- python step.py", "mpswrap calibrate --counts 1,4,8 -- ./app"),
         "cli.farmcmd:cmd_calibrate",
-        ("0", "1", "2", "127"),
+        ("0", "1", "2", "126", "127"),
         _calibrate,
         launch=_CALIBRATE_LAUNCH,
         config=False,
@@ -507,7 +507,7 @@ COMMANDS: tuple[Command, ...] = (
         "Print the version of this mpswrap, as mpswrap --version does.",
         ("mpswrap version", "mpswrap --version"),
         "cli.main:cmd_version",
-        ("0",),
+        ("0", "2"),
         config=False,
     ),
     Command(
@@ -542,6 +542,14 @@ _BY_NAME = {c.name: c for c in COMMANDS}
 HOOKS = tuple(c.name for c in COMMANDS if c.run == "entry.hooks:cli")
 
 
+def _by_hand(cmd: Command) -> str:
+    """A hook's codes are its contract with slurmd, which passes it no argument; run by hand
+    with one it does not take, it is a usage error as any command (2)."""
+    return (
+        "as slurmd runs it; by hand, an argument it does not take: 2; " if cmd.name in HOOKS else ""
+    )
+
+
 def words_of(rest: list[str]) -> Command | None:
     """The command the first words of ``rest`` name (the longest: ``farm status``), if any."""
     for count in (2, 1):
@@ -565,7 +573,8 @@ def build(cmd: Command, parser_class: type[argparse.ArgumentParser]) -> argparse
         description=textwrap.fill(cmd.description, 79),
         epilog="examples:\n"
         + "\n".join(f"  {e}" for e in cmd.examples)
-        + f"\n\nexit status: {', '.join(cmd.exits)} (their meanings: man mpswrap, EXIT STATUS)",
+        + f"\n\nexit status: {', '.join(cmd.exits)} ({_by_hand(cmd)}their meanings: man "
+        "mpswrap, EXIT STATUS)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )

@@ -17,11 +17,13 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from .. import __version__
+from .._signals import Interrupted
 from ..errors import GpuChoiceError, MpswrapError, UsageError, internal_error
 from ..job.launchers import launcher_of
 from . import commands, output
@@ -263,7 +265,8 @@ def cmd_version(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(None, "info")
-    stdout, sys.stdout = sys.stdout, Output(sys.stdout)
+    # Started with standard output closed (``>&-``): a write fails as on a full disk.
+    stdout, sys.stdout = sys.stdout, Output(sys.stdout or output.Closed())
     try:
         return _main(argv)
     finally:
@@ -276,20 +279,20 @@ def _main(argv: list[str]) -> int:
         return _flushed(argv)
     except OutputError as exc:  # no second try at writing what could not be written
         output.discard()
-        print(exc.render(), file=sys.stderr)
+        output.to_stderr(exc.render())
         return exc.exit_code
     except MpswrapError as exc:
         if "--debug" in argv or debug_env():
             log.exception("failed")
-        print(exc.render(), file=sys.stderr)
+        output.to_stderr(exc.render())
         return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    except (Interrupted, KeyboardInterrupt) as exc:  # Interrupted: its own cleanup ran first
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
     except BrokenPipeError:
         return output.closed()
     except Exception as exc:  # a bug or an error no module translated: one line all the same
         log.debug("traceback", exc_info=exc)
-        print(f"mpswrap: {internal_error(exc, 'with --debug')}", file=sys.stderr)
+        output.to_stderr(f"mpswrap: {internal_error(exc, 'with --debug')}")
         return 1
 
 

@@ -250,11 +250,14 @@ CALIBRATE_OPTIONS: Options = (
 # fmt: on
 
 
-MODES = """\
+#: The launchers' command names, from the launcher table (``job.launchers``).
+LAUNCHERS = tuple(name for row in launchers.LAUNCHERS for name in row.names)
+
+MODES = f"""\
 Run many CUDA processes per GPU through NVIDIA MPS, on Slurm or alone.
 
 modes:
-  mpswrap [options] srun|mpirun|mpiexec|orterun|prun|torchrun ...
+  mpswrap [options] {"|".join(LAUNCHERS)} ...
                         prefix a launcher: every rank it starts is wrapped
                         (mpswrap srun -n 8 ./app, mpswrap mpirun -np 8 ./app,
                         mpswrap torchrun --nproc-per-node 8 train.py)
@@ -268,9 +271,6 @@ modes:
   mpswrap calibrate [options] -- PROGRAM ...
                         how many copies per GPU, with which thread policy
   mpswrap COMMAND ...   manage daemons, show settings, the Slurm hooks (below)"""
-
-#: The launchers' command names, from the launcher table (``job.launchers``).
-LAUNCHERS = tuple(name for row in launchers.LAUNCHERS for name in row.names)
 
 
 def add(parser: Any, options: Options) -> None:

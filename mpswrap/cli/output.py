@@ -5,6 +5,7 @@ as a program a shell pipe ends."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any, TextIO
 
-__all__ = ["Output", "OutputError", "discard"]
+__all__ = ["Closed", "Output", "OutputError", "discard", "to_stderr"]
 
 
 class OutputError(MpswrapError):
@@ -30,7 +31,7 @@ class Output:
     fails; BrokenPipeError passes (``main()`` ends quietly on it). Anything else, as
     ``stream``."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | Closed) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:
@@ -56,13 +57,40 @@ def _translated() -> Iterator[None]:
         raise OutputError("cannot write output", cause=exc.strerror or str(exc)) from exc
 
 
+class Closed:
+    """Standard output where the process started with none (``>&-``): every write fails, as
+    it would on the closed descriptor; nothing to flush."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+
+def to_stderr(line: str) -> None:
+    """``line`` on standard error, where it can be written: a reader that left, or an error
+    stream closed from the start, loses it, and the exit code still says what happened."""
+    try:
+        print(line, file=sys.stderr or Closed(), flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def discard() -> None:
     """Standard output goes to /dev/null from here on: what is still buffered for it is
     dropped, so that the interpreter's flush at exit raises no second time (Python's signal
     docs, Note on SIGPIPE)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # none to start with (``Closed``): nothing is buffered
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, fd)
     finally:
         os.close(devnull)
 

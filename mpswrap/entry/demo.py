@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc, _wait
+from .._signals import raising
 from ..config import Settings, load_settings
 from ..errors import MpswrapError, UsageError
 from ..job import state
@@ -30,6 +32,8 @@ from ..mps.start import Defaults
 from ..report.status import print_status
 
 __all__ = ["cli"]
+
+log = logging.getLogger(__name__)
 
 TORCH_CLIENT = (
     "import torch, time\n"
@@ -101,8 +105,16 @@ def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[
 
 
 def run_demo(n_clients: int, simulate: bool) -> int:
+    """The demo; interrupted (TERM, INT, HUP, its reader gone) or failed at any step, it
+    still ends its clients and daemons and removes its directory before it exits."""
+    with raising():
+        return _demo(n_clients, simulate)
+
+
+def _demo(n_clients: int, simulate: bool) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir="/tmp"))
-    procs = []
+    procs: list[Any] = []
+    pending: JobDaemons | None = None  # started, not yet stopped
     try:
         settings = _settings(tmp, simulate)
         kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
@@ -110,6 +122,7 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         _check_clients(n_clients, inventory, settings)
         gpus = inventory.gpus
         daemons = JobDaemons(state.user_layout(settings, "demo", f"demo-{os.getpid()}"), settings)
+        pending = daemons
         print(f"1. starting one MPS daemon per GPU on {kind}: {len(gpus)} GPU(s)")
         daemons.start(
             gpus,
@@ -122,7 +135,7 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         print("3. mpswrap status")
         print_status(_wait_for_clients(daemons, len(procs), timeout=90))
         print("4. stopping: terminate_client for every client, then quit, then checks")
-        done = daemons.stop()
+        done, pending = daemons.stop(), None
         for line in done.lines():
             print(f"   {line}")
         for proc in procs:
@@ -132,8 +145,20 @@ def run_demo(n_clients: int, simulate: bool) -> int:
         print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
         return 0 if clean else 1
     finally:
+        if pending is not None:  # cut short: the same ladder, quietly
+            _stop_quietly(pending)
         _wait.end_procs([], signal.SIGKILL, children=procs)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_quietly(daemons: JobDaemons) -> None:
+    """The teardown of a demo cut short; what it leaves is logged (its output may be gone)."""
+    try:
+        left = daemons.stop().problems()
+    except MpswrapError as exc:
+        left = [exc.line()]
+    for item in left:
+        log.warning("demo: left behind: %s", item)
 
 
 def _check_clients(n_clients: int, inventory: Inventory, settings: Settings) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from .. import _proc
-from ..errors import UsageError
+from ..errors import MpswrapError, UsageError
 from ..job.run import LaunchOptions, Result, Run, plan
 from ..job.supervise import (
     Rank,
@@ -60,8 +60,11 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
         for rank in range(nprocs):
             print(planned.dry_run_line(rank, nprocs, command, _rank_vars(rank, nprocs)))
         return 0
+    lost = threading.Event()  # a rank's output could not be written: its reader left
     with Run(planned, summary=print_summary) as run:
-        run.result = run.stopped or _run_ranks(run, command=command, n=nprocs)
+        run.result = run.stopped or _run_ranks(run, command=command, n=nprocs, lost=lost)
+    if lost.is_set():
+        raise BrokenPipeError  # main's exit as a program a shell pipe ends (141)
     return run.code
 
 
@@ -75,7 +78,7 @@ def _rank_vars(rank: int, n: int) -> dict[str, str]:
     }
 
 
-def _run_ranks(run: Run, *, command: Sequence[str], n: int) -> Result:
+def _run_ranks(run: Run, *, command: Sequence[str], n: int, lost: threading.Event) -> Result:
     """Start, watch and end the N ranks; what they came to. How each ended goes to the run
     record (``run.ended``)."""
     planned = run.plan
@@ -100,7 +103,7 @@ def _run_ranks(run: Run, *, command: Sequence[str], n: int) -> Result:
             )
         with guarded(ranks, grace), killed_on_error(ranks):  # forked before the output threads
             for index, rank in enumerate(ranks):
-                pumps += _start_pumps(rank, index)
+                pumps += _start_pumps(rank, index, lost)
             mode = opts.verify_mode(settings)
             checks = Verifier.for_ranks(ranks, mode, opts.verify_timeout)
             code = watch(ranks, run.trap, grace=grace, checks=checks)
@@ -117,13 +120,13 @@ def _run_ranks(run: Run, *, command: Sequence[str], n: int) -> Result:
 _WRITE_LOCK = threading.Lock()
 
 
-def _start_pumps(rank: Rank, index: int) -> list[threading.Thread]:
+def _start_pumps(rank: Rank, index: int, lost: threading.Event) -> list[threading.Thread]:
     proc: Any = rank.proc
     threads = []
     for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
         thread = threading.Thread(
             target=_pump,
-            args=(stream, f"[{index}] ".encode(), out),
+            args=(stream, f"[{index}] ".encode(), out, lost),
             daemon=True,
             name=f"rank{index}-output",
         )
@@ -132,24 +135,35 @@ def _start_pumps(rank: Rank, index: int) -> list[threading.Thread]:
     return threads
 
 
-def _pump(stream: IO[str], prefix: bytes, out: IO[str]) -> None:
-    """Copy lines with the rank prefix; bytes, so output that is not UTF-8 passes intact."""
+def _pump(stream: IO[str], prefix: bytes, out: IO[str], lost: threading.Event) -> None:
+    """Copy lines with the rank prefix; bytes, so output that is not UTF-8 passes intact.
+    Once ``out`` cannot be written (its reader left: ``mpswrap run ... | head -1``), ``lost``
+    is set and the rest is read and dropped: the rank never blocks on a full pipe."""
     raw = getattr(stream, "buffer", stream)
     try:
         for line in iter(raw.readline, b""):
-            _write(out, prefix + (line if line.endswith(b"\n") else line + b"\n"))
+            if not lost.is_set() and not _write(
+                out, prefix + (line if line.endswith(b"\n") else line + b"\n")
+            ):
+                lost.set()
     finally:
         stream.close()
 
 
-def _write(out: IO[str], data: bytes) -> None:
+def _write(out: IO[str], data: bytes) -> bool:
+    """Whether ``data`` was written to ``out``: not once its reader has left, or it fails
+    (``main`` says so when it flushes its own output)."""
     with _WRITE_LOCK:
-        target = getattr(out, "buffer", None)
-        if target is not None:
-            target.write(data)
-        else:
-            out.write(data.decode(errors="replace"))
-        out.flush()
+        try:
+            target = getattr(out, "buffer", None)
+            if target is not None:
+                target.write(data)
+            else:
+                out.write(data.decode(errors="replace"))
+            out.flush()
+        except (OSError, ValueError, MpswrapError):  # closed meanwhile; cli.output's error
+            return False
+    return True
 
 
 def _join(threads: list[threading.Thread]) -> None:

@@ -148,7 +148,7 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     if not path or not os.path.exists(path):
         err = ProcError(
             "program not found",
-            thing=program or "(none)",
+            thing=program or ("'' (an empty name)" if argv else "(none)"),
             argv=list(argv),
             hint="check the name and PATH",
         )

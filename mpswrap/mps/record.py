@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..paths import GpuDirs
 from .manifest import Manifest
 from .mpslog import Fault, GpuLogs
@@ -136,15 +137,36 @@ def _due(archive: Path) -> bool:
         os.close(fd)
 
 
+def _unreadable(path: Path, exc: OSError) -> ConfigError:
+    return ConfigError(
+        "cannot read the teardowns' records",
+        thing=str(path),
+        cause=exc.strerror or str(exc),
+        hint="log_archive is root's: ask root, or run mpswrap report as root",
+    )
+
+
 def read_records(archive: Path, job: str) -> list[dict[str, Any]]:
-    """The records of ``job`` in ``archive``, one per node and GPU, by node and GPU."""
+    """The records of ``job`` in ``archive``, one per node and GPU, by node and GPU. An
+    archive, or a record of the job, this user may not read is a ConfigError (not "no
+    record"): an archive that does not exist holds none."""
+    try:
+        names = os.listdir(archive)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise _unreadable(archive, exc) from None
     found = []
-    for path in sorted(archive.glob(f"*-{job}-*{SUFFIX}")):
+    pattern = re.compile(rf".*-{re.escape(job)}-.*{re.escape(SUFFIX)}")
+    for path in sorted(archive / name for name in names if pattern.fullmatch(name)):
         try:
             data = json.loads(path.read_text())
+        except PermissionError as exc:
+            raise _unreadable(path, exc) from None
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and data.get("job") == job:
+        # Every field present: a record of another version, or damaged, is passed over.
+        if isinstance(data, dict) and data.get("job") == job and FIELDS.keys() <= data.keys():
             found.append(data)
     # By node and GPU: a job's GPUs stop side by side, in no order of their own.
     return sorted(

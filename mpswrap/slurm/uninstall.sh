@@ -35,6 +35,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
 [ -L "$DEST" ] && die "$DEST is a symbolic link; refusing"
+[ "$(id -u)" = 0 ] || die "run as root: the hooks are root's (install-hooks installed them as root)"
 
 # remove_marked FILE MARKER WHAT: FILE if it is a plain file of root's (no link, no FIFO) and a
 # line of its first 4 KiB starts with MARKER (a regex).

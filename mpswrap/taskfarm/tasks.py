@@ -21,7 +21,6 @@ import re
 import select
 import shlex
 import stat
-import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -132,7 +131,12 @@ def read_tasks(source: str) -> list[Task]:
     """The tasks of a file, or of standard input for ``-``, checked before anything starts."""
     name = "stdin" if source == "-" else source
     if source == "-":
-        data = _read_list(sys.stdin.buffer.fileno(), name)
+        try:
+            os.fstat(0)
+        except OSError as exc:  # started with standard input closed (``<&-``)
+            cause = f"standard input: {exc.strerror}"
+            raise UsageError("cannot read the task list", thing=name, cause=cause) from None
+        data = _read_list(0, name)
     else:
         fd = _open_list(source)
         try:

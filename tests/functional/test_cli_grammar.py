@@ -12,6 +12,7 @@ import sys
 import types
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -478,3 +479,132 @@ def test_help_of_a_launcher_is_the_overview(capsys: pytest.CaptureFixture[str]) 
 def test_sim_inventory_takes_a_number_of_gpus(tmp_path: Path) -> None:
     assert cli.main(["sim", "inventory", str(tmp_path / "g.json"), "--gpus", "3"]) == 0
     assert (tmp_path / "g.json").stat().st_size > 0
+
+
+def _run_with(node: SimNode, argv: list[str], shell: str) -> subprocess.CompletedProcess[str]:
+    """``python -m mpswrap ARGV`` under ``sh -c`` with ``shell`` after it (``>&-``, ``<&-``,
+    ``2>&-``): its exit code is the last line of standard output's replacement, a file."""
+    out = node.root / "code.txt"
+    words = " ".join(f"'{w}'" for w in [*MPSWRAP, *argv])
+    script = f'{words} {shell}; echo "$?" > {out}'
+    res = subprocess.run(
+        ["sh", "-c", script], env=node.env(), cwd=node.root, text=True, capture_output=True
+    )
+    res.returncode = int(out.read_text())
+    return res
+
+
+@pytest.mark.parametrize("argv", [["config"], ["status", "--json"], ["version"]])
+def test_a_stdout_closed_from_the_start_is_one_line_exit_1(node: SimNode, argv: list[str]) -> None:
+    """``mpswrap config >&-``: a write fails as on a full disk, never an internal error."""
+    res = _run_with(node, argv, ">&-")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr == "mpswrap: cannot write output: Bad file descriptor\n", res.stderr
+
+
+def test_a_run_with_stdout_closed_from_the_start_still_runs_and_says_nothing(
+    node: SimNode,
+) -> None:
+    """Nothing for mpswrap to write: the ranks run and the run exits with their code."""
+    res = _run_with(node, ["run", "-n", "1", "--", "true"], ">&-")
+    assert res.returncode == 0 and "internal error" not in res.stderr, res.stderr
+
+
+def test_a_task_list_on_a_closed_stdin_is_a_usage_error(node: SimNode) -> None:
+    res = _run_with(node, ["farm", "-"], "<&-")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("mpswrap: cannot read the task list (stdin): standard input:")
+
+
+@pytest.mark.parametrize("shell", ["2>&-", "2>&1 | true"])
+def test_a_usage_error_keeps_its_code_when_stderr_cannot_be_written(
+    node: SimNode, shell: str
+) -> None:
+    """``mpswrap run -n 0 -- true 2>&1 | true``: the line is lost, the code still says 2."""
+    script = ["run", "-n", "0", "--", "true"]
+    if "|" in shell:  # the code of the pipeline's first command
+        out = node.root / "code.txt"
+        words = " ".join(f"'{w}'" for w in [*MPSWRAP, *script])
+        line = f"(sleep 0.5; {words}; echo $? > {out}) 2>&1 | true; sleep 0.1"
+        subprocess.run(["bash", "-c", line], env=node.env(), cwd=node.root, timeout=60)
+        assert out.read_text().strip() == "2"
+        return
+    assert _run_with(node, script, shell).returncode == 2
+
+
+def test_a_runs_output_to_a_reader_that_left_is_no_traceback(node: SimNode) -> None:
+    """``mpswrap run -n 2 -- sh -c 'echo ...; sleep ...' | head -1``: the ranks' output is
+    dropped once the reader left, with no traceback of the threads that copy it; the ranks
+    run to their end and the run exits 141, as a program a shell pipe ends."""
+    loop = "for i in 1 2 3 4 5; do echo line$i; sleep 0.1; done"
+    res = node.run_unread("run", "-n", "2", "--", "sh", "-c", loop)
+    assert "Traceback" not in res.stderr and "Exception" not in res.stderr, res.stderr
+    assert res.returncode == 128 + signal.SIGPIPE, res.stderr
+
+
+def _demo_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("mpswrap-demo-*")}
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "reader-left"])
+def test_a_demo_cut_short_still_ends_everything_it_started(node: SimNode, how: str) -> None:
+    """``mpswrap demo``, its reader gone after the first line (``| head -1``), or signalled
+    once its clients attach: it ends its clients and daemons, removes its directory, and
+    exits 141, or 128+N."""
+    before = _demo_dirs()
+    argv = [*MPSWRAP, "demo", "--simulate", "yes", "--clients", "4"]
+    proc = subprocess.Popen(
+        argv,
+        env=node.env(),
+        cwd=node.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if how == "reader-left":
+        proc.stdout.readline()
+        proc.stdout.close()
+    else:
+        while "2. attaching" not in proc.stdout.readline():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=120)
+    sig = signal.SIGPIPE if how == "reader-left" else getattr(signal, how)
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    made = _demo_dirs() - before
+    assert not made, made
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "mpswrap-demo-" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second user reads root's archive")
+def test_report_of_records_the_user_may_not_read_says_so_not_no_record(node: SimNode) -> None:
+    """``log_archive`` root's 0700 directory with a record of job 77 in it: a user's
+    ``mpswrap report 77`` names the directory it cannot read (exit 2), not "no record" (4)."""
+    from tests.users import ensure_test_user
+
+    archive = node.root / "archive"
+    where = str(archive)
+    job = ("--job", "77", "--node", "n1")
+    assert node.mpswrap("start", "--gpus", "0", *job).returncode == 0
+    assert node.mpswrap("stop", *job, MPSWRAP_LOG_ARCHIVE=where).returncode == 0
+    archive.chmod(0o700)
+    res = node.mpswrap("report", "77", user=ensure_test_user(), MPSWRAP_LOG_ARCHIVE=where)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"mpswrap: cannot read the teardowns' records ({archive}): ")
+    assert node.mpswrap("report", "77", MPSWRAP_LOG_ARCHIVE=where).returncode == 0
+
+
+def test_a_config_that_is_a_directory_is_one_line_exit_2(node: SimNode) -> None:
+    """``--config /etc``: a file that cannot be read, as ``--config /nonexistent`` is, and
+    no word of another user changing it (root owns it)."""
+    res = node.mpswrap("config", "--config", str(node.root))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"mpswrap: cannot read config file ({node.root}): "), res.stderr
+    assert "other than root" not in res.stderr

@@ -116,6 +116,7 @@ CASES: dict[str, dict[str, tuple[Setup, tuple[str, ...], tuple[str, ...], dict[s
         "0": (_none, ("calibrate", "--counts", "1", "--repeats", "1", "--", "true"), (), {}),
         "1": (_none, ("calibrate", "--counts", "1", "--repeats", "1", "--", "false"), (), {}),
         "2": (_none, ("calibrate", "--max", "100", "--", "true"), (), {}),
+        "126": (_not_a_program, ("calibrate", "--counts", "1", "--repeats", "1", "--"), (), {}),
         "127": (_none, ("calibrate", "--", "no-such-program-x"), (), {}),
     },
     "start": {
@@ -170,7 +171,7 @@ CASES: dict[str, dict[str, tuple[Setup, tuple[str, ...], tuple[str, ...], dict[s
         "0": (_in_node("gpus.json"), ("sim", "inventory"), ("--gpus", "2"), {}),
         "2": (_none, ("sim", "no-such-command"), (), {}),
     },
-    "version": {"0": (_none, ("version",), (), {})},
+    "version": {"0": (_none, ("version",), (), {}), "2": (_none, ("version", "--bogus"), (), {})},
     "completion": {
         "0": (_none, ("completion", "bash"), (), {}),
         "2": (_none, ("completion", "zsh"), (), {}),

@@ -229,6 +229,23 @@ def test_uninstall_refuses_while_slurm_names_a_shim(tmp: Path, listing: str) -> 
     assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]
 
 
+def test_uninstall_as_a_user_is_one_line_run_as_root(tmp: Path) -> None:
+    """The hooks are root's: a user's ``uninstall-hooks`` says so in one line, as
+    ``install-hooks`` does, not in ``rm``'s words; nothing is removed."""
+    dest = tmp / "hooks"
+    dest.mkdir()
+    (dest / "prolog").write_text("#!/bin/sh\n# mpswrap Slurm shim: test\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)}
+    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    res = run_as(ensure_test_user(), argv, env, cwd="/")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr == (
+        "mpswrap: uninstall-hooks: run as root: the hooks are root's (install-hooks installed "
+        "them as root)\n"
+    ), res.stderr
+    assert (dest / "prolog").exists()
+
+
 def test_uninstall_refuses_while_plugstack_names_the_plugin(tmp: Path) -> None:
     """A plugstack.conf line naming the plugin (as ``required``, every sbatch would fail once
     it is gone) stops uninstall-hooks; a commented-out line does not."""

@@ -72,7 +72,23 @@ def test_job_fields_and_steps() -> None:
     assert not JobEnv({}).is_real_step
 
 
-@pytest.mark.parametrize("text", ["a", "1-", "3-1", "-1", "0,,x"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a",
+        "1-",
+        "3-1",
+        "-1",
+        "0,,x",
+        "\u0660",
+        "1-\u0663",
+        "1_0",
+        "\u00b2",
+        "0x1",
+        "+1",
+        "12345678",
+    ],
+)
 def test_bad_lists(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_int_list(text)
