@@ -49,6 +49,40 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_FILE = "/etc/mpswrap/mpswrap.conf"
 ENV_PREFIX = "MPSWRAP_"
+#: The variables besides the settings' own, as the reference and the man page list them:
+#: (names, who sets them, what they mean).
+OTHER_VARIABLES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"),
+        "mpswrap, for each client",
+        "its GPU's daemon",
+    ),
+    (("CUDA_VISIBLE_DEVICES",), "mpswrap, for each client", "that GPU's UUID"),
+    (
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "CUDA_MPS_CLIENT_PRIORITY",
+        ),
+        "mpswrap with --threads, --mem-limit, --priority",
+        "per-client provisioning",
+    ),
+    (
+        ("MPSWRAP_RANK", "MPSWRAP_LOCAL_RANK", "MPSWRAP_NPROCS", "MPSWRAP_LOCAL_SIZE"),
+        "mpswrap run (or you, for a launcher mpswrap does not know)",
+        "rank numbers",
+    ),
+    (
+        ("MPSWRAP_TASK", "MPSWRAP_TASK_ATTEMPT"),
+        "mpswrap farm, for each task",
+        "the task's number in the task list (from 0) and which run of it this is (from 1)",
+    ),
+    (("MPSWRAP_JOB",), "prefix mode for mpirun", "a job id shared by the ranks of one launch"),
+    (("MPSWRAP_CONFIG",), "admin / hook shims", "admin config file"),
+    (("MPSWRAP_DEBUG",), "user", "1: debug logs and tracebacks (as --debug)"),
+    (("MPSWRAP_SIM_FAULTS",), "tests", "the simulator's fault file (mpswrap/sim/_faults.py)"),
+)
+
 #: Variables with the prefix that are not settings.
 _NOT_SETTINGS = {
     "MPSWRAP_CONFIG",

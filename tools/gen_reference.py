@@ -290,7 +290,20 @@ def metric_series() -> list[str]:
     )
 
 
+def other_variables() -> list[str]:
+    from mpswrap.config import OTHER_VARIABLES
+
+    return _table(
+        ("variable", "set by", "meaning"),
+        [
+            (", ".join(map(_code, names)), _cell(who), _cell(what))
+            for names, who, what in OTHER_VARIABLES
+        ],
+    )
+
+
 SECTIONS: dict[str, Callable[[], list[str]]] = {
+    "other-variables": other_variables,
     "modes": modes,
     "commands": commands,
     "settings": settings,

@@ -513,7 +513,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "completion",
         "print the bash completion script",
-        "Print the bash completion script for mpswrap (made from this table). The wheel "
+        "Print the bash completion script for mpswrap, made from its table of commands. The wheel "
         "installs it where bash-completion looks under the environment's prefix.",
         (
             "mpswrap completion bash > ~/.local/share/bash-completion/completions/mpswrap",

@@ -58,6 +58,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if not re.fullmatch(r"[1-9][0-9]{0,3}(,[1-9][0-9]{0,3})*", args.counts):
             raise UsageError("bad --counts", thing=args.counts, hint="e.g. 1,4,8,12")
         counts = sorted({int(c) for c in args.counts.split(",")})
+        if args.top is not None and counts[-1] > args.top:
+            raise UsageError(
+                "--counts past --max",
+                thing=args.counts,
+                cause=f"{counts[-1]} copies, --max {args.top}",
+                hint="give --counts alone, or counts up to --max",
+            )
     return run_calibrate(
         LaunchOptions.of(args),
         args.program,

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from .. import __version__
-from ..config import ENV_PREFIX, FIELDS
+from ..config import ENV_PREFIX, FIELDS, OTHER_VARIABLES
 from ..errors import EXIT_CODES
 
 __all__ = ["SHIPPED", "roff", "shipped"]
@@ -111,6 +111,10 @@ def roff(parsers: dict[str, argparse.ArgumentParser]) -> str:
     for field in FIELDS:
         out += [".TP", f"\\fB{_text(ENV_PREFIX + field.name.upper())}\\fR"]
         out += [_text(f"{field.doc} (default: {field.default})")]
+    out += [".PP", "Besides those (who sets each, and what it means):"]
+    for names, who, meaning in OTHER_VARIABLES:
+        out += [".TP", ", ".join(f"\\fB{_text(n)}\\fR" for n in names)]
+        out += [_text(f"{meaning} (set by {who})")]
     out += [
         ".SH FILES",
         ".TP",

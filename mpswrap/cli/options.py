@@ -194,10 +194,10 @@ FARM_OPTIONS: Options = (
                       "GPU; auto: found as the farm runs, by throughput and GPU memory "
                       "(default: auto)"}),
     (("--retries",), {"type": whole(0), "default": 0, "metavar": "N",
-                      "help": "runs a task that fails up to N more times, whatever the way "
-                      "(default: 0), where parallel's --retries N is N runs in all; a task a "
-                      "fatal GPU fault ended runs again at least once, one that ran out of GPU "
-                      "memory up to 3 times in all"}),
+                      "help": "runs a task that fails up to N more times, whatever the way, "
+                      "where parallel's --retries N is N runs in all; a task a fatal GPU fault "
+                      "ended runs again at least once, one that ran out of GPU memory up to 3 "
+                      "times in all (default: 0)"}),
     (("--timeout",), {"type": seconds(), "metavar": "S", "help": "seconds a task may run: "
                       "then it is ended through MPS terminate_client, then a signal, and "
                       "recorded as timed out (default: no limit)"}),

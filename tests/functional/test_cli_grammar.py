@@ -608,3 +608,11 @@ def test_a_config_that_is_a_directory_is_one_line_exit_2(node: SimNode) -> None:
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(f"mpswrap: cannot read config file ({node.root}): "), res.stderr
     assert "other than root" not in res.stderr
+
+
+def test_calibrate_counts_past_max_are_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert cli.main(["calibrate", "--max", "4", "--counts", "1,8", "--", "true"]) == 2
+    assert capsys.readouterr().err.startswith("mpswrap: --counts past --max (1,8): 8 copies")

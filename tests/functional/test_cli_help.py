@@ -17,6 +17,7 @@ import pytest
 from mpswrap.cli import main as cli
 from mpswrap.cli import manpage
 from mpswrap.cli.options import LAUNCHERS
+from mpswrap.config import OTHER_VARIABLES
 from tests.tree import REPO
 
 pytestmark = pytest.mark.functional
@@ -116,6 +117,9 @@ def test_the_man_page_renders_without_warnings() -> None:
     for name in COMMANDS:
         assert f"mpswrap {name}\n" in shown.stdout, name
     assert "EXIT STATUS" in shown.stdout and "--verify-timeout S" in shown.stdout
+    environment = shown.stdout.split("\nENVIRONMENT\n", 1)[1].split("\nFILES\n", 1)[0]
+    named = {n for names, _, _ in OTHER_VARIABLES for n in names}
+    assert named and {n for n in named if n not in environment} == set()
 
 
 def _complete(script: str, *words: str) -> list[str]:
