@@ -1,6 +1,7 @@
 """Bash completion, generated from the command table's parsers: the command words (``farm
 status`` too) and launchers, each command's options, and the values of options that have a
-fixed set (``--policy``) or name a file or directory. ``mpswrap completion bash`` prints it;
+fixed set (``--policy``) or name a file or directory, and nothing after one whose value is
+a number or a name (``-n``, ``--job``). ``mpswrap completion bash`` prints it;
 the wheel ships the same text as ``mpswrap/cli/mpswrap.bash`` (tools/gen_reference.py writes
 it, a test compares)."""
 
@@ -54,6 +55,8 @@ def _valued(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _reply(kind: str) -> str:
+    if kind == "nothing":  # a number, a name: no option name is its value
+        return "COMPREPLY=()"
     if kind == "files":
         return 'COMPREPLY=($(compgen -f -- "$cur"))'
     if kind == "dirs":
@@ -80,7 +83,7 @@ def _value_cases(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     by_kind: dict[str, list[str]] = defaultdict(list)
     for name, parser in parsers.items():
         for action in parser._actions:
-            kind = _value_kind(action) if action.nargs != 0 else None
+            kind = (_value_kind(action) or "nothing") if action.nargs != 0 else None
             if kind is not None and action.option_strings:
                 by_kind[kind] += [shlex.quote(f"{name} {flag}") for flag in action.option_strings]
     return [

@@ -23,6 +23,7 @@ _mpswrap() {
         [ "${COMP_WORDS[i]}" = -- ] && cmd=--
     done
     case "$cmd $prev" in
+        ' --gpus'|' --threads'|' --mem-limit'|' --verify-timeout'|' --grace'|' --job'|' --gpus-per-rank'|'run -n'|'run --np'|'run --gpus'|'run --threads'|'run --mem-limit'|'run --verify-timeout'|'run --grace'|'run --job'|'run --gpus-per-rank'|'farm --per-gpu'|'farm --retries'|'farm --timeout'|'farm --halt'|'farm --heartbeat'|'farm --share'|'farm --gpus'|'farm --threads'|'farm --mem-limit'|'farm --verify-timeout'|'farm --grace'|'farm --job'|'calibrate --max'|'calibrate --counts'|'calibrate --repeats'|'calibrate --gpus'|'calibrate --mem-limit'|'calibrate --grace'|'calibrate --job'|'start --job'|'start --node'|'start --gpus'|'start --user'|'start --cpus'|'start --threads'|'start --mem-limit'|'stop --job'|'stop --node'|'status --job'|'status --node'|'status --watch'|'metrics --job'|'metrics --node'|'container-args --job'|'demo --clients') COMPREPLY=(); return ;;
         ' --policy'|'run --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
         ' --priority'|'run --priority'|'farm --priority'|'calibrate --priority'|'start --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
         ' --verify-attach'|'run --verify-attach'|'farm --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;

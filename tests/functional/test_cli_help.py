@@ -177,3 +177,6 @@ def test_completion_completes_option_values(script: str) -> None:
         "cyclic",
     ]
     assert _complete(script, "mpswrap", "demo", "--simulate", "y") == ["yes"]
+    # A number or a name is typed: no option name is offered as the value.
+    for words in (["run", "-n"], ["run", "--job"], ["status", "--watch"], ["--gpus"]):
+        assert _complete(script, "mpswrap", *words, "") == [], words
