@@ -52,21 +52,52 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argparse.Namespace:
-    """The parsed command line; ArgumentError when it is bad."""
-    parser = _Parser(prog=prog, description=__doc__)
+    """The parsed command line; ArgumentError when it is bad: an option the command does not
+    take is named as one (with the nearest it takes), and its help is the command's."""
+    parser = _Parser(prog=prog, description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    bins = sub.add_parser(COMMANDS[0], help="write nvidia-cuda-mps-control, mps-sim-client")
-    bins.add_argument("dir", type=path)
+    bins = sub.add_parser(
+        COMMANDS[0],
+        help="write nvidia-cuda-mps-control, mps-sim-client",
+        description="Write the simulated nvidia-cuda-mps-control and mps-sim-client into DIR "
+        "(made if missing); point control_binary (MPSWRAP_CONTROL_BINARY) at the first.",
+        allow_abbrev=False,
+    )
+    bins.add_argument("dir", metavar="DIR", type=path, help="where to write them")
     bins.add_argument("--faults", default=None, type=path, help="fault file (MPSWRAP_SIM_FAULTS)")
-    inv = sub.add_parser(COMMANDS[1], help="write a fake NVML inventory (JSON)")
-    inv.add_argument("file", type=path)
+    inv = sub.add_parser(
+        COMMANDS[1],
+        help="write a fake NVML inventory (JSON)",
+        description="Write a fake list of GPUs to FILE; point gpu_inventory "
+        "(MPSWRAP_GPU_INVENTORY) at it.",
+        allow_abbrev=False,
+    )
+    inv.add_argument("file", metavar="FILE", type=path, help="the JSON file to write")
     inv.add_argument(
         "--gpus",
         type=number(MOST_GPUS, least=1, whole=True),
         default=2,
         help=f"1 to {MOST_GPUS} (default: 2)",
     )
-    return parser.parse_args(argv)
+    try:
+        return parser.parse_args(argv)
+    except ArgumentError as exc:
+        command = sub.choices.get((argv or sys.argv[1:] or [""])[0])
+        if command is None or not str(exc).startswith("unrecognized arguments: "):
+            raise
+        raise _unknown(str(exc).split(": ", 1)[1].split()[0], command) from None
+
+
+def _unknown(word: str, command: argparse.ArgumentParser) -> ArgumentError:
+    """A word ``command`` does not take, as every mpswrap command names one."""
+    import difflib
+
+    if not word.startswith("-"):
+        return ArgumentError(f"unexpected argument '{word}'", command.prog)
+    taken = [o for a in command._actions for o in a.option_strings]
+    near = difflib.get_close_matches(word, taken, n=1)
+    guess = f" (did you mean '{near[0]}'?)" if near else ""
+    return ArgumentError(f"unknown option '{word}'{guess}", command.prog)
 
 
 def write(args: argparse.Namespace) -> Path:

@@ -616,3 +616,20 @@ def test_calibrate_counts_past_max_are_refused_not_ignored(
     os.chdir(tmp_path)
     assert cli.main(["calibrate", "--max", "4", "--counts", "1,8", "--", "true"]) == 2
     assert capsys.readouterr().err.startswith("mpswrap: --counts past --max (1,8): 8 copies")
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        (["--bogus"], "unknown option '--bogus' (did you mean '--gpus'?)"),
+        (["--gpu", "2"], "unknown option '--gpu' (did you mean '--gpus'?)"),  # no abbreviation
+        (["y"], "unexpected argument 'y'"),
+    ],
+)
+def test_the_simulators_commands_keep_the_grammar_of_every_command(
+    words: list[str], said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert cli.main(["sim", "inventory", "gpus.json", *words]) == 2
+    assert capsys.readouterr().err == f"mpswrap: {said}\nhint: mpswrap sim inventory --help\n"
+    assert not (tmp_path / "gpus.json").exists()
