@@ -420,10 +420,15 @@ class Daemon:
         if not self._anything():
             return report
         lock = self._lock
-        if isinstance(lock, RootLock):
-            lock.acquire(deadline.left())
-        else:
-            lock.acquire()
+        try:
+            if isinstance(lock, RootLock):
+                lock.acquire(deadline.left())
+            else:
+                lock.acquire()
+        except LayoutError:
+            if self._anything():
+                raise
+            return report  # ended meanwhile, its directory gone (its owners' watchdog)
         try:  # another hook of the job may have stopped it while we waited: a no-op then
             if self._anything():
                 self._ladder(deadline).stop(report)

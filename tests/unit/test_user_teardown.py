@@ -26,3 +26,30 @@ def test_a_tree_met_with_no_time_left_is_named_and_its_teardown_not_run(
     daemons = JobDaemons(JobLayout(tmp_path, "n1", "7", 1000), load_settings({}, env={}))
     done = daemons._stop_as_owner(_wait.Deadline(0))
     assert done.kept == [f"{tmp_path / 'n1' / '7'}: its user's teardown not run: no time left"]
+
+
+def test_a_daemon_ended_and_removed_by_another_teardown_meanwhile_is_no_leftover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mpswrap stop`` of a farm killed outright races its owners' watchdog: between finding
+    the GPU's directory and taking its lock, the watchdog ends the daemon and removes the
+    job's directory with the lock's. Nothing of the daemon is left: a clean stop, no
+    "cannot take lock" left behind."""
+    from mpswrap import _lock
+    from mpswrap.errors import LayoutError
+    from mpswrap.mps.daemon import Daemon
+    from mpswrap.paths import GpuDirs
+
+    job = tmp_path / "job"
+    (job / "g0").mkdir(parents=True)
+
+    def acquire(self: Any) -> None:
+        for path in sorted(job.rglob("*"), reverse=True):
+            path.rmdir()
+        job.rmdir()
+        raise LayoutError("cannot take lock", thing=str(job / ".g0.lock"), cause="gone")
+
+    monkeypatch.setattr(_lock.FileLock, "acquire", acquire)
+    daemon = Daemon(GpuDirs("g0", job / "g0"), job / ".g0.lock", load_settings({}, env={}))
+    report = daemon.stop()
+    assert not report.leftovers and not report.paths
