@@ -95,10 +95,11 @@ def _start_settings(args: argparse.Namespace) -> Settings:
             prestart_server=True if args.prestart else None,
             **{name: getattr(args, dest) for dest, (_, name) in _START_SETTINGS.items()},
         )
-    except ConfigError as exc:
-        for option, name in _START_SETTINGS.values():
+    except ConfigError as exc:  # as run's options say it: "bad --threads (150): ..."
+        for dest, (option, name) in _START_SETTINGS.items():
             if exc.what == f"bad value for {name}" and str(exc.thing).endswith(" in argument"):
-                exc.with_context(option)
+                value = str(getattr(args, dest))
+                raise ConfigError(f"bad {option}", thing=value, cause=exc.cause) from None
         raise
 
 

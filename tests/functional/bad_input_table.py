@@ -293,8 +293,8 @@ CASES: tuple[Case, ...] = (
     Case("cli-near-wrapper-option", "arguments", ("--gpu", "0", "run", "-n", "1", "--", "true"),
          "mpswrap: unknown option '--gpu' (did you mean '--gpus'?)\nhint: mpswrap --help", 2),
     Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
-         "mpswrap: --threads: bad value for active_thread_percentage ('0' in argument): "
-         "expected a percentage in (0, 100]", 2, option="start --threads"),
+         "mpswrap: bad --threads (0): expected a percentage in (0, 100]", 2,
+         option="start --threads"),
     Case("cli-mem-limit", "arguments", ("start", *JOB, "--mem-limit", "12T"),
          "mpswrap: argument --mem-limit: invalid value '12T': expected a size like 512M or 2G\n"
          f"{START_HELP}", 2, option="start --mem-limit"),
