@@ -621,11 +621,26 @@ def procs_with_env(
     return found
 
 
+#: How much of a process's environment ``env_value`` reads: its owner sets its size.
+ENV_VALUE_LIMIT = 256 << 10
+
+
 def env_value(pid: int, name: str) -> str | None:
     """The value of variable ``name`` in ``pid``'s environment (any user's, where we may read
-    it); None where it has none, or is gone or unreadable."""
-    seen = _with_env(pid, os.fsencode(name) + b"=")
-    return None if seen is None else seen[2].get(name)
+    it), from its first ``ENV_VALUE_LIMIT`` bytes, found without parsing the rest (a
+    process's owner can make its environment megabytes long); None where it has none there,
+    or is gone or unreadable."""
+    key = os.fsencode(name) + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = b"\0" + handle.read(ENV_VALUE_LIMIT)
+    except OSError:
+        return None
+    start = raw.find(b"\0" + key)
+    if start < 0:
+        return None
+    value = raw[start + 1 + len(key) :].split(b"\0", 1)[0]
+    return os.fsdecode(value)
 
 
 def _owned_by(uid: int) -> list[int]:

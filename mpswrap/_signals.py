@@ -34,6 +34,7 @@ __all__ = [
     "Interrupted",
     "SignalTrap",
     "fork_guard",
+    "hold",
     "raising",
     "shield_value",
     "signal_unshielded",
@@ -235,6 +236,13 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+def hold(signals: Sequence[int] = TERMINATING) -> None:
+    """Ignore ``signals`` from here on, within ``raising`` (which restores them): a cleanup
+    that must run to its end."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 @contextmanager
 def raising(signals: Sequence[int] = TERMINATING) -> Iterator[None]:
     """Within it, the first of ``signals`` raises Interrupted and the rest are ignored from
@@ -242,8 +250,7 @@ def raising(signals: Sequence[int] = TERMINATING) -> Iterator[None]:
     command that holds no supervised program (``demo``): a run's wait loop uses SignalTrap."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
-        for sig in signals:
-            signal.signal(sig, signal.SIG_IGN)
+        hold(signals)
         raise Interrupted(signum)
 
     saved = {sig: signal.signal(sig, interrupt) for sig in signals}

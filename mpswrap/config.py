@@ -428,9 +428,12 @@ def _file_layer(
     if not explicit and not os.path.exists(path):
         return
     try:
-        # A file only: reading anything else (a directory, a FIFO) says what is wrong.
-        if trust.is_root() and os.path.isfile(path):
-            trust.check_root_file(path, "admin config file")
+        # Root's own directory or FIFO (every level above it root's): reading it says "not a
+        # file". Any level another user may change is refused before it is opened.
+        if trust.is_root() and os.path.exists(path):
+            level = trust.changeable_level(path)
+            if level is not None and not level.endswith(" (not a regular file)"):
+                trust.check_root_file(path, "admin config file")
         lines = read_config_file(Path(path), problems)
     except ConfigError as exc:
         _problem(exc, problems)

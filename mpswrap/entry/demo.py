@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc, _wait
-from .._signals import raising
+from .._signals import hold, raising
 from ..config import Settings, load_settings
 from ..errors import MpswrapError, UsageError
 from ..job import state
@@ -87,13 +87,13 @@ def _wait_for_clients(daemons: JobDaemons, count: int, timeout: float) -> dict[s
         time.sleep(0.2)
 
 
-def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[Any]:
+def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int, procs: list[Any]) -> None:
+    """Each client started joins ``procs`` at once: a demo cut short ends those started."""
     if argv is None:
         print("2. PyTorch is not installed: no clients to attach")
-        return []
+        return
     print(f"2. attaching {n} clients, block placement over the GPUs")
     slots = daemons.slots(None)
-    procs = []
     for position in plan_positions(n, len(slots)):
         env = dict(os.environ, **client_env(slots[position].dirs, slots[position].uuid))
         procs.append(
@@ -101,7 +101,6 @@ def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int) -> list[
                 argv, env=env, new_session=False, stdout=_proc.DEVNULL, stderr=_proc.DEVNULL
             )
         )
-    return procs
 
 
 def run_demo(n_clients: int, simulate: bool) -> int:
@@ -112,7 +111,8 @@ def run_demo(n_clients: int, simulate: bool) -> int:
 
 
 def _demo(n_clients: int, simulate: bool) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir="/tmp"))
+    base = tempfile.gettempdir()  # $TMPDIR where the daemons' socket paths fit in it
+    tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir=base if len(base) <= 32 else "/tmp"))
     procs: list[Any] = []
     pending: JobDaemons | None = None  # started, not yet stopped
     try:
@@ -131,7 +131,7 @@ def _demo(n_clients: int, simulate: bool) -> int:
             shared_parents=False,
             defaults=Defaults.from_settings(settings),
         )
-        procs += _start_clients(daemons, _client_argv(tmp, simulate, seconds=120), n_clients)
+        _start_clients(daemons, _client_argv(tmp, simulate, seconds=120), n_clients, procs)
         print("3. mpswrap status")
         print_status(_wait_for_clients(daemons, len(procs), timeout=90))
         print("4. stopping: terminate_client for every client, then quit, then checks")
@@ -145,6 +145,7 @@ def _demo(n_clients: int, simulate: bool) -> int:
         print("5. nothing left behind" if clean else f"5. LEFT BEHIND: {left}")
         return 0 if clean else 1
     finally:
+        hold()  # a signal now would cut the cleanup short: it runs to its end
         if pending is not None:  # cut short: the same ladder, quietly
             _stop_quietly(pending)
         _wait.end_procs([], signal.SIGKILL, children=procs)

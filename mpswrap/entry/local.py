@@ -60,11 +60,10 @@ def run_local(opts: LaunchOptions, nprocs: int, command: Sequence[str]) -> int:
         for rank in range(nprocs):
             print(planned.dry_run_line(rank, nprocs, command, _rank_vars(rank, nprocs)))
         return 0
-    lost = threading.Event()  # a rank's output could not be written: its reader left
+    outputs = _Outputs()
     with Run(planned, summary=print_summary) as run:
-        run.result = run.stopped or _run_ranks(run, command=command, n=nprocs, lost=lost)
-    if lost.is_set():
-        raise BrokenPipeError  # main's exit as a program a shell pipe ends (141)
+        run.result = run.stopped or _run_ranks(run, command=command, n=nprocs, outputs=outputs)
+    outputs.check()
     return run.code
 
 
@@ -78,7 +77,7 @@ def _rank_vars(rank: int, n: int) -> dict[str, str]:
     }
 
 
-def _run_ranks(run: Run, *, command: Sequence[str], n: int, lost: threading.Event) -> Result:
+def _run_ranks(run: Run, *, command: Sequence[str], n: int, outputs: _Outputs) -> Result:
     """Start, watch and end the N ranks; what they came to. How each ended goes to the run
     record (``run.ended``)."""
     planned = run.plan
@@ -103,7 +102,7 @@ def _run_ranks(run: Run, *, command: Sequence[str], n: int, lost: threading.Even
             )
         with guarded(ranks, grace), killed_on_error(ranks):  # forked before the output threads
             for index, rank in enumerate(ranks):
-                pumps += _start_pumps(rank, index, lost)
+                pumps += _start_pumps(rank, index, outputs)
             mode = opts.verify_mode(settings)
             checks = Verifier.for_ranks(ranks, mode, opts.verify_timeout)
             code = watch(ranks, run.trap, grace=grace, checks=checks)
@@ -120,13 +119,35 @@ def _run_ranks(run: Run, *, command: Sequence[str], n: int, lost: threading.Even
 _WRITE_LOCK = threading.Lock()
 
 
-def _start_pumps(rank: Rank, index: int, lost: threading.Event) -> list[threading.Thread]:
+class _Outputs:
+    """The first error writing each of mpswrap's outputs (``stdout``, ``stderr``) the ranks'
+    lines go to: once one fails, what comes for it is read and dropped, so a rank never
+    blocks on a full pipe."""
+
+    def __init__(self) -> None:
+        self.failed: dict[str, BaseException] = {}
+
+    def check(self) -> None:
+        """After the run, standard output's failure as ``main`` says its own: a reader that
+        left (``| head -1``) ends quietly (141); any other (a full disk) is one line, exit 1.
+        A failing standard error has nowhere left to be said."""
+        exc = self.failed.get("stdout")
+        if isinstance(exc, BrokenPipeError):
+            raise BrokenPipeError
+        if isinstance(exc, MpswrapError):  # cli.output's translation of the flush
+            raise exc
+        if exc is not None:
+            cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise MpswrapError("cannot write output", cause=cause)
+
+
+def _start_pumps(rank: Rank, index: int, outputs: _Outputs) -> list[threading.Thread]:
     proc: Any = rank.proc
     threads = []
-    for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+    for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
         thread = threading.Thread(
             target=_pump,
-            args=(stream, f"[{index}] ".encode(), out, lost),
+            args=(stream, f"[{index}] ".encode(), name, outputs),
             daemon=True,
             name=f"rank{index}-output",
         )
@@ -135,24 +156,22 @@ def _start_pumps(rank: Rank, index: int, lost: threading.Event) -> list[threadin
     return threads
 
 
-def _pump(stream: IO[str], prefix: bytes, out: IO[str], lost: threading.Event) -> None:
-    """Copy lines with the rank prefix; bytes, so output that is not UTF-8 passes intact.
-    Once ``out`` cannot be written (its reader left: ``mpswrap run ... | head -1``), ``lost``
-    is set and the rest is read and dropped: the rank never blocks on a full pipe."""
+def _pump(stream: IO[str], prefix: bytes, name: str, outputs: _Outputs) -> None:
+    """Copy lines with the rank prefix to mpswrap's output ``name``; bytes, so output that
+    is not UTF-8 passes intact. Once that output has failed (its reader left: ``mpswrap run
+    ... | head -1``), the rest is read and dropped (``_Outputs``)."""
     raw = getattr(stream, "buffer", stream)
     try:
         for line in iter(raw.readline, b""):
-            if not lost.is_set() and not _write(
-                out, prefix + (line if line.endswith(b"\n") else line + b"\n")
-            ):
-                lost.set()
+            if name not in outputs.failed:
+                _write(name, prefix + (line if line.endswith(b"\n") else line + b"\n"), outputs)
     finally:
         stream.close()
 
 
-def _write(out: IO[str], data: bytes) -> bool:
-    """Whether ``data`` was written to ``out``: not once its reader has left, or it fails
-    (``main`` says so when it flushes its own output)."""
+def _write(name: str, data: bytes, outputs: _Outputs) -> None:
+    """``data`` to mpswrap's output ``name``; its first error kept in ``outputs``."""
+    out = getattr(sys, name)
     with _WRITE_LOCK:
         try:
             target = getattr(out, "buffer", None)
@@ -161,9 +180,8 @@ def _write(out: IO[str], data: bytes) -> bool:
             else:
                 out.write(data.decode(errors="replace"))
             out.flush()
-        except (OSError, ValueError, MpswrapError):  # closed meanwhile; cli.output's error
-            return False
-    return True
+        except (OSError, ValueError, MpswrapError) as exc:  # ValueError: closed meanwhile
+            outputs.failed.setdefault(name, exc)
 
 
 def _join(threads: list[threading.Thread]) -> None:

@@ -287,7 +287,12 @@ class Ladder(Struct):
                         clients += self._shutdown(server, ending[index:], set(ending), report)
                         break
                     clients += self._terminate(server, pid, report)
-        clients = [c for c in clients if self._may_end(c, ident)]
+        # Each listed once, and only while the deadline lasts: the list is the job user's.
+        clients = [
+            c
+            for c in dict.fromkeys(clients)
+            if not self.deadline.passed and self._may_end(c, ident)
+        ]
         log.debug("%s: %d client(s) asked to end; waiting for them", self.dirs.key, len(clients))
 
         def killed(left: list[_proc.ProcId]) -> list[_proc.ProcId]:

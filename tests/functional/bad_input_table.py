@@ -456,13 +456,13 @@ CASES: tuple[Case, ...] = (
          "mpswrap: cannot write the simulator's programs (/etc/passwd): Not a directory\n"
          f"hint: {_SIM_BIN_HINT}", 2),
     Case("sim-bin-empty", "path", ("sim", "install-bin", ""),
-         "mpswrap: argument dir: invalid value '': expected a path\n"
+         "mpswrap: argument DIR: invalid value '': expected a path\n"
          "hint: mpswrap sim install-bin --help", 2),
     Case("sim-inventory-a-directory", "path", ("sim", "inventory", "<root>", "--gpus", "2"),
          "mpswrap: cannot write the GPU inventory (<root>): Is a directory\n"
          "hint: give a file you can write, e.g. ~/mps-sim/gpus.json", 2),
     Case("sim-inventory-empty", "path", ("sim", "inventory", "", "--gpus", "2"),
-         "mpswrap: argument file: invalid value '': expected a path\n"
+         "mpswrap: argument FILE: invalid value '': expected a path\n"
          "hint: mpswrap sim inventory --help", 2),
     Case("metrics-textfile-not-writable", "path", ("metrics", "--textfile", "/etc"),
          "mpswrap: --textfile: cannot write the metrics file (/etc/mpswrap.prom): Permission "

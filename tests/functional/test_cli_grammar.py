@@ -12,7 +12,6 @@ import sys
 import types
 from pathlib import Path
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -456,7 +455,7 @@ def test_a_commands_option_may_come_before_its_word(
             "mpswrap: cannot read the task list (stauts): No such file or directory"
             " (did you mean 'farm status'?)",
         ),
-        (["sim", "inventory"], "mpswrap: the following arguments are required: file"),
+        (["sim", "inventory"], "mpswrap: the following arguments are required: FILE"),
     ],
 )
 def test_a_mistake_is_named_first_in_one_line(
@@ -542,20 +541,15 @@ def test_a_runs_output_to_a_reader_that_left_is_no_traceback(node: SimNode) -> N
     assert res.returncode == 128 + signal.SIGPIPE, res.stderr
 
 
-def _demo_dirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("mpswrap-demo-*")}
-
-
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "reader-left"])
 def test_a_demo_cut_short_still_ends_everything_it_started(node: SimNode, how: str) -> None:
     """``mpswrap demo``, its reader gone after the first line (``| head -1``), or signalled
     once its clients attach: it ends its clients and daemons, removes its directory, and
     exits 141, or 128+N."""
-    before = _demo_dirs()
     argv = [*MPSWRAP, "demo", "--simulate", "yes", "--clients", "4"]
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # in the node's own directory: other demos run beside it
         argv,
-        env=node.env(),
+        env=node.env(TMPDIR=str(node.root)),
         cwd=node.root,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -573,13 +567,8 @@ def test_a_demo_cut_short_still_ends_everything_it_started(node: SimNode, how: s
     sig = signal.SIGPIPE if how == "reader-left" else getattr(signal, how)
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and "internal error" not in err, err
-    made = _demo_dirs() - before
-    assert not made, made
-    left = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "mpswrap-demo-" in " ".join(p.info["cmdline"] or [])
-    ]
+    assert not list(node.root.glob("mpswrap-demo-*")), "the demo's directory is left"
+    left = node.leftovers()  # whatever has the node in its environment: the demo's TMPDIR
     assert not left, left
 
 
@@ -633,3 +622,20 @@ def test_the_simulators_commands_keep_the_grammar_of_every_command(
     assert cli.main(["sim", "inventory", "gpus.json", *words]) == 2
     assert capsys.readouterr().err == f"mpswrap: {said}\nhint: mpswrap sim inventory --help\n"
     assert not (tmp_path / "gpus.json").exists()
+
+
+def test_a_runs_output_to_a_full_disk_is_said_exit_1(node: SimNode) -> None:
+    """``mpswrap run -n 1 -- echo hi > /dev/full``: as mpswrap's own output, one line, exit 1
+    (not the quiet 141 of a reader that left)."""
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [*MPSWRAP, "run", "-n", "1", "--", "echo", "hi"],
+            env=node.env(),
+            cwd=node.root,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.endswith("mpswrap: cannot write output: No space left on device\n")

@@ -34,3 +34,30 @@ def test_a_process_is_another_jobs_by_its_cgroups_else_by_its_job_id(
     monkeypatch.setattr(identity, "paths_of", lambda pid: [p.split(":", 2)[2] for p in paths])
     monkeypatch.setattr(_proc, "env_value", lambda pid, name: env)
     assert other_job(4242, "101", by_env=by_env) is other
+
+
+def test_a_variable_is_read_from_a_bounded_start_of_the_environment() -> None:
+    """Its owner sets how long a process's environment is: only its first
+    ``ENV_VALUE_LIMIT`` bytes are read, and the first of a name set twice is the value."""
+    import subprocess
+
+    big = "x" * (100 << 10)  # the kernel takes no single string past 128 KiB
+    fill = [(f"BIG{i}", big) for i in range(_proc.ENV_VALUE_LIMIT // len(big) + 1)]
+    env = [("SLURM_JOB_ID", "7"), *fill, ("LATE", "1")]
+    proc = subprocess.Popen(
+        ["/bin/sleep", "30"], env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        # Popen may return while the kernel still sets the new program up (vfork): its
+        # environment reads empty until then.
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as handle:
+            while not handle.read():
+                handle.seek(0)
+        assert _proc.env_value(proc.pid, "SLURM_JOB_ID") == "7"
+        assert _proc.env_value(proc.pid, "LATE") is None  # past the bound
+        assert _proc.env_value(proc.pid, "NOT_SET") is None
+        assert _proc.env_value(proc.pid, "JOB_ID") is None  # a name, not a suffix
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _proc.env_value(proc.pid, "SLURM_JOB_ID") is None  # gone
