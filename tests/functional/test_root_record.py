@@ -833,11 +833,13 @@ def test_roots_stop_of_the_node_bounds_a_users_own_teardown(node: SimNode) -> No
     """A user-mode job directory of the test user on the node: root's ``mpswrap stop`` of the
     whole node, which has no deadline of its own, runs that user's own teardown within a
     bound and names the job, never an internal error."""
-    tree = node.user_run_dir / "n1" / "109"
+    # A node of its own: root's stop of a node looks at every user's trees for it.
+    where = f"nstop{os.getpid()}"
+    tree = node.user_run_dir / where / "109"
     _as_user(f"mkdir -p {tree} && chmod 700 {node.user_run_dir} {tree.parent} {tree}")
-    res = _root_says(node, "stop")
+    res = node.mpswrap("stop", "--node", where, MPSWRAP_CONFIG=str(node.root / "mpswrap.conf"))
     assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
-    assert res.returncode == 0 and "job 109 on n1" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and f"job 109 on {where}" in res.stdout, res.stdout + res.stderr
     assert not tree.exists()
 
 
