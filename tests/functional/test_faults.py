@@ -67,9 +67,11 @@ def slurm_hook(
     user: str | None = None,
     gpus: str = "0,1",
     timeout: float = 120,
+    python: str = sys.executable,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm hook as root for a job of ``user`` (default: the test user)."""
+    """Run a Slurm hook as root for a job of ``user`` (default: the test user), with
+    ``python``."""
     entry = pwd.getpwnam(user or ensure_test_user())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MPSWRAP_", "SLURM", "CUDA"))}
     if not (node.root / "mpswrap.conf").exists():
@@ -88,7 +90,7 @@ def slurm_hook(
     )
     base.update(env)  # MPSWRAP_CONFIG too
     return subprocess.run(
-        [sys.executable, "-m", "mpswrap", hook],
+        [python, "-m", "mpswrap", hook],
         env=base,
         text=True,
         capture_output=True,

@@ -29,6 +29,7 @@ from mpswrap.report.status import DEADLINE as STATUS_DEADLINE
 from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
 from tests.procs import described
 from tests.simenv import SimNode, _cgroups_of, finish_sim_node, make_sim_node
+from tests.tree import REPO
 from tests.users import (
     basics,
     ensure_other_user,
@@ -843,6 +844,13 @@ def test_roots_stop_of_the_node_bounds_a_users_own_teardown(node: SimNode) -> No
     assert not tree.exists()
 
 
+def sysconfig_paths() -> list[str]:
+    """This interpreter's own package directories (a venv's site-packages)."""
+    import sysconfig
+
+    return list(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+
+
 def test_the_sweep_of_a_users_tree_runs_none_of_that_users_own_python_code(
     node: SimNode,
 ) -> None:
@@ -851,7 +859,26 @@ def test_the_sweep_of_a_users_tree_runs_none_of_that_users_own_python_code(
     runs in every Python they start, runs nowhere in that teardown."""
     owner = ensure_user("mpswsite", home=True)
     home = pwd.getpwnam(owner).pw_dir
-    ask = [sys.executable, "-c", "import site; print(site.getusersitepackages())"]
+    # An interpreter with user sites on, as a system Python or a venv with system site
+    # packages has (a plain venv has none): a venv of this one's base, finding mpswrap and
+    # its packages through PYTHONPATH as the hooks' teardown passes them on.
+    made = subprocess.run(
+        [
+            getattr(sys, "_base_executable", sys.executable),
+            "-m",
+            "venv",
+            "--system-site-packages",
+            "--without-pip",
+            str(node.root / "py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    python = str(node.root / "py" / "bin" / "python")
+    paths = os.pathsep.join([str(REPO), *sysconfig_paths()])
+    ask = [python, "-c", "import site; print(site.getusersitepackages())"]
     site = run_as(owner, ask, basics(HOME=home)).stdout.strip()
     marker = node.root / "ran"
     marker.touch(mode=0o666)
@@ -863,12 +890,12 @@ def test_the_sweep_of_a_users_tree_runs_none_of_that_users_own_python_code(
     src.chmod(0o644)
     try:
         run_as(owner, ["sh", "-c", f"mkdir -p {site} && cp {src} {site}/zz-mpswrap-test.pth"])
-        run_as(owner, [sys.executable, "-c", "pass"], basics(HOME=home))
+        run_as(owner, [python, "-c", "pass"], basics(HOME=home))
         assert marker.read_text(), "the .pth does not run in this user's Python: no test"
         marker.write_text("")
         tree = node.user_run_dir / "n1" / "101"
         run_as(owner, ["sh", "-c", f"mkdir -p {tree} && chmod 700 {tree.parent.parent} {tree}"])
-        res = slurm_hook(node, "epilog", user=owner, gpus="0")
+        res = slurm_hook(node, "epilog", user=owner, gpus="0", python=python, PYTHONPATH=paths)
         assert res.returncode == 0, res.stderr
         assert not tree.exists(), res.stderr  # the user's own teardown ran
         assert marker.read_text() == "", marker.read_text()
