@@ -544,11 +544,12 @@ def test_a_fault_stamp_in_server_log_prints_no_escape(node: SimNode) -> None:
     assert "\x1b" not in res.stdout + res.stderr, repr(res.stdout + res.stderr)
 
 
-_STATUS_SOCKET = textwrap.dedent(
+_SAYING_SOCKET = textwrap.dedent(
     """
     import json, os, socket, sys, time
-    path, n, delay, status = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    listed = json.loads(sys.argv[5]) or [3000000 + i for i in range(n)]
+    # Each command answered as argv[2] says: command prefix -> [stdout, stderr, rc] and, at
+    # the end, seconds to wait first; the longest prefix that matches; "" answers the rest.
+    path, said = sys.argv[1], json.loads(sys.argv[2])
     os.unlink(path)
     lst = socket.socket(socket.AF_UNIX)
     lst.bind(path)
@@ -562,27 +563,20 @@ _STATUS_SOCKET = textwrap.dedent(
                 break
             data += c
         cmd = json.loads(data or b'{"cmd": ""}')["cmd"]
-        if cmd == "get_server_list":
-            out = "\\n".join(map(str, listed))
-        elif cmd.startswith("get_default_active"):
-            out = "100"
-        elif cmd.startswith("get_server_status"):
-            time.sleep(delay)
-            out = status
-        elif cmd.startswith("get_active_thread"):
-            time.sleep(delay)
-            out = "50"
-        else:
-            time.sleep(delay)
-            out = ""
-        reply = json.dumps({"stdout": out, "stderr": "", "rc": 0}).encode() + b"\\n"
+        key = max((k for k in said if cmd.startswith(k)), key=len, default=None)
+        out, err, rc, *delay = said[key] if key is not None else ("", "", 0)
+        time.sleep(delay[0] if delay else 0)
         try:
-            conn.sendall(reply)
-        except OSError:  # the command's client gave up waiting
+            conn.sendall(json.dumps({"stdout": out, "stderr": err, "rc": rc}).encode() + b"\\n")
+        except OSError:
             pass
         conn.close()
     """
 )
+
+
+def _saying(node: SimNode, said: dict[str, tuple[Any, ...]]) -> subprocess.Popen[str]:
+    return _fake_socket(node, _SAYING_SOCKET, [json.dumps(said)])
 
 
 def _status_socket(
@@ -591,8 +585,17 @@ def _status_socket(
     """The job's user answers on g0's control socket in the simulator's protocol: ``n``
     servers (``servers``, or ``n`` PIDs of nothing), each command about one of them after
     ``delay`` seconds, its status ``status``."""
-    argv = [str(n), str(delay), status, json.dumps(servers or [])]
-    return _fake_socket(node, _STATUS_SOCKET, argv)
+    listed = servers or [3000000 + i for i in range(n)]
+    return _saying(
+        node,
+        {
+            "get_server_list": ("\n".join(map(str, listed)), "", 0),
+            "get_default_active": ("100", "", 0),
+            "get_server_status": (status, "", 0, delay),
+            "get_active_thread": ("50", "", 0, delay),
+            "": ("", "", 0, delay),
+        },
+    )
 
 
 def _fake_socket(node: SimNode, script_text: str, args: list[str]) -> subprocess.Popen[str]:
@@ -775,40 +778,6 @@ def test_roots_metrics_prints_no_carriage_return_of_a_user_mode_manifest(node: S
 
 
 # --- what root's stop, status and metrics take from the socket, and whose code they run ------
-_SAYING_SOCKET = textwrap.dedent(
-    """
-    import json, os, socket, sys
-    # Each command answered as argv[2] says: command prefix -> [stdout, stderr, rc], the
-    # longest prefix that matches; "" answers every other command.
-    path, said = sys.argv[1], json.loads(sys.argv[2])
-    os.unlink(path)
-    lst = socket.socket(socket.AF_UNIX)
-    lst.bind(path)
-    lst.listen(64)
-    while True:
-        conn, _ = lst.accept()
-        data = b""
-        while not data.endswith(b"\\n"):
-            c = conn.recv(65536)
-            if not c:
-                break
-            data += c
-        cmd = json.loads(data or b'{"cmd": ""}')["cmd"]
-        key = max((k for k in said if cmd.startswith(k)), key=len, default=None)
-        out, err, rc = said[key] if key is not None else ("", "", 0)
-        try:
-            conn.sendall(json.dumps({"stdout": out, "stderr": err, "rc": rc}).encode() + b"\\n")
-        except OSError:
-            pass
-        conn.close()
-    """
-)
-
-
-def _saying(node: SimNode, said: dict[str, tuple[str, str, int]]) -> subprocess.Popen[str]:
-    return _fake_socket(node, _SAYING_SOCKET, [json.dumps(said)])
-
-
 def _end(*procs: subprocess.Popen[str]) -> None:
     for proc in procs:
         proc.kill()

@@ -133,6 +133,18 @@ def test_the_checks_of_one_wake_share_one_reading_of_the_process_table(
     assert len(readings) == 2
 
 
+def _running(pid: int, daemon: Any) -> Any:
+    """A running rank of ``daemon``: its tree is itself and its children in the reading."""
+    ident = _proc.ProcId(pid, 1.0)
+    return SimpleNamespace(
+        name=f"rank {pid}",
+        ident=ident,
+        daemon=daemon,
+        running=lambda: True,
+        tree=lambda found=None: [ident, *(found or {}).get(pid, [])],
+    )
+
+
 def test_a_rank_is_refused_only_after_a_fresh_look_at_its_tree_and_its_daemon(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,15 +170,7 @@ def test_a_rank_is_refused_only_after_a_fresh_look_at_its_tree_and_its_daemon(
 
     daemon = _daemon(tmp_path / "g0", "")
     daemon.control.clients = clients
-    ident = _proc.ProcId(1000, 1.0)
-    rank = SimpleNamespace(
-        name="rank 1000",
-        ident=ident,
-        daemon=daemon,
-        running=lambda: True,
-        tree=lambda found=None: [ident, *(found or {}).get(1000, [])],
-    )
-    check = Verifier(rank, daemon, 30.0, "fail", verify.Listings())
+    check = Verifier(_running(1000, daemon), daemon, 30.0, "fail", verify.Listings())
     check.next_at = 0.0
     assert not check.failed() and not check.done  # within its time: the shared reading
     assert (len(readings), len(asked)) == (1, 1)
@@ -182,15 +186,7 @@ def test_a_rank_still_unlisted_after_the_fresh_look_is_refused(
 ) -> None:
     monkeypatch.setattr(_proc, "process_table", lambda: {1000: []})
     daemon = _daemon(tmp_path / "g0", "")
-    ident = _proc.ProcId(1000, 1.0)
-    rank = SimpleNamespace(
-        name="rank 1000",
-        ident=ident,
-        daemon=daemon,
-        running=lambda: True,
-        tree=lambda found=None: [ident],
-    )
-    check = Verifier(rank, daemon, 0.0, "fail")
+    check = Verifier(_running(1000, daemon), daemon, 0.0, "fail")
     check.next_at = 0.0
     assert check.failed() and check.refused and check.done and not check.listed
     assert daemon.control.asked == 2  # the shared listing and the fresh one
