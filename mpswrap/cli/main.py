@@ -243,6 +243,10 @@ def cmd_help(args: argparse.Namespace) -> int:
     if name in LAUNCHERS:  # prefix mode: the overview tells it, with the launch options
         build_parser().print_help()
         return 0
+    if args.topic[0] == "sim" and len(args.topic) == 2:  # the simulator's own commands
+        from .simcmd import print_help
+
+        return print_help(args.topic[1])
     if name not in {c.name for c in COMMANDS}:
         near = did_you_mean(name, [c.name for c in COMMANDS])
         raise UsageError(f"no command '{name}'{near}", hint="mpswrap help")
@@ -282,8 +286,8 @@ def _main(argv: list[str]) -> int:
         output.to_stderr(exc.render())
         return exc.exit_code
     except MpswrapError as exc:
-        if "--debug" in argv or debug_env():
-            log.exception("failed")
+        if ("--debug" in argv or debug_env()) and not isinstance(exc, UsageError):
+            log.debug("traceback", exc_info=exc)  # where it failed (a usage error: no news)
         output.to_stderr(exc.render())
         return exc.exit_code
     except (Interrupted, KeyboardInterrupt) as exc:  # Interrupted: its own cleanup ran first

@@ -10,7 +10,7 @@ import argparse
 
 from ..errors import UsageError
 
-__all__ = ["add_arguments", "cmd_sim"]
+__all__ = ["add_arguments", "cmd_sim", "print_help"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,4 +47,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
         line, hint = cannot_write(parsed, exc)
         raise UsageError(line, hint=hint) from exc
     print(written)
+    return 0
+
+
+def print_help(command: str) -> int:
+    """``mpswrap help sim COMMAND``: that command's help, as ``mpswrap sim COMMAND --help``."""
+    from ..sim.__main__ import COMMANDS, parse
+    from .nearest import did_you_mean
+
+    if command not in COMMANDS:
+        near = did_you_mean(f"sim {command}", [f"sim {c}" for c in COMMANDS])
+        raise UsageError(f"no command 'sim {command}'{near}", hint="mpswrap help sim")
+    try:
+        parse([command, "--help"], prog="mpswrap sim")
+    except SystemExit:  # argparse's --help: printed
+        pass
     return 0

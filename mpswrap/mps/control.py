@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import _proc, _wait, fields, trust
 from .._struct import Struct
-from ..errors import ControlError, MpswrapError, ProcError
+from ..errors import ConfigError, ControlError, MpswrapError, ProcError
 from ..jobenv import JobEnv
 from ..paths import GpuDirs, read_job_file
 
@@ -68,13 +68,16 @@ def find_binary(name: str) -> str:
 
 
 def locate_binary(name: str) -> str:
-    """The control program's absolute path, trusted or not (``find_binary`` checks it)."""
+    """The control program's absolute path, trusted or not (``find_binary`` checks it). A
+    path that is no executable file is a bad value of ``control_binary`` (ConfigError, exit
+    2, as for ``gpu_inventory``); a name found nowhere, a program this node lacks (exit 1)."""
     if os.path.isabs(name):
         if os.access(name, os.X_OK) and os.path.isfile(name):
             return name
-        raise ProcError(
+        raise ConfigError(
             "MPS control program not found",
             thing=name,
+            cause="not an executable file",
             hint="set control_binary to the nvidia-cuda-mps-control path",
         )
     search = os.pathsep.join([os.environ.get("PATH", ""), *SEARCH_PATH])

@@ -29,7 +29,7 @@ ME=install.sh  # the name messages start with: --prog (install-hooks passes its 
 # Run by mpswrap (--prog): its one-line error form, "mpswrap: install-hooks: ..."
 die() {
   if [ -n "$PREFIX" ]; then echo "$PREFIX$ME: $*" >&2; else echo "$ME: ERROR: $*" >&2; fi
-  exit 1
+  exit "${DIE_CODE:-1}"  # 2 where the command line is wrong for this user (not root)
 }
 PREFIX=""
 warn() { echo "$ME: warning: $*" >&2; }
@@ -59,7 +59,7 @@ for p in "$PYTHON" "$CONFIG" "$DEST" ${MODULES:+"$MODULES"}; do
   [[ $p = /* ]] || die "'$p' is not an absolute path"
   [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "'$p' has characters other than A-Z a-z 0-9 / . _ + -"
 done
-[ "$(id -u)" = 0 ] || die "run as root: the hooks must be root-owned (slurmd runs them as root)"
+[ "$(id -u)" = 0 ] || DIE_CODE=2 die "run as root: the hooks must be root-owned (slurmd runs them as root)"
 [ -x "$PYTHON" ] || die "$PYTHON is not an executable file"
 [ -r "$HERE/hook" ] || die "$HERE/hook is missing (reinstall mpswrap: the shims ship inside its package)"
 if [ "$SPANK" = 1 ]; then

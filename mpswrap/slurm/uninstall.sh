@@ -17,7 +17,7 @@ ME=uninstall.sh  # the name messages start with: --prog
 # Run by mpswrap (--prog): its one-line error form, "mpswrap: uninstall-hooks: ..."
 die() {
   if [ -n "$PREFIX" ]; then echo "$PREFIX$ME: $*" >&2; else echo "$ME: ERROR: $*" >&2; fi
-  exit 1
+  exit "${DIE_CODE:-1}"  # 2 where the command line is wrong for this user (not root)
 }
 PREFIX=""
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $DEST = /* ]] || die "'$DEST' is not an absolute path"
 [ -L "$DEST" ] && die "$DEST is a symbolic link; refusing"
-[ "$(id -u)" = 0 ] || die "run as root: the hooks are root's (install-hooks installed them as root)"
+[ "$(id -u)" = 0 ] || DIE_CODE=2 die "run as root: the hooks are root's (install-hooks installed them as root)"
 
 # remove_marked FILE MARKER WHAT: FILE if it is a plain file of root's (no link, no FIFO) and a
 # line of its first 4 KiB starts with MARKER (a regex).

@@ -440,8 +440,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: directory is open to other users (<root>/user): mode 0777, expected 0700", 1,
          setup="open_user_run_dir", as_user=True),
     Case("control-binary-missing", "path", ("start", *JOB),
-         "mpswrap: MPS control program not found (/nonexistent/nvidia-cuda-mps-control)\n"
-         "hint: set control_binary to the nvidia-cuda-mps-control path", 1,
+         "mpswrap: MPS control program not found (/nonexistent/nvidia-cuda-mps-control): not an "
+         "executable file\nhint: set control_binary to the nvidia-cuda-mps-control path", 2,
          env={"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"}),
     Case("sim-bin-not-writable", "path", ("sim", "install-bin", "/etc/mpswrap-sim"),
          "mpswrap: cannot write the simulator's programs (/etc/mpswrap-sim): Permission denied\n"

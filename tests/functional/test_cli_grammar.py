@@ -137,8 +137,11 @@ def _codes(node: SimNode, tmp_path: Path) -> dict[str, int]:
     found: dict[str, int] = {}
     assert node.mpswrap("stauts").returncode == 2
     found["4"] = node.mpswrap("status", *JOB).returncode
-    missing = "/nonexistent/nvidia-cuda-mps-control"  # no MPS control program
-    found["1"] = node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=missing).returncode
+    # A program this node lacks fails the operation (1); a path that is no program is a bad
+    # value of the setting (2), as a GPU it does not have.
+    found["1"] = node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY="no-mps-control").returncode
+    path = "/nonexistent/nvidia-cuda-mps-control"
+    assert node.mpswrap("start", *JOB, MPSWRAP_CONTROL_BINARY=path).returncode == 2
     found["2"] = node.mpswrap("start", "--gpus", "7", *JOB).returncode  # no such GPU: a bad value
     started = node.mpswrap("start", "--gpus", "0", *JOB)
     assert started.returncode == 0, started
@@ -639,3 +642,29 @@ def test_a_runs_output_to_a_full_disk_is_said_exit_1(node: SimNode) -> None:
         )
     assert res.returncode == 1, res.stderr
     assert res.stderr.endswith("mpswrap: cannot write output: No space left on device\n")
+
+
+def test_help_names_a_simulator_command_and_debug_adds_no_line_to_a_usage_error(
+    node: SimNode,
+) -> None:
+    """``mpswrap help sim COMMAND`` is that command's help, as ``sim COMMAND --help``; with
+    ``--debug`` a usage error is still its one line and hint (no traceback: there is none to
+    show), while an operation's failure gains the traceback it asks for."""
+    shown = node.mpswrap("help", "sim", "install-bin")
+    assert shown.returncode == 0, shown
+    assert shown.stdout.startswith("usage: mpswrap sim install-bin"), shown.stdout
+    typo = node.mpswrap("help", "sim", "instal-bin")
+    assert (typo.returncode, typo.stderr) == (
+        2,
+        "mpswrap: no command 'sim instal-bin' (did you mean 'sim install-bin'?)\n"
+        "hint: mpswrap help sim\n",
+    )
+    usage = node.mpswrap("--debug", "run", "-n", "x", "--", "true")
+    assert usage.returncode == 2
+    assert usage.stderr.splitlines() == [
+        "mpswrap: argument -n/--np: invalid value 'x': expected a whole number from 1 to 999999",
+        "hint: mpswrap run --help",
+    ]
+    failed = node.mpswrap("--debug", "start", *JOB, MPSWRAP_CONTROL_BINARY="no-mps-control")
+    assert failed.returncode == 1
+    assert "Traceback" in failed.stderr and "mpswrap: failed" not in failed.stderr

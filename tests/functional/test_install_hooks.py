@@ -238,12 +238,27 @@ def test_uninstall_as_a_user_is_one_line_run_as_root(tmp: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)}
     argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
     res = run_as(ensure_test_user(), argv, env, cwd="/")
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == 2, res.stderr
     assert res.stderr == (
         "mpswrap: uninstall-hooks: run as root: the hooks are root's (install-hooks installed "
         "them as root)\n"
     ), res.stderr
     assert (dest / "prolog").exists()
+
+
+def test_install_as_a_user_is_one_line_exit_2(tmp: Path) -> None:
+    """``install-hooks`` run by a user other than root is a command line wrong for that
+    user: one line, exit 2, as ``start --user`` run by a user; nothing is written."""
+    dest = tmp / "hooks"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)}
+    argv = [sys.executable, "-m", "mpswrap", "install-hooks", "--dest", str(dest)]
+    res = run_as(ensure_test_user(), argv, env, cwd="/")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == (
+        "mpswrap: install-hooks: run as root: the hooks must be root-owned (slurmd runs them "
+        "as root)\n"
+    ), res.stderr
+    assert not dest.exists()
 
 
 def test_uninstall_refuses_while_plugstack_names_the_plugin(tmp: Path) -> None:

@@ -379,9 +379,11 @@ def test_pruning_removes_only_mpswrap_files_and_at_most_hourly(tmp_path: Path) -
     record.prune(tmp_path, None)  # log_archive_days = none: kept forever
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_status_watch_refreshes_until_interrupted(
-    node: SimNode, job: list[subprocess.Popen[str]]
+    node: SimNode, job: list[subprocess.Popen[str]], sig: signal.Signals
 ) -> None:
+    """Ended by INT or TERM alike, the watch exits with its last status's code."""
     with interruptible():
         watch = node.start("status", "--job", "met", "--watch", "0.2")
     heads, clients = 0, 0
@@ -392,7 +394,7 @@ def test_status_watch_refreshes_until_interrupted(
             clients += line.strip().startswith("client ")
             if heads == 3:
                 break
-        watch.send_signal(signal.SIGINT)
+        watch.send_signal(sig)
         _, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err  # the last status was healthy
     assert clients >= 2 * len(job), "each refresh lists the clients"
