@@ -345,7 +345,7 @@ def shipped() -> dict[Path, str]:
     folder = REPO / "mpswrap" / "cli"
     return {
         folder / manpage.SHIPPED: manpage.roff(parsers()),
-        folder / completion.SHIPPED: completion.bash(parsers()),
+        folder / completion.SHIPPED: completion.bash(parsers(simulator=True)),
     }
 
 

@@ -101,6 +101,8 @@ def _command_cases(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
         positional = [a for a in parser._actions if not a.option_strings]
         kind = _value_kind(positional[0]) if positional else None
         more = [n.split()[1] for n in parsers if n.startswith(f"{name} ")]
+        if kind and kind.startswith("words:"):  # sim's: its positional's choices already
+            more = [word for word in more if word not in kind.split(":", 1)[1].split()]
         words = f'words="{_words(_options(parser))}"'
         if kind:
             reply = _topics(parsers) if kind == "topics" else _reply(kind)

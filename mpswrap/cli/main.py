@@ -107,10 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parsers() -> dict[str, argparse.ArgumentParser]:
+def parsers(simulator: bool = False) -> dict[str, argparse.ArgumentParser]:
     """Every parser: the launch modes' (``""``), then each command's, in the table's order
-    (help, the man page, completion and docs/reference.md are made from these)."""
-    return {"": build_parser(), **{c.name: commands.build(c, _Parser) for c in COMMANDS}}
+    (help, the man page, completion and docs/reference.md are made from these); with
+    ``simulator``, then each ``sim`` command's (completion offers their options too)."""
+    found = {"": build_parser(), **{c.name: commands.build(c, _Parser) for c in COMMANDS}}
+    if simulator:
+        from .simcmd import parsers as simulator_parsers
+
+        found.update(simulator_parsers())
+    return found
 
 
 def split_options(
@@ -257,7 +263,7 @@ def cmd_help(args: argparse.Namespace) -> int:
 def cmd_completion(args: argparse.Namespace) -> int:
     from . import completion
 
-    print(completion.bash(parsers()), end="")
+    print(completion.bash(parsers(simulator=True)), end="")
     return 0
 
 

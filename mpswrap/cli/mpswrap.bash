@@ -15,7 +15,7 @@ _mpswrap() {
     # a command of two words (farm status)
     if [ $((i + 1)) -lt "$COMP_CWORD" ]; then
         case "$cmd ${COMP_WORDS[i+1]}" in
-            'farm status') cmd="$cmd ${COMP_WORDS[i+1]}"; i=$((i + 1)) ;;
+            'farm status'|'sim install-bin'|'sim inventory') cmd="$cmd ${COMP_WORDS[i+1]}"; i=$((i + 1)) ;;
         esac
     fi
     # after a -- (run, calibrate) the words are the program's
@@ -23,13 +23,13 @@ _mpswrap() {
         [ "${COMP_WORDS[i]}" = -- ] && cmd=--
     done
     case "$cmd $prev" in
-        ' --gpus'|' --threads'|' --mem-limit'|' --verify-timeout'|' --grace'|' --job'|' --gpus-per-rank'|'run -n'|'run --np'|'run --gpus'|'run --threads'|'run --mem-limit'|'run --verify-timeout'|'run --grace'|'run --job'|'run --gpus-per-rank'|'farm --per-gpu'|'farm --retries'|'farm --timeout'|'farm --halt'|'farm --heartbeat'|'farm --share'|'farm --gpus'|'farm --threads'|'farm --mem-limit'|'farm --verify-timeout'|'farm --grace'|'farm --job'|'calibrate --max'|'calibrate --counts'|'calibrate --repeats'|'calibrate --gpus'|'calibrate --mem-limit'|'calibrate --grace'|'calibrate --job'|'start --job'|'start --node'|'start --gpus'|'start --user'|'start --cpus'|'start --threads'|'start --mem-limit'|'stop --job'|'stop --node'|'status --job'|'status --node'|'status --watch'|'metrics --job'|'metrics --node'|'container-args --job'|'demo --clients') COMPREPLY=(); return ;;
+        ' --gpus'|' --threads'|' --mem-limit'|' --verify-timeout'|' --grace'|' --job'|' --gpus-per-rank'|'run -n'|'run --np'|'run --gpus'|'run --threads'|'run --mem-limit'|'run --verify-timeout'|'run --grace'|'run --job'|'run --gpus-per-rank'|'farm --per-gpu'|'farm --retries'|'farm --timeout'|'farm --halt'|'farm --heartbeat'|'farm --share'|'farm --gpus'|'farm --threads'|'farm --mem-limit'|'farm --verify-timeout'|'farm --grace'|'farm --job'|'calibrate --max'|'calibrate --counts'|'calibrate --repeats'|'calibrate --gpus'|'calibrate --mem-limit'|'calibrate --grace'|'calibrate --job'|'start --job'|'start --node'|'start --gpus'|'start --user'|'start --cpus'|'start --threads'|'start --mem-limit'|'stop --job'|'stop --node'|'status --job'|'status --node'|'status --watch'|'metrics --job'|'metrics --node'|'container-args --job'|'demo --clients'|'sim inventory --gpus') COMPREPLY=(); return ;;
         ' --policy'|'run --policy') COMPREPLY=($(compgen -W "block cyclic affinity" -- "$cur")); return ;;
         ' --priority'|'run --priority'|'farm --priority'|'calibrate --priority'|'start --priority') COMPREPLY=($(compgen -W "0 1" -- "$cur")); return ;;
         ' --verify-attach'|'run --verify-attach'|'farm --verify-attach') COMPREPLY=($(compgen -W "warn fail off" -- "$cur")); return ;;
         'farm --dir'|'calibrate --dir'|'start --run-dir'|'stop --run-dir'|'status --run-dir'|'metrics --run-dir'|'metrics --textfile'|'install-hooks --dest'|'install-hooks --modulefile'|'uninstall-hooks --dest'|'uninstall-hooks --modulefile') COMPREPLY=($(compgen -d -- "$cur")); return ;;
         'farm --progress') COMPREPLY=($(compgen -W "auto bar lines off" -- "$cur")); return ;;
-        'farm status --plot'|'calibrate --plot'|'start --config'|'stop --config'|'status --config'|'report --config'|'metrics --config'|'config --config'|'container-args --config'|'demo --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config') COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        'farm status --plot'|'calibrate --plot'|'start --config'|'stop --config'|'status --config'|'report --config'|'metrics --config'|'config --config'|'container-args --config'|'demo --config'|'prolog --config'|'task-prolog --config'|'epilog --config'|'install-hooks --python'|'install-hooks --config'|'sim install-bin --faults') COMPREPLY=($(compgen -f -- "$cur")); return ;;
         'demo --simulate') COMPREPLY=($(compgen -W "auto yes no" -- "$cur")); return ;;
     esac
     case $cmd in
@@ -54,7 +54,9 @@ _mpswrap() {
         sim) words="-h --help --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")); return; } ;;
         version) words="-h --help --version -v --verbose -q --quiet --debug" ;;
         completion) words="-h --help --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -W "bash" -- "$cur")); return; } ;;
-        help) words="-h --help --man-path --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { case $prev in farm) COMPREPLY=($(compgen -W "status" -- "$cur")) ;; *) COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help" -- "$cur")) ;; esac; return; } ;;
+        help) words="-h --help --man-path --version -v --verbose -q --quiet --debug"; [[ $cur == -* ]] || { case $prev in farm) COMPREPLY=($(compgen -W "status" -- "$cur")) ;; sim) COMPREPLY=($(compgen -W "install-bin inventory" -- "$cur")) ;; *) COMPREPLY=($(compgen -W "run farm calibrate start stop status report metrics config container-args demo prolog task-prolog epilog install-hooks uninstall-hooks sim version completion help" -- "$cur")) ;; esac; return; } ;;
+        'sim install-bin') words="-h --help --faults"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -d -- "$cur")); return; } ;;
+        'sim inventory') words="-h --help --gpus"; [[ $cur == -* ]] || { COMPREPLY=($(compgen -f -- "$cur")); return; } ;;
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;  # a launcher's, a program's
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

@@ -10,7 +10,7 @@ import argparse
 
 from ..errors import UsageError
 
-__all__ = ["add_arguments", "cmd_sim", "print_help"]
+__all__ = ["add_arguments", "cmd_sim", "parsers", "print_help"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,3 +63,10 @@ def print_help(command: str) -> int:
     except SystemExit:  # argparse's --help: printed
         pass
     return 0
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each simulator command's parser as ``sim COMMAND`` (completion offers its options)."""
+    from ..sim.__main__ import build
+
+    return {f"sim {name}": parser for name, parser in build("mpswrap sim")[1].items()}

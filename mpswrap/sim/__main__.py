@@ -13,13 +13,14 @@ from .inventory import write_inventory
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 __all__ = [
     "COMMANDS",
     "MOST_GPUS",
     "WHAT",
     "ArgumentError",
+    "build",
     "cannot_write",
     "main",
     "parse",
@@ -51,9 +52,8 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message, self.prog)
 
 
-def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argparse.Namespace:
-    """The parsed command line; ArgumentError when it is bad: an option the command does not
-    take is named as one (with the nearest it takes), and its help is the command's."""
+def build(prog: str = "python -m mpswrap.sim") -> tuple[argparse.ArgumentParser, dict[str, Any]]:
+    """The parser, and each command's own by name (completion offers their options)."""
     parser = _Parser(prog=prog, description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="cmd", required=True)
     bins = sub.add_parser(
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argpar
         allow_abbrev=False,
     )
     bins.add_argument("dir", metavar="DIR", type=path, help="where to write them")
-    bins.add_argument("--faults", default=None, type=path, help="fault file (MPSWRAP_SIM_FAULTS)")
+    bins.add_argument("--faults", metavar="FILE", type=path, help="fault file (MPSWRAP_SIM_FAULTS)")
     inv = sub.add_parser(
         COMMANDS[1],
         help="write a fake NVML inventory (JSON)",
@@ -79,10 +79,17 @@ def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argpar
         default=2,
         help=f"1 to {MOST_GPUS} (default: 2)",
     )
+    return parser, dict(sub.choices)
+
+
+def parse(argv: list[str] | None, prog: str = "python -m mpswrap.sim") -> argparse.Namespace:
+    """The parsed command line; ArgumentError when it is bad: an option the command does not
+    take is named as one (with the nearest it takes), and its help is the command's."""
+    parser, commands = build(prog)
     try:
         return parser.parse_args(argv)
     except ArgumentError as exc:
-        command = sub.choices.get((argv or sys.argv[1:] or [""])[0])
+        command = commands.get((argv or sys.argv[1:] or [""])[0])
         if command is None or not str(exc).startswith("unrecognized arguments: "):
             raise
         raise _unknown(str(exc).split(": ", 1)[1].split()[0], command) from None

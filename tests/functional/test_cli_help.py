@@ -159,6 +159,12 @@ def test_completion_completes_commands(script: str) -> None:
     assert _complete(script, "mpswrap", "help", "farm", "") == ["status"]
     assert "status" in _complete(script, "mpswrap", "farm", "")  # farm status, or a task file
     assert _complete(script, "mpswrap", "farm", "status", "--j") == ["--json"]
+    # the simulator's commands, and each one's options
+    assert _complete(script, "mpswrap", "sim", "") == ["install-bin", "inventory"]
+    assert _complete(script, "mpswrap", "help", "sim", "") == ["install-bin", "inventory"]
+    assert _complete(script, "mpswrap", "sim", "install-bin", "--") == ["--faults", "--help"]
+    assert _complete(script, "mpswrap", "sim", "inventory", "--") == ["--gpus", "--help"]
+    assert _complete(script, "mpswrap", "sim", "inventory", "--gpus", "") == []
 
 
 @pytest.mark.parametrize("name", COMMANDS)
