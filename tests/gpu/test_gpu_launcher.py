@@ -61,7 +61,11 @@ def _run_mpirun(n: int, steps: int, tmp: Path) -> float:
     )
     deadline = time.monotonic() + 180
     while len(os.listdir(tmp / "ready")) < n:
-        assert proc.poll() is None, proc.communicate()
+        if proc.poll() is not None:  # the whole standard error: an assertion's would be cut
+            out, err = proc.communicate()
+            pytest.fail(
+                f"mpirun exited {proc.returncode} before its ranks were ready:\n{err}\n{out}"
+            )
         assert time.monotonic() < deadline, "workers not ready"
         time.sleep(0.05)
     smi = subprocess.run(["nvidia-smi"], text=True, capture_output=True).stdout
