@@ -461,6 +461,11 @@ def h200x2_teardown_ab() -> list[str]:
     return _teardown_rows(name, trees, ("status", "status_listed", "epilog"))
 
 
+def h200_teardown_ab_3b3cdb7() -> list[str]:
+    name, trees = "2026-11-29-h200-teardown-ab-3b3cdb7.json", ["bbecafa", "3b3cdb7"]
+    return _teardown_rows(name, trees, ("status", "status_listed", "epilog"))
+
+
 def h200x2_farm_auto() -> list[str]:
     farm_report = _module("farm_report")
     data = load("2026-11-28-h200x2-farm-auto-7713636.json")
@@ -606,6 +611,7 @@ STATEMENTS = {
     "h200x4-run-teardown": run_teardown,
     "cpu-proc-scans": proc_scans,
     "h200x2-teardown-ab": h200x2_teardown_ab,
+    "h200-teardown-ab-3b3cdb7": h200_teardown_ab_3b3cdb7,
     "h200x2-farm-auto": h200x2_farm_auto,
     "start-ab": start_ab,
     "start-ab-later": start_ab_later,
