@@ -60,6 +60,8 @@ class _Parser(argparse.ArgumentParser):
             word = message[len(prefix) :].split(maxsplit=1)[0]
             if word.startswith("-"):
                 raise unknown_option(word, self.prog, _flags(self))
+            # as the simulator's commands say it (mpswrap/sim/__main__.py)
+            raise UsageError(f"unexpected argument '{word}'", hint=f"{self.prog} --help")
         # argparse tells of a missing argument before an unknown option: that option first.
         unknown = [w for w in self._argv if w.startswith("--") and not self._known(w)]
         if unknown:

@@ -668,3 +668,23 @@ def test_help_names_a_simulator_command_and_debug_adds_no_line_to_a_usage_error(
     failed = node.mpswrap("--debug", "start", *JOB, MPSWRAP_CONTROL_BINARY="no-mps-control")
     assert failed.returncode == 1
     assert "Traceback" in failed.stderr and "mpswrap: failed" not in failed.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["version", "extra"], "extra"),
+        (["status", "--json", "x"], "x"),
+        (["completion", "bash", "y"], "y"),
+    ],
+)
+def test_a_word_a_command_does_not_take_is_named_as_one(
+    node: SimNode, argv: list[str], word: str
+) -> None:
+    """One wording for a word too many, as for an option nobody takes (not argparse's
+    ``unrecognized arguments``), with the command's help as the hint."""
+    res = node.mpswrap(*argv)
+    assert (res.returncode, res.stderr) == (
+        2,
+        f"mpswrap: unexpected argument '{word}'\nhint: mpswrap {argv[0]} --help\n",
+    )
