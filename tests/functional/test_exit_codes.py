@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 JOB = ("--job", "j1", "--node", "n1")
-NO_CONTROL = {"MPSWRAP_CONTROL_BINARY": "/nonexistent/nvidia-cuda-mps-control"}
+NO_CONTROL = {"MPSWRAP_CONTROL_BINARY": "no-mps-control"}  # found nowhere: the node lacks it
 #: A case: what to set up on the node (the words it returns are appended), the argv, the env.
 Setup = Callable[[SimNode], list[str]]
 
