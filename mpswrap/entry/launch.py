@@ -168,7 +168,9 @@ def _check_launch(
     value (2), the command line's ranks per node placed beside the clients the job already
     runs here (``job.run.plan``); in a dry run, a program that is not there (127, 126), which
     a real launch leaves to the nodes it runs on. Only what this host cannot know is left to
-    the ranks (no NVML where the launch runs)."""
+    the ranks (no NVML where the launch runs). The launcher itself runs here: one that is not
+    there, or cannot run, is 127 or 126 before anything starts, dry run or not."""
+    check_program([line.launcher], env)
     for segment in line.segments if opts.dry_run else ():
         if segment.program and line.family != TORCHRUN.family:  # torchrun's: a script
             check_program(segment.program, os.environ)

@@ -814,3 +814,22 @@ def test_torchrun_workers_are_each_an_mps_client_of_their_gpu(node: SimNode) -> 
     assert dry.returncode == 0, dry.stderr
     assert f"--no-python {sys.executable} -m mpswrap" in dry.stdout, dry.stdout
     assert f"-- {sys.executable} -m mpswrap.sim.client" in dry.stdout, dry.stdout
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["launch", "dry-run"])
+@pytest.mark.parametrize("launcher", ["torchrun", "prun", "mpirun"])
+def test_a_launcher_this_host_lacks_is_127_before_anything_starts(
+    node: SimNode, launcher: str, dry: bool
+) -> None:
+    """The launcher runs here: not on PATH, it is ``program not found`` and 127 as for a
+    program in per-rank mode, before the launch line and any daemon, dry run or not (the
+    dry run refuses as the launch would)."""
+    (node.root / "empty").mkdir(exist_ok=True)
+    argv = [*(["--dry-run"] if dry else []), launcher, "-n", "2", "true"]
+    res = node.mpswrap(*argv, PATH=str(node.root / "empty"))
+    assert (res.returncode, res.stderr) == (
+        127,
+        f"mpswrap: program not found ({launcher})\nhint: check the name and PATH\n",
+    )
+    assert not res.stdout
+    assert not list(node.user_run_dir.rglob("*.json")), "a job was started"
