@@ -17,7 +17,7 @@ from ..jobenv import GpuRef
 from ..mps.control import client_env
 from ..mps.gpu import Inventory
 from ..paths import GpuDirs
-from ..values import share_percent
+from ..values import percent, share_percent
 
 __all__ = [
     "Placement",
@@ -102,16 +102,15 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
         total = sum(weights[i % len(weights)] for i in range(n))
         value = 100.0 * weight / total
     else:
-        try:
-            value = float(spec)
-        except ValueError:
+        try:  # a plain decimal in ASCII digits, as the setting takes (not 5_0, 1e1, nan)
+            value = percent(spec)
+        except ValueError as exc:
             raise UsageError(
                 "bad --threads",
                 thing=spec,
+                cause=str(exc),
                 hint="use none, uniform, oversubscribe, a percent or w1:w2:...",
             ) from None
-        if not 0 < value <= 100:
-            raise UsageError("bad --threads", thing=spec, cause="percent must be in (0, 100]")
     return share_percent(value)
 
 
