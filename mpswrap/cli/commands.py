@@ -156,8 +156,8 @@ def _status(parser: Any) -> None:
         type=seconds(),
         const=2.0,
         metavar="S",
-        help="print it again every S seconds (2 when S is not given) until interrupted "
-        "(default: once)",
+        help="print it again every S seconds (2 when S is not given) until a signal ends it "
+        "(exit 128+N: 130 for ^C) (default: once)",
     )
     _every_job(parser)
 

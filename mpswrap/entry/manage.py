@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc, trust
-from .._signals import Interrupted, raising
+from .._signals import raising
 from ..config import Settings, admin_file, load_settings
 from ..errors import ConfigError, MpswrapError, TrustError, UsageError
 from ..job import containers, state
@@ -184,22 +184,18 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the jobs' daemons; exit 0 when all is healthy, 3 when not, 4 when none; with
-    ``--watch S``, again every S seconds until ended by INT, TERM or HUP alike (the last
-    one's code: the watch itself is not a program that was killed)."""
+    ``--watch S``, again every S seconds until a signal ends it: 128+N for INT, TERM and HUP
+    alike, as for every command a signal ends."""
     if args.watch is None:
         return _status_once(args)
     if args.watch <= 0:
         raise UsageError("--watch needs seconds above 0", thing=str(args.watch))
-    code = NOTHING_FOUND
-    try:
-        with raising():
-            while True:
-                print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
-                code = _status_once(args)
-                sys.stdout.flush()
-                time.sleep(args.watch)
-    except Interrupted:
-        return code
+    with raising():  # main: Interrupted is 128+N
+        while True:
+            print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+            _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
 
 
 def _status_once(args: argparse.Namespace) -> int:
