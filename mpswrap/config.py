@@ -29,6 +29,7 @@ from .values import (
     clients,
     days,
     farm_profile,
+    grace,
     inventory,
     mem_size,
     optional,
@@ -217,7 +218,7 @@ FIELDS: tuple[Field, ...] = (
         "where root starts each job's daemons in a cgroup v2 of its own: auto (the folder "
         "mpswrap below the cgroup2 mount), a folder there, or none (root's record alone)",
     ),
-    Field("kill_grace", seconds, "10", "seconds between a forwarded signal and SIGKILL"),
+    Field("kill_grace", grace, "10", "seconds between a forwarded signal and SIGKILL"),
     Field(
         "log_archive",
         optional(abs_path),

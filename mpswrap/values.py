@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Literal
 
 __all__ = [
+    "HOUR",
     "MOST",
     "WEEK",
     "YEAR",
@@ -23,6 +24,7 @@ __all__ = [
     "cgroup_root",
     "choice",
     "clients",
+    "grace",
     "inventory",
     "mem_default",
     "mem_limit",
@@ -94,21 +96,21 @@ def within(text: str, least: float, most: float, unit: str, *, above: bool = Tru
     return value
 
 
-def _up_to(text: str, most: float, unit: str) -> float:
-    """A plain decimal above 0 and at most ``most``."""
-    error = f"expected {unit} between 0 and {most:g}"
-    value = _number(text, error)
-    if not 0 < value <= most:
-        raise ValueError(error)
-    return value
+#: The most seconds a setting's wait or grace may be.
+HOUR = 3600
 
 
 def seconds(text: str) -> float:
-    return _up_to(text, 3600, "seconds")
+    return within(text, 0, HOUR, "seconds")
+
+
+def grace(text: str) -> float:
+    """Seconds from a signal to SIGKILL: 0 (at once) to an hour, the option as the setting."""
+    return within(text, 0, HOUR, "seconds", above=False)
 
 
 def days(text: str) -> float:
-    return _up_to(text, 36500, "days")
+    return within(text, 0, 36500, "days")
 
 
 def optional(parse: Parser) -> Parser:

@@ -150,7 +150,7 @@ WRAPPER_OPTIONS: Options = (
     (("--no-shield",), {"action": "store_true",
                         "help": "let TERM/INT/HUP reach the program before its clients are "
                         "ended through MPS (howto-users.md, Signals)"}),
-    (("--grace",), {"type": seconds(above=False), "metavar": "S",
+    (("--grace",), {"type": _checked(values.grace), "metavar": "S",
                     "help": "seconds from signal to SIGKILL "
                     "(default: the kill_grace setting, 10)"}),
     (("--dry-run",), {"action": "store_true",

@@ -176,3 +176,18 @@ def test_describe_shows_values_as_an_admin_would_write_them() -> None:
     assert rows["log_archive"] == ("none", "default")
     assert rows["start_timeout"] == ("15.0", "default")
     assert rows["client_limit"] == ("auto", "default")
+
+
+def test_the_grace_option_and_the_kill_grace_setting_take_the_same_seconds() -> None:
+    """``--grace`` and ``kill_grace`` are one quantity: 0 (at once) to an hour, both; and a
+    wait's range is said as the values it takes ("above 0 and at most 3600")."""
+    from mpswrap.cli.options import WRAPPER_OPTIONS
+
+    option = next(kw["type"] for flags, kw in WRAPPER_OPTIONS if flags == ("--grace",))
+    for text in ("0", "2.5", "3600"):
+        assert option(text) == load_settings(env={}, overrides={"kill_grace": text}).kill_grace
+    for text in ("3601", "-1", "5_0"):
+        with pytest.raises(ConfigError, match="expected seconds from 0 to 3600"):
+            load_settings(env={"MPSWRAP_KILL_GRACE": text})
+    with pytest.raises(ConfigError, match="expected seconds above 0 and at most 3600"):
+        load_settings(env={"MPSWRAP_START_TIMEOUT": "0"})
