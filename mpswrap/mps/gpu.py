@@ -166,7 +166,16 @@ def _unreadable(path: str, cause: str) -> InventoryFileError:
 
 
 def inventory_from_json(data: Any, source: str) -> Inventory:
-    """An inventory from its JSON form (``Inventory.to_json``; the simulator's files)."""
+    """An inventory from its JSON form (``Inventory.to_json``; the simulator's files); a
+    GpuError says what is wrong in words, not in Python's."""
+    listed = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(g, dict) for g in listed):
+        raise GpuError(
+            "cannot read GPU inventory file",
+            thing=source,
+            cause='expected an object whose "gpus" is a list of GPUs (as mpswrap sim inventory '
+            "writes)",
+        )
     try:
         gpus = [
             GpuInfo(
@@ -184,11 +193,15 @@ def inventory_from_json(data: Any, source: str) -> Inventory:
                 memory_total=int(g.get("memory_total", 0)),
                 pci_bus_id=str(g.get("pci_bus_id", "")),
             )
-            for g in data["gpus"]
+            for g in listed
         ]
         driver, cuda = str(data.get("driver_version", "")), int(data.get("cuda_driver_version", 0))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError) as exc:
-        cause = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+        cause = (
+            f"a GPU has no field {exc}"
+            if isinstance(exc, KeyError)
+            else "a field has a value of the wrong type or out of range"
+        )
         raise GpuError("cannot read GPU inventory file", thing=source, cause=cause) from exc
     return Inventory(gpus, driver, cuda, source=source)
 

@@ -256,11 +256,24 @@ def test_the_simulators_own_command_line_says_what_it_cannot_write(
     assert err.startswith(f"python -m mpswrap.sim: cannot write the GPU inventory ({tmp_path}): ")
 
 
+_NOT_AN_INVENTORY = (
+    'not an inventory: expected an object whose "gpus" is a list of GPUs (as mpswrap sim '
+    "inventory writes)"
+)
+
+
 @pytest.mark.parametrize(
     ("text", "cause"),
     [
         ("not json", "not JSON (line 1 column 1)"),
-        ('{"driver_version": "580"}', "not an inventory: no field 'gpus'"),
+        ('{"driver_version": "580"}', _NOT_AN_INVENTORY),
+        ("[]", _NOT_AN_INVENTORY),
+        ('{"gpus": [1]}', _NOT_AN_INVENTORY),
+        ('{"gpus": [{"index": 0}]}', "not an inventory: a GPU has no field 'uuid'"),
+        (
+            '{"gpus": [{"index": "x", "uuid": "u", "minor": 0, "compute_capability": [9, 0]}]}',
+            "not an inventory: a field has a value of the wrong type or out of range",
+        ),
     ],
 )
 def test_a_bad_inventory_file_is_a_bad_setting(tmp_path: Path, text: str, cause: str) -> None:
