@@ -215,7 +215,7 @@ class JobDaemons(Struct):
         self.check(keys)
         state.create(self.layout, user.uid, user.gid, shared_parents=shared_parents)
         pending = []
-        began = time.monotonic()
+        began, now = time.monotonic(), time.time()
         try:
             for key, gpu, gpu_defaults in zip(keys, gpus, each, strict=True):
                 steps = self.daemon(key).starting(
@@ -239,7 +239,8 @@ class JobDaemons(Struct):
             )
             started = [r for r in done if isinstance(r, Manifest)]
             for manifest in started:  # also those a failed GPU's start will stop
-                log_started(manifest)
+                if manifest.created >= now:  # not one already running (it said so)
+                    log_started(manifest)
             failed = next((r for r in done if isinstance(r, BaseException)), None)
             if failed is not None:
                 raise failed
