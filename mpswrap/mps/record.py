@@ -164,9 +164,12 @@ def read_records(archive: Path, job: str) -> list[dict[str, Any]]:
         except PermissionError as exc:
             raise _unreadable(path, exc) from None
         except (OSError, ValueError):
-            continue
-        # Every field present: a record of another version, or damaged, is passed over.
-        if isinstance(data, dict) and data.get("job") == job and FIELDS.keys() <= data.keys():
+            data = None
+        # Every field present: a record of another version, or damaged, is passed over, and
+        # said (a user asking for the job's record learns it is there but unreadable).
+        if not isinstance(data, dict) or not FIELDS.keys() <= data.keys():
+            log.warning("passed over %s: not a record this mpswrap reads", path)
+        elif data.get("job") == job:  # not another job's whose id the name holds too
             found.append(data)
     # By node and GPU: a job's GPUs stop side by side, in no order of their own.
     return sorted(
