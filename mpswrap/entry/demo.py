@@ -44,15 +44,19 @@ TORCH_CLIENT = (
 )
 
 
-def _real_available() -> bool:
+def _real_available(settings: Settings) -> bool:
+    """The control program and GPUs the settings name (the admin file's paths included)."""
     try:
-        find_binary("nvidia-cuda-mps-control")
-        return bool(load_inventory("nvml").gpus)
+        find_binary(settings.control_binary)
+        return bool(load_inventory(settings.gpu_inventory).gpus)
     except MpswrapError:
         return False
 
 
-def _settings(tmp: Path, simulate: bool) -> Settings:
+def _settings(tmp: Path, simulate: bool, config_file: str | None) -> Settings:
+    """The node's settings (``--config``, ``MPSWRAP_*``: a bad value is exit 2, as for every
+    command), the demo's own directory in place of user_run_dir, and the simulator's
+    programs and GPUs where it simulates."""
     overrides: dict[str, Any] = {"user_run_dir": str(tmp / "run")}
     if simulate:
         from ..sim import install_bin
@@ -64,9 +68,7 @@ def _settings(tmp: Path, simulate: bool) -> Settings:
             control_binary=str(tmp / "bin" / "nvidia-cuda-mps-control"),
             gpu_inventory=str(tmp / "gpus.json"),
         )
-    return load_settings(
-        overrides, env={k: v for k, v in os.environ.items() if not k.startswith("MPSWRAP_")}
-    )
+    return load_settings(overrides, config_file=config_file)
 
 
 def _client_argv(tmp: Path, simulate: bool, seconds: float) -> list[str] | None:
@@ -103,20 +105,20 @@ def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int, procs: l
         )
 
 
-def run_demo(n_clients: int, simulate: bool) -> int:
+def run_demo(n_clients: int, simulate: bool, config_file: str | None = None) -> int:
     """The demo; interrupted (TERM, INT, HUP, its reader gone) or failed at any step, it
     still ends its clients and daemons and removes its directory before it exits."""
     with raising():
-        return _demo(n_clients, simulate)
+        return _demo(n_clients, simulate, config_file)
 
 
-def _demo(n_clients: int, simulate: bool) -> int:
+def _demo(n_clients: int, simulate: bool, config_file: str | None) -> int:
     base = tempfile.gettempdir()  # $TMPDIR where the daemons' socket paths fit in it
     tmp = Path(tempfile.mkdtemp(prefix="mpswrap-demo-", dir=base if len(base) <= 32 else "/tmp"))
     procs: list[Any] = []
     pending: JobDaemons | None = None  # started, not yet stopped
     try:
-        settings = _settings(tmp, simulate)
+        settings = _settings(tmp, simulate, config_file)
         kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
         inventory = load_inventory(settings.gpu_inventory)
         _check_clients(n_clients, inventory, settings)
@@ -180,5 +182,8 @@ def _check_clients(n_clients: int, inventory: Inventory, settings: Settings) -> 
 
 
 def cli(args: argparse.Namespace) -> int:
-    simulate = args.simulate == "yes" or (args.simulate == "auto" and not _real_available())
-    return run_demo(args.clients, simulate)
+    settings = load_settings(config_file=args.config)  # a bad one refused before anything
+    simulate = args.simulate == "yes" or (
+        args.simulate == "auto" and not _real_available(settings)
+    )
+    return run_demo(args.clients, simulate, args.config)
