@@ -124,13 +124,14 @@ def _bad(
 
 _SECONDS_0 = "expected seconds above 0 and at most 31622400"
 _SECONDS_FROM_0 = "expected seconds from 0 to 31622400"
+_GRACE = "expected seconds from 0 to 3600"  # the kill_grace setting's range
 # fmt: off
 #: A bad value of every option of every command that takes one (test_bad_input checks that
 #: none is missing; the launch modes share their wrapper options, each covered once).
 OPTION_VALUES: tuple[Case, ...] = (
     _bad("", "--verify-timeout", "0", f"argument --verify-timeout: invalid value '0': "
          f"{_SECONDS_0}", *APP, hint="\nhint: mpswrap --help"),
-    _bad("", "--grace", "-1", f"argument --grace: invalid value '-1': {_SECONDS_FROM_0}",
+    _bad("", "--grace", "-1", f"argument --grace: invalid value '-1': {_GRACE}",
          *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}", *APP,
          hint="\nhint: mpswrap --help"),
@@ -144,7 +145,7 @@ OPTION_VALUES: tuple[Case, ...] = (
          "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--gpus-per-rank", "0", "argument --gpus-per-rank: invalid value '0': expected a "
          "whole number from 1 to 999999", *APP, hint="\nhint: mpswrap --help"),
-    _bad("run", "--grace", "nan", f"argument --grace: invalid value 'nan': {_SECONDS_FROM_0}",
+    _bad("run", "--grace", "nan", f"argument --grace: invalid value 'nan': {_GRACE}",
          "-n", "1", *APP),
     _bad("run", "--mem-limit", "99999999999999999999G", "argument --mem-limit: invalid value "
          "'99999999999999999999G': expected auto or a size like 512M or 2G", "-n", "1",
@@ -256,7 +257,7 @@ CASES: tuple[Case, ...] = (
          env={"SLURM_JOB_ID": "a/b"}, hook=True),
     Case("env-bad-timeout", "environment", ("status", *JOB),
          "mpswrap: bad value for quit_timeout ('-1' in MPSWRAP_QUIT_TIMEOUT): expected seconds "
-         "between 0 and 3600", 2,
+         "above 0 and at most 3600", 2,
          env={"MPSWRAP_QUIT_TIMEOUT": "-1"}),
     Case("env-unknown-variable", "environment", ("stop", *JOB),
          "mpswrap: ignoring MPSWRAP_QUIT_TIMEOT: not a setting (did you mean "
@@ -320,7 +321,11 @@ CASES: tuple[Case, ...] = (
     Case("calibrate-bad-counts", "arguments", ("calibrate", "--counts", "0,x", "--", "true"),
          "mpswrap: bad --counts (0,x)\nhint: e.g. 1,4,8,12", 2, option="calibrate --counts"),
     Case("wrap-threads-150", "arguments", ("--threads", "150", "--", "true"),
-         "mpswrap: bad --threads (150): percent must be in (0, 100]", 2, option="--threads"),
+         "mpswrap: bad --threads (150): expected a percentage in (0, 100]\nhint: use none, "
+         "uniform, oversubscribe, a percent or w1:w2:...", 2, option="--threads"),
+    Case("wrap-threads-underscore", "arguments", ("--threads", "5_0", "--", "true"),
+         "mpswrap: bad --threads (5_0): expected a percentage in (0, 100]\nhint: use none, "
+         "uniform, oversubscribe, a percent or w1:w2:...", 2),
     Case("wrap-bad-policy", "arguments", ("--policy", "random", "--", "true"),
          "mpswrap: argument --policy: invalid choice: 'random' (choose from 'block', 'cyclic', "
          "'affinity')\nhint: mpswrap --help", 2, option="--policy"),
@@ -397,8 +402,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: cannot read GPU inventory file (/etc/passwd): not JSON (line 1 column 1)", 2,
          env={"MPSWRAP_GPU_INVENTORY": "/etc/passwd"}),
     Case("inventory-not-an-inventory", "GPU list", ("start", *JOB),
-         "mpswrap: cannot read GPU inventory file (<root>/empty.json): not an inventory: no field "
-         "'gpus'", 2,
+         "mpswrap: cannot read GPU inventory file (<root>/empty.json): not an inventory: expected "
+         "an object whose \"gpus\" is a list of GPUs (as mpswrap sim inventory writes)", 2,
          env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="no_gpus_field"),
     # --- job ids and node names --------------------------------------------------------------
     Case("job-dotdot", "job id", ("start", "--job", "..", "--node", "n1"),

@@ -688,3 +688,34 @@ def test_a_word_a_command_does_not_take_is_named_as_one(
         2,
         f"mpswrap: unexpected argument '{word}'\nhint: mpswrap {argv[0]} --help\n",
     )
+
+
+def test_report_says_which_record_it_passed_over(node: SimNode) -> None:
+    """A damaged record of the job is named, not hidden behind "no record"."""
+    archive = node.root / "archive"
+    archive.mkdir()
+    (archive / "n1-78-g0-record.json").write_text("{not json")
+    res = node.mpswrap("report", "78", MPSWRAP_LOG_ARCHIVE=str(archive))
+    assert res.returncode == 4, res.stderr
+    assert res.stderr.splitlines() == [
+        f"mpswrap: passed over {archive}/n1-78-g0-record.json: not a record this mpswrap reads",
+        f"mpswrap: no record of job 78 in {archive}",
+    ], res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        ((), {"MPSWRAP_KILL_GRACE": "abc"}, "mpswrap: bad value for kill_grace ('abc' in "),
+        (("--config", "/nonexistent.conf"), {}, "mpswrap: cannot read config file ("),
+    ],
+    ids=["variable", "config"],
+)
+def test_demo_reads_the_settings_as_every_command(
+    node: SimNode, args: tuple[str, ...], env: dict[str, str], line: str
+) -> None:
+    """A bad setting or a config file that is not there is exit 2 for ``demo`` too, before
+    anything starts (it once ran on its own defaults, whatever the node said)."""
+    res = node.mpswrap("demo", "--simulate", "yes", "--clients", "1", *args, **env)
+    assert res.returncode == 2 and res.stderr.startswith(line), res.stderr
+    assert not res.stdout
