@@ -101,5 +101,9 @@ def json_value(text: str) -> Any:
     no caller expects) or holds a number past ``int``'s digits. The one parse of such text."""
     try:
         return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise FieldError(f"not JSON mpswrap reads: {type(exc).__name__}") from None
+    except json.JSONDecodeError as exc:
+        raise FieldError(f"not JSON (line {exc.lineno} column {exc.colno})") from None
+    except ValueError:  # a number of more digits than int takes
+        raise FieldError("not JSON mpswrap reads: a number too long") from None
+    except RecursionError:
+        raise FieldError("not JSON mpswrap reads: nested too deep") from None

@@ -84,12 +84,15 @@ def print_status(status: dict[str, Any]) -> None:
         print(f"  programs ended so far: {runs['ended']}, exit codes {codes_words(codes)}")
     for gpu in status["gpus"]:
         daemon = gpu.get("daemon") or {}
-        state = "running" if daemon.get("alive") else "NOT RUNNING"
-        print(
-            f"  {gpu['key']} {_word(gpu.get('uuid'))} daemon {daemon.get('pid')} {state} "
-            f"(by {_word(daemon.get('started_by'))}, user {_word(daemon.get('user'))}, "
-            f"cpus {cpus_words(daemon.get('cpus') or [])})"
-        )
+        if daemon.get("pid") is None:  # no manifest it could read: the error line says why
+            print(f"  {gpu['key']} daemon unknown (no manifest read)")
+        else:
+            state = "running" if daemon.get("alive") else "NOT RUNNING"
+            print(
+                f"  {gpu['key']} {_word(gpu.get('uuid'))} daemon {daemon.get('pid')} {state} "
+                f"(by {_word(daemon.get('started_by'))}, user {_word(daemon.get('user'))}, "
+                f"cpus {cpus_words(daemon.get('cpus') or [])})"
+            )
         if gpu.get("error"):
             print(f"    {_word(gpu['error'])}")
         for server in gpu.get("servers", []):

@@ -716,6 +716,25 @@ def test_demo_reads_the_settings_as_every_command(
 ) -> None:
     """A bad setting or a config file that is not there is exit 2 for ``demo`` too, before
     anything starts (it once ran on its own defaults, whatever the node said)."""
-    res = node.mpswrap("demo", "--simulate", "yes", "--clients", "1", *args, **env)
+    argv = ("demo", "--simulate", "yes", "--clients", "1", *args)
+    res = node.mpswrap(*argv, **env)  # type: ignore[arg-type]
     assert res.returncode == 2 and res.stderr.startswith(line), res.stderr
     assert not res.stdout
+
+
+def test_status_of_a_gpu_whose_manifest_it_cannot_read_says_so_in_words(node: SimNode) -> None:
+    """In user mode (root reads its own record instead), no ``None`` for the fields it could
+    not read and no Python exception's name: the GPU, that its daemon is unknown, and where
+    the file is not JSON; ``stop`` still ends it."""
+    from tests.users import ensure_test_user
+
+    user = ensure_test_user() if os.geteuid() == 0 else None
+    assert node.mpswrap("start", "--gpus", "0", *JOB, user=user).returncode == 0
+    manifest = node.layout("j1", admin=False).gpu("g0").root / "manifest.json"
+    manifest.write_text("{bad")
+    res = node.mpswrap("status", *JOB, user=user)
+    assert res.returncode == 3, res
+    assert "None" not in res.stdout and "Error" not in res.stdout, res.stdout
+    assert "  g0 daemon unknown (no manifest read)\n" in res.stdout, res.stdout
+    assert "not JSON (line 1 column 2)" in res.stdout, res.stdout
+    assert node.mpswrap("stop", *JOB, user=user).returncode == 0
