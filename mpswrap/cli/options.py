@@ -117,8 +117,29 @@ def run_dir(text: str) -> str:
     return os.path.abspath(path(text))
 
 
-#: A GPU list: ``all``, NVML indices or UUIDs (checked against the node's GPUs later).
-gpu_list = given("all, GPU indices like 0,2-3 or GPU UUIDs")
+_GPUS = "all, GPU indices like 0,2-3 or GPU UUIDs"
+
+
+def gpu_list(text: str) -> str:
+    """A GPU list: ``all``, NVML indices or UUIDs, its form checked here (a bad one names
+    ``--gpus``), the GPUs themselves against the node's later (``mps.gpu.resolve_gpus``)."""
+    from ..jobenv import UUID_RE, parse_int_list  # not for the hooks, which parse no option
+
+    given(_GPUS)(text)
+    if text.strip() == "all":
+        return text
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            is_uuid = item.upper().startswith(("GPU-", "MIG-"))
+            if (is_uuid and not UUID_RE.fullmatch(item)) or (
+                not is_uuid and not parse_int_list(item, "GPU list")
+            ):
+                raise ValueError(item)
+        except (ValueError, MpswrapError):
+            raise _refused(f"invalid value {text!r}: expected {_GPUS}") from None
+    return text
+
+
 #: ``start --mem-limit``: a size, or none.
 mem_default = _checked(values.mem_default)
 

@@ -188,8 +188,8 @@ def _wait(cond: object, timeout: float = 30) -> None:
     ("args", "env", "message"),
     [
         (["start", "--gpus", "7"], {}, r"no such GPU \(index 7\): this node has 2 GPU\(s\)"),
-        (["start", "--gpus", "GPU-zzz"], {}, "malformed GPU UUID"),
-        (["start", "--gpus", "0-"], {}, "malformed GPU list"),
+        (["start", "--gpus", "GPU-zzz"], {}, "argument --gpus: invalid value 'GPU-zzz'"),
+        (["start", "--gpus", "0-"], {}, "argument --gpus: invalid value '0-'"),
         (["start", "--job", "../x"], {}, "invalid job id"),
         (["start", "--job", "a/b"], {}, "invalid job id"),
         (
