@@ -183,5 +183,9 @@ def _check_clients(n_clients: int, inventory: Inventory, settings: Settings) -> 
 
 def cli(args: argparse.Namespace) -> int:
     settings = load_settings(config_file=args.config)  # a bad one refused before anything
-    simulate = args.simulate == "yes" or (args.simulate == "auto" and not _real_available(settings))
+    # auto: the simulator where the settings name one (an inventory file) or find no GPU
+    simulate = args.simulate == "yes" or (
+        args.simulate == "auto"
+        and (settings.gpu_inventory != "nvml" or not _real_available(settings))
+    )
     return run_demo(args.clients, simulate, args.config)
