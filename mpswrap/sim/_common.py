@@ -62,7 +62,8 @@ def number(most: float, *, least: float = 0, whole: bool = False) -> Callable[[s
         if not re.fullmatch(form, text) or not least <= float(text) <= most:
             import argparse
 
-            expected = f"expected {least:g} to {most:g}"
+            kind = "a whole number" if whole else "a number"
+            expected = f"expected {kind} from {least:g} to {most:g}"
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: {expected}")
         return int(text) if whole else float(text)
 
