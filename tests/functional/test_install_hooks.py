@@ -229,36 +229,27 @@ def test_uninstall_refuses_while_slurm_names_a_shim(tmp: Path, listing: str) -> 
     assert sorted(p.name for p in dest.iterdir()) == ["epilog", "prolog", "task_prolog"]
 
 
-def test_uninstall_as_a_user_is_one_line_run_as_root(tmp: Path) -> None:
-    """The hooks are root's: a user's ``uninstall-hooks`` says so in one line, as
-    ``install-hooks`` does, not in ``rm``'s words; nothing is removed."""
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("install-hooks", "the hooks must be root-owned (slurmd runs them as root)"),
+        ("uninstall-hooks", "the hooks are root's (install-hooks installed them as root)"),
+    ],
+)
+def test_the_hooks_commands_as_a_user_are_one_line_exit_2(
+    tmp: Path, command: str, why: str
+) -> None:
+    """The hooks are root's: a user's ``install-hooks`` or ``uninstall-hooks`` is a command
+    line wrong for that user, one line and exit 2 as ``start --user`` run by a user, not in
+    ``rm``'s words; nothing is written or removed."""
     dest = tmp / "hooks"
     dest.mkdir()
     (dest / "prolog").write_text("#!/bin/sh\n# mpswrap Slurm shim: test\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)}
-    argv = [sys.executable, "-m", "mpswrap", "uninstall-hooks", "--dest", str(dest)]
+    argv = [sys.executable, "-m", "mpswrap", command, "--dest", str(dest)]
     res = run_as(ensure_test_user(), argv, env, cwd="/")
-    assert res.returncode == 2, res.stderr
-    assert res.stderr == (
-        "mpswrap: uninstall-hooks: run as root: the hooks are root's (install-hooks installed "
-        "them as root)\n"
-    ), res.stderr
-    assert (dest / "prolog").exists()
-
-
-def test_install_as_a_user_is_one_line_exit_2(tmp: Path) -> None:
-    """``install-hooks`` run by a user other than root is a command line wrong for that
-    user: one line, exit 2, as ``start --user`` run by a user; nothing is written."""
-    dest = tmp / "hooks"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(PACKAGE.parent)}
-    argv = [sys.executable, "-m", "mpswrap", "install-hooks", "--dest", str(dest)]
-    res = run_as(ensure_test_user(), argv, env, cwd="/")
-    assert res.returncode == 2, res.stderr
-    assert res.stderr == (
-        "mpswrap: install-hooks: run as root: the hooks must be root-owned (slurmd runs them "
-        "as root)\n"
-    ), res.stderr
-    assert not dest.exists()
+    assert (res.returncode, res.stderr) == (2, f"mpswrap: {command}: run as root: {why}\n")
+    assert [p.name for p in dest.iterdir()] == ["prolog"]
 
 
 def test_uninstall_refuses_while_plugstack_names_the_plugin(tmp: Path) -> None:
