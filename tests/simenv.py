@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -177,17 +178,22 @@ class SimNode(SimFiles):
         read, write = os.pipe()
         os.close(read)
         try:
-            return subprocess.run(
-                [*MPSWRAP, *args],
-                env=self.env(),
-                cwd=self.root,
-                stdout=write,
-                stderr=subprocess.PIPE,
-                text=True,
-                timeout=60,
-            )
+            return self.run_writing_to(write, *args)
         finally:
             os.close(write)
+
+    def run_writing_to(self, stdout: IO[str] | int, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python -m mpswrap ARGS`` with ``stdout`` (a file or descriptor: ``/dev/full``, a
+        pipe nobody reads) as its standard output, its standard error captured."""
+        return subprocess.run(
+            [*MPSWRAP, *args],
+            env=self.env(),
+            cwd=self.root,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
 
     def leftovers(self) -> list[psutil.Process]:
         found = []

@@ -352,15 +352,7 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_1(
 ) -> None:
     """``mpswrap config > /dev/full``: as coreutils' "write error", not an internal error."""
     with open("/dev/full", "w") as full:
-        res = subprocess.run(
-            [*MPSWRAP, *argv],
-            env=node.env(),
-            cwd=node.root,
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
+        res = node.run_writing_to(full, *argv)
     assert res.stderr == "mpswrap: cannot write output: No space left on device\n"
     assert res.returncode == 1
 
@@ -631,15 +623,7 @@ def test_a_runs_output_to_a_full_disk_is_said_exit_1(node: SimNode) -> None:
     """``mpswrap run -n 1 -- echo hi > /dev/full``: as mpswrap's own output, one line, exit 1
     (not the quiet 141 of a reader that left)."""
     with open("/dev/full", "w") as full:
-        res = subprocess.run(
-            [*MPSWRAP, "run", "-n", "1", "--", "echo", "hi"],
-            env=node.env(),
-            cwd=node.root,
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
+        res = node.run_writing_to(full, "run", "-n", "1", "--", "echo", "hi")
     assert res.returncode == 1, res.stderr
     assert res.stderr.endswith("mpswrap: cannot write output: No space left on device\n")
 
