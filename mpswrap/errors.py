@@ -51,7 +51,8 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
         "2",
         "usage or configuration error: unknown command or option, a bad value of an option, "
         "setting or variable (a GPU this node does not have, a request over a limit, a path "
-        "that is no program), a command or option only root may use",
+        "that is no program, a directory that cannot be made or written), a command or option "
+        "only root may use",
     ),
     ("3", "`status`: something found is not healthy (a daemon not running, a server in FAULT)"),
     ("4", "`status`: no mpswrap daemons found for the jobs asked about"),

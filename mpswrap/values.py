@@ -24,6 +24,7 @@ __all__ = [
     "cgroup_root",
     "choice",
     "clients",
+    "counts",
     "grace",
     "inventory",
     "mem_default",
@@ -35,7 +36,9 @@ __all__ = [
     "program",
     "seconds",
     "share_percent",
+    "threads",
     "triggers",
+    "weights",
     "whole",
     "within",
 ]
@@ -209,6 +212,50 @@ def triggers(text: str) -> tuple[str, ...]:
         if item not in ("gres-mps", "spank") and (kind not in ("feature", "comment") or not name):
             raise ValueError("expected a list of gres-mps, spank, feature:<name>, comment:<word>")
     return items
+
+
+#: A weight of ``--threads w1:w2:...``: a plain decimal (not ``1e308``, ``nan`` or ``inf``,
+#: which would overflow the shares).
+_WEIGHT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?", re.ASCII)
+
+
+def weights(text: str) -> list[float]:
+    """``w1:w2:...``: the clients of a GPU share it in these proportions, in turn."""
+    words = text.split(":")
+    if not all(_WEIGHT.fullmatch(w) and float(w) > 0 for w in words):
+        raise ValueError("expected weights w1:w2:..., each a plain number above 0, at most 999999")
+    return [float(w) for w in words]
+
+
+def threads(text: str) -> str:
+    """``--threads``: none, uniform, oversubscribe, a percentage or weights, checked and kept
+    as given (a client's share depends on how many clients share its GPU)."""
+    if text in ("none", "uniform", "oversubscribe"):
+        return text
+    if ":" in text:
+        weights(text)
+        return text
+    try:
+        percent(text)
+    except ValueError:
+        raise ValueError(
+            "expected none, uniform, oversubscribe, a percentage in (0, 100] or weights w1:w2:..."
+        ) from None
+    return text
+
+
+#: The most copies ``calibrate --counts`` tries at once: more than any GPU takes.
+MOST_COPIES = 9999
+
+
+def counts(text: str) -> list[int]:
+    """``1,4,8,12``: whole numbers from 1 to ``MOST_COPIES``, sorted, each once."""
+    words = text.split(",")
+    if not all(re.fullmatch(r"[0-9]{1,4}", w) and int(w) >= 1 for w in words):
+        raise ValueError(
+            f"expected copies from 1 to {MOST_COPIES}, separated by commas, e.g. 1,4,8,12"
+        )
+    return sorted({int(w) for w in words})
 
 
 def priority(text: str) -> int:

@@ -24,6 +24,7 @@ from .options import (
     path,
     run_dir,
     seconds,
+    thread_percent,
     whole,
 )
 
@@ -123,7 +124,7 @@ def _start(parser: Any) -> None:
     parser.add_argument(
         "--threads",
         metavar="PERCENT",
-        type=given("a percentage in (0, 100] or none"),
+        type=thread_percent,
         help="default active thread percentage (default: the active_thread_percentage "
         "setting, none)",
     )

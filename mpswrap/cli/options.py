@@ -29,14 +29,19 @@ __all__ = [
     "WRAPPER_OPTIONS",
     "Options",
     "add",
+    "counts",
     "given",
     "gpu_list",
+    "halt",
     "job_id",
     "k_or_auto",
     "mem_default",
     "node_name",
     "path",
     "seconds",
+    "share",
+    "thread_percent",
+    "threads",
     "whole",
 ]
 
@@ -71,10 +76,22 @@ def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     def checked(text: str) -> T:
         try:
             return parse(text)
-        except ValueError as exc:
-            raise _refused(f"invalid value {text!r}: {exc}") from None
+        except ValueError as exc:  # a UsageError too: its cause says what was expected
+            reason = exc.cause if isinstance(exc, MpswrapError) else exc
+            raise _refused(f"invalid value {text!r}: {reason}") from None
 
     return checked
+
+
+def _kept(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """``parse`` as a check only: the option keeps its text, which is read again where it is
+    used (a setting's loader, the farm's)."""
+
+    def keep(text: str) -> str:
+        parse(text)
+        return text
+
+    return _checked(keep)
 
 
 #: ``--per-gpu``: ``auto`` (None: found as the farm runs) or a whole number, 1 or more.
@@ -140,6 +157,32 @@ def gpu_list(text: str) -> str:
     return text
 
 
+def _halt(text: str) -> object:
+    from ..taskfarm.controls import parse_halt  # not for the hooks, which parse no option
+
+    return parse_halt(text)
+
+
+def _share(text: str) -> object:
+    from ..taskfarm.tasks import parse_share  # not for the hooks, which parse no option
+
+    return parse_share(text)
+
+
+def _percent_or_none(text: str) -> object:
+    if not text or text.lower() not in ("none", "off"):
+        try:
+            return values.percent(text)
+        except ValueError:
+            raise ValueError("expected a percentage in (0, 100] or none") from None
+    return None
+
+
+#: ``--threads`` of a run, and ``start --threads`` (a default for every client).
+threads, thread_percent = _kept(values.threads), _kept(_percent_or_none)
+#: ``farm --halt`` and ``--share``; ``calibrate --counts`` (a sorted list).
+halt, share, counts = _kept(_halt), _kept(_share), _checked(values.counts)
+
 #: ``start --mem-limit``: a size, or none.
 mem_default = _checked(values.mem_default)
 
@@ -154,8 +197,9 @@ WRAPPER_OPTIONS: Options = (
                      "help": "rank to GPU mapping: consecutive ranks share a GPU (block), "
                      "take turns (cyclic) or go to GPUs near their CPUs (affinity) "
                      "(default: the gpu_policy setting, block)"}),
-    (("--threads",), {"metavar": "SPEC", "help": "active thread %%: none, uniform, "
-                      "oversubscribe, a percent, or weights w1:w2:... "
+    (("--threads",), {"metavar": "SPEC", "type": threads,
+                      "help": "active thread %%: none, uniform, oversubscribe, a percent, "
+                      "or weights w1:w2:... "
                       "(default: the active_thread_percentage setting, none)"}),
     (("--mem-limit",), {"metavar": "SIZE", "type": _checked(values.mem_limit),
                         "help": "pinned device memory per client: auto (GPU memory / ranks "
@@ -222,10 +266,10 @@ FARM_OPTIONS: Options = (
     (("--timeout",), {"type": seconds(), "metavar": "S", "help": "seconds a task may run: "
                       "then it is ended through MPS terminate_client, then a signal, and "
                       "recorded as timed out (default: no limit)"}),
-    (("--halt",), {"metavar": "WHEN", "default": "never", "help": "stop after failures, as GNU "
-                   "parallel: soon,fail=N (no new task once N failed), now,fail=N (the "
-                   "running ones ended too), fail=P%% of the tasks; success=N counts the tasks "
-                   "done, done=N both (default: never)"}),
+    (("--halt",), {"metavar": "WHEN", "default": "never", "type": halt,
+                   "help": "stop after failures, as GNU parallel: soon,fail=N (no new "
+                   "task once N failed), now,fail=N (the running ones ended too), fail=P%% "
+                   "of the tasks; success=N counts the tasks done, done=N both (default: never)"}),
     (("--skip-failed",), {"action": "store_true", "help": "run again: tasks that failed in "
                           "the directory before are not run again, and keep the exit code 1 "
                           "(default: they are run)"}),
@@ -234,8 +278,9 @@ FARM_OPTIONS: Options = (
                         "seconds without one; 0: none (default: 60)"}),
     (("--dir",), {"dest": "farm_dir", "metavar": "DIR", "type": path, "help": "logs and state "
                   "(default: <TASKS>.farm here); running again skips tasks done there"}),
-    (("--share",), {"metavar": "I/N", "help": "run tasks I, I+N, I+2N, ... (default: this "
-                    "srun task's share, SLURM_PROCID of the step's tasks; else all)"}),
+    (("--share",), {"metavar": "I/N", "type": share,
+                    "help": "run tasks I, I+N, I+2N, ... (default: this srun task's "
+                    "share, SLURM_PROCID of the step's tasks; else all)"}),
     (("--progress",), {"choices": ("auto", "bar", "lines", "off"), "default": "auto",
                        "help": "a redrawn line (bar), a line per task (lines) or none; "
                        "auto: bar on a terminal (default: auto)"}),
@@ -256,7 +301,7 @@ FARM_STATUS_OPTIONS: Options = (
 CALIBRATE_OPTIONS: Options = (
     (("--max",), {"type": whole(1), "dest": "top", "metavar": "N", "help": "most copies at once "
                   "(default: the client limit, a CPU per copy, at most 16)"}),
-    (("--counts",), {"metavar": "LIST", "help": "copies to try, e.g. 1,4,8,12 "
+    (("--counts",), {"metavar": "LIST", "type": counts, "help": "copies to try, e.g. 1,4,8,12 "
                      "(default: 1, 2, 4, ... up to --max)"}),
     (("--repeats",), {"type": whole(1), "default": 2, "metavar": "R",
                       "help": "runs of each configuration, interleaved (default: 2)"}),

@@ -81,27 +81,15 @@ def _allowed_cpus(text: str | None) -> frozenset[int] | None:
     return asked
 
 
-#: The settings ``start``'s options give, by option: a bad value names its option.
-_START_SETTINGS = {
-    "threads": ("--threads", "active_thread_percentage"),
-    "mem_limit": ("--mem-limit", "pinned_mem_limit"),
-    "priority": ("--priority", "client_priority"),
-}
-
-
 def _start_settings(args: argparse.Namespace) -> Settings:
-    try:
-        return _settings(
-            args,
-            prestart_server=True if args.prestart else None,
-            **{name: getattr(args, dest) for dest, (_, name) in _START_SETTINGS.items()},
-        )
-    except ConfigError as exc:  # as run's options say it: "bad --threads (150): ..."
-        for dest, (option, name) in _START_SETTINGS.items():
-            if exc.what == f"bad value for {name}" and str(exc.thing).endswith(" in argument"):
-                value = str(getattr(args, dest))
-                raise ConfigError(f"bad {option}", thing=value, cause=exc.cause) from None
-        raise
+    """The settings with ``start``'s options over them (each checked as it was parsed)."""
+    return _settings(
+        args,
+        prestart_server=True if args.prestart else None,
+        active_thread_percentage=args.threads,
+        pinned_mem_limit=args.mem_limit,
+        client_priority=args.priority,
+    )
 
 
 def cmd_start(args: argparse.Namespace) -> int:

@@ -7,17 +7,16 @@ GPUs (``Slot``) and the limits are passed in; nothing here loads NVML or talks t
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from .. import values
 from .._struct import Struct
 from ..errors import CapacityError, GpuError, UsageError
 from ..jobenv import GpuRef
 from ..mps.control import client_env
 from ..mps.gpu import Inventory
 from ..paths import GpuDirs
-from ..values import percent, share_percent
 
 __all__ = [
     "Placement",
@@ -91,43 +90,23 @@ def provision_threads(spec: str | None, n_on_gpu: int, index_on_gpu: int) -> flo
     """
     if spec in (None, "none"):
         return None
+    try:  # plain decimals in ASCII digits, as the setting takes (not 5_0, 1e1, nan, 1e308)
+        values.threads(spec)
+    except ValueError as exc:
+        raise UsageError("bad --threads", thing=spec, cause=str(exc)) from None
     n = max(1, n_on_gpu)
     if spec == "uniform":
         value = 100.0 / n
     elif spec == "oversubscribe":
         value = min(100.0, 200.0 / n)
     elif ":" in spec:
-        weights = _weights(spec)
+        weights = values.weights(spec)
         weight = weights[index_on_gpu % len(weights)]
         total = sum(weights[i % len(weights)] for i in range(n))
         value = 100.0 * weight / total
     else:
-        try:  # a plain decimal in ASCII digits, as the setting takes (not 5_0, 1e1, nan)
-            value = percent(spec)
-        except ValueError as exc:
-            raise UsageError(
-                "bad --threads",
-                thing=spec,
-                cause=str(exc),
-                hint="use none, uniform, oversubscribe, a percent or w1:w2:...",
-            ) from None
-    return share_percent(value)
-
-
-#: A weight of ``--threads w1:w2:...``: a plain decimal (not ``1e308``, ``nan`` or ``inf``,
-#: which would overflow the shares).
-_WEIGHT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?", re.ASCII)
-
-
-def _weights(spec: str) -> list[float]:
-    words = spec.split(":")
-    if not all(_WEIGHT.fullmatch(w) for w in words) or not all(float(w) > 0 for w in words):
-        raise UsageError(
-            "bad --threads weights",
-            thing=spec,
-            cause="each weight must be a plain number above 0, at most 999999",
-        )
-    return [float(w) for w in words]
+        value = values.percent(spec)
+    return values.share_percent(value)
 
 
 def slot_of(ref: GpuRef, slots: Sequence[Slot]) -> Slot | None:

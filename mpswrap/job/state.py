@@ -28,7 +28,7 @@ from .. import trust
 from .._cgroup import Cgroup, parent_dir
 from .._lock import RootLock
 from ..config import Settings
-from ..errors import LayoutError
+from ..errors import ConfigError, LayoutError
 from ..mps.gpu import Inventory, load_inventory
 from ..mps.rootrecord import SUFFIX as RECORD_SUFFIX
 from ..mps.rootrecord import RootSide, record_path
@@ -408,15 +408,22 @@ def _owner(path: Path) -> int | None:
 
 
 def check_writable(layout: JobLayout) -> None:
-    """Fail early, creating nothing, when run_dir cannot be created or written."""
+    """Fail early, creating nothing, when run_dir cannot be created or written: a path a
+    setting or an option gave, so a bad value of it (exit 2). No level above run_dir is
+    made."""
     probe = layout.run_dir
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
+    what = cause = ""
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise LayoutError(
-            "run directory not writable",
+        what, cause = "run directory not writable", f"{probe} is not writable by uid {os.geteuid()}"
+    elif not layout.run_dir.parent.is_dir():
+        what, cause = "cannot create the run directory", f"{layout.run_dir.parent} does not exist"
+    if cause:
+        raise ConfigError(
+            what,
             thing=str(layout.run_dir),
-            cause=f"{probe} is not writable by uid {os.geteuid()}",
+            cause=cause,
             hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
         )
 
@@ -427,12 +434,6 @@ def check_user_tree(layout: JobLayout) -> None:
     that is not this user's own and closed to others (a dry run and a real start refuse
     alike)."""
     check_writable(layout)
-    if not layout.run_dir.parent.is_dir():  # user mode makes no level above run_dir
-        raise LayoutError(
-            "cannot create directory",
-            thing=str(layout.run_dir),
-            cause=f"{layout.run_dir.parent} does not exist",
-        )
     check_dirs(layout.run_dir.parent, layout.trusted)
     for level in (layout.run_dir, layout.node_dir, layout.job_dir):
         check_private_dir(level, os.getuid())

@@ -144,7 +144,7 @@ def exit_code(returncode: int) -> int:
 def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Fail like a shell (127/126) before forking when the program cannot run."""
     program = argv[0] if argv else ""
-    path = program if "/" in program else shutil.which(program, path=env.get("PATH", ""))
+    path = program if "/" in program else _on_path(program, env.get("PATH", ""))
     if not path or not os.path.exists(path):
         err = ProcError(
             "program not found",
@@ -160,6 +160,16 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
         )
         err.exit_code = NOT_EXECUTABLE
         raise err
+
+
+def _on_path(program: str, search: str) -> str | None:
+    """Where a shell finds ``program`` on ``search``: the first executable file, else the
+    first file that is not (which then cannot be executed: 126, as bash says)."""
+    found = shutil.which(program, path=search)
+    if found or not program:
+        return found
+    files = (os.path.join(d or ".", program) for d in search.split(os.pathsep))
+    return next((f for f in files if os.path.isfile(f)), None)
 
 
 def spawn_rank(

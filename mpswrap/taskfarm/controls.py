@@ -87,8 +87,8 @@ def parse_halt(text: str) -> Halt:
         raise UsageError(
             "bad --halt",
             thing=text,
-            hint="use never, or now or soon with fail=N, success=N or done=N (N >= 1), or "
-            "with a percentage of the tasks, e.g. soon,fail=10%",
+            cause="expected never, or now or soon with fail=N, success=N or done=N (N >= 1) "
+            "or with a percentage of the tasks, e.g. soon,fail=10%",
         )
     return Halt(match[1], int(match[3]), percent, match[2])
 

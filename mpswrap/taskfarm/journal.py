@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import fields
-from ..errors import LayoutError
+from ..errors import LayoutError, UsageError
 from ..paths import list_dir, read_job_file
 from .tasks import WHOLE, Share, Task
 
@@ -114,8 +114,11 @@ class FarmDir:
         try:
             self.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LayoutError(
-                "cannot create the farm directory", thing=str(self.logs), cause=exc.strerror
+            raise UsageError(  # a path the user gave (or the default here): exit 2
+                "cannot create the farm directory",
+                thing=str(self.logs),
+                cause=exc.strerror,
+                hint="give --dir a directory you can write",
             ) from None
         return self
 

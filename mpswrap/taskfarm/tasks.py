@@ -243,5 +243,5 @@ def parse_share(text: str) -> Share:
     """``I/N`` (0 <= I < N)."""
     match = _SHARE.match(text)
     if not match or int(match[1]) >= int(match[2]):
-        raise UsageError("bad --share", thing=text, hint="use I/N with 0 <= I < N, e.g. 0/4")
+        raise UsageError("bad --share", thing=text, cause="expected I/N with 0 <= I < N, e.g. 0/4")
     return Share(int(match[1]), int(match[2]))

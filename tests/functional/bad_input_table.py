@@ -96,6 +96,8 @@ def _cont(line: str) -> str:
 
 APP = ("--", "{client}", "--seconds", "0.1")
 _SIM_BIN_HINT = "give a directory you can write, e.g. ~/mps-sim"
+_THREADS = "expected none, uniform, oversubscribe, a percentage in (0, 100] or weights w1:w2:..."
+_RUN_DIR_HINT = "set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR"
 _TEXTFILE_HINT = "give a directory you can write (node_exporter's --collector.textfile.directory)"
 START_HELP = "hint: mpswrap start --help"
 
@@ -163,9 +165,9 @@ OPTION_VALUES: tuple[Case, ...] = (
          "tasks.txt"),
     _bad("farm", "--heartbeat", "-1", f"argument --heartbeat: invalid value '-1': "
          f"{_SECONDS_FROM_0}", "tasks.txt"),
-    _bad("farm", "--halt", "soon", "bad --halt (soon)", "tasks.txt",
-         hint="\nhint: use never, or now or soon with fail=N, success=N or done=N (N >= 1), or "
-         "with a percentage of the tasks, e.g. soon,fail=10%"),
+    _bad("farm", "--halt", "soon", "argument --halt: invalid value 'soon': expected never, or "
+         "now or soon with fail=N, success=N or done=N (N >= 1) or with a percentage of the "
+         "tasks, e.g. soon,fail=10%", "tasks.txt"),
     _bad("farm", "--gpus", "5", "--gpus: no such GPU (index 5): this node has 2 GPU(s)",
          "tasks.txt", setup="tasks_file"),
     _bad("calibrate", "--max", "0", "argument --max: invalid value '0': expected a whole "
@@ -295,8 +297,8 @@ CASES: tuple[Case, ...] = (
     Case("cli-near-wrapper-option", "arguments", ("--gpu", "0", "run", "-n", "1", "--", "true"),
          "mpswrap: unknown option '--gpu' (did you mean '--gpus'?)\nhint: mpswrap --help", 2),
     Case("cli-threads-zero", "arguments", ("start", *JOB, "--threads", "0"),
-         "mpswrap: bad --threads (0): expected a percentage in (0, 100]", 2,
-         option="start --threads"),
+         "mpswrap: argument --threads: invalid value '0': expected a percentage in (0, 100] or "
+         f"none\n{START_HELP}", 2, option="start --threads"),
     Case("cli-mem-limit", "arguments", ("start", *JOB, "--mem-limit", "12T"),
          "mpswrap: argument --mem-limit: invalid value '12T': expected a size like 512M or 2G\n"
          f"{START_HELP}", 2, option="start --mem-limit"),
@@ -315,18 +317,20 @@ CASES: tuple[Case, ...] = (
          "mpswrap: argument --per-gpu: invalid value '0': expected auto or a whole number from 1 "
          "to 999999\nhint: mpswrap farm --help", 2, option="farm --per-gpu"),
     Case("farm-bad-share", "arguments", ("farm", "--share", "2/2", "tasks.txt"),
-         "mpswrap: bad --share (2/2)\nhint: use I/N with 0 <= I < N, e.g. 0/4", 2,
-         option="farm --share"),
+         "mpswrap: argument --share: invalid value '2/2': expected I/N with 0 <= I < N, e.g. "
+         "0/4\nhint: mpswrap farm --help", 2, option="farm --share"),
     Case("calibrate-no-command", "arguments", ("calibrate", "--counts", "1"),
          "mpswrap: no command to calibrate\nhint: mpswrap calibrate -- python train.py", 2),
     Case("calibrate-bad-counts", "arguments", ("calibrate", "--counts", "0,x", "--", "true"),
-         "mpswrap: bad --counts (0,x)\nhint: e.g. 1,4,8,12", 2, option="calibrate --counts"),
+         "mpswrap: argument --counts: invalid value '0,x': expected copies from 1 to 9999, "
+         "separated by commas, e.g. 1,4,8,12\nhint: mpswrap calibrate --help", 2,
+         option="calibrate --counts"),
     Case("wrap-threads-150", "arguments", ("--threads", "150", "--", "true"),
-         "mpswrap: bad --threads (150): expected a percentage in (0, 100]\nhint: use none, "
-         "uniform, oversubscribe, a percent or w1:w2:...", 2, option="--threads"),
+         f"mpswrap: argument --threads: invalid value '150': {_THREADS}\nhint: mpswrap --help",
+         2, option="--threads"),
     Case("wrap-threads-underscore", "arguments", ("--threads", "5_0", "--", "true"),
-         "mpswrap: bad --threads (5_0): expected a percentage in (0, 100]\nhint: use none, "
-         "uniform, oversubscribe, a percent or w1:w2:...", 2),
+         f"mpswrap: argument --threads: invalid value '5_0': {_THREADS}\nhint: mpswrap --help",
+         2),
     Case("wrap-bad-policy", "arguments", ("--policy", "random", "--", "true"),
          "mpswrap: argument --policy: invalid choice: 'random' (choose from 'block', 'cyclic', "
          "'affinity')\nhint: mpswrap --help", 2, option="--policy"),
@@ -422,7 +426,8 @@ CASES: tuple[Case, ...] = (
          option="start --node"),
     # --- paths -------------------------------------------------------------------------------
     Case("run-dir-relative-missing", "path", ("start", *JOB, "--run-dir", "rel/dir"),
-         "mpswrap: cannot create directory (<root>/rel/dir): No such file or directory", 1),
+         "mpswrap: cannot create the run directory (<root>/rel/dir): <root>/rel does not exist\n"
+         f"hint: {_RUN_DIR_HINT}", 2),
     Case("run-dir-too-long", "path", ("start", *JOB, "--run-dir", "/tmp/" + "y" * 90),
          "mpswrap: pipe directory too long for MPS sockets "
          f"(/tmp/{'y' * 90}/n1/j1/g0/pipe): 128 bytes with 'control_privileged', limit 107\n"
@@ -439,8 +444,17 @@ CASES: tuple[Case, ...] = (
          setup="root_owned_user_run_dir", as_user=True),
     Case("run-dir-not-writable", "path", ("start", *JOB),
          "mpswrap: run directory not writable (<root>/user): <root>/user is not writable by "
-         "uid {uid}\nhint: set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR", 1,
-         setup="private_root_user_run_dir", as_user=True),
+         f"uid {{uid}}\nhint: {_RUN_DIR_HINT}", 2, setup="private_root_user_run_dir",
+         as_user=True),
+    Case("run-dir-in-proc", "path", ("start", *JOB, "--run-dir", "/proc/x"),
+         "mpswrap: run directory not writable (/proc/x): /proc is not writable by uid {uid}\n"
+         f"hint: {_RUN_DIR_HINT}", 2, as_user=True),
+    Case("farm-dir-in-proc", "path", ("farm", "--dir", "/proc/x", "tasks.txt"),
+         "mpswrap: cannot create the farm directory (/proc/x/logs): No such file or directory\n"
+         "hint: give --dir a directory you can write", 2, setup="tasks_file"),
+    Case("farm-dir-a-file", "path", ("farm", "--dir", "tasks.txt", "tasks.txt"),
+         "mpswrap: cannot create the farm directory (tasks.txt/logs): Not a directory\n"
+         "hint: give --dir a directory you can write", 2, setup="tasks_file"),
     Case("run-dir-open-to-others", "path", ("start", *JOB),
          "mpswrap: directory is open to other users (<root>/user): mode 0777, expected 0700", 1,
          setup="open_user_run_dir", as_user=True),

@@ -301,9 +301,9 @@ def test_calibrate_times_each_count_time_sliced_and_under_mps(node: SimNode) -> 
     [
         (("farm", "/nonexistent/tasks.txt"), "cannot read the task list"),
         (("farm", "--per-gpu", "0", "t"), "argument --per-gpu: invalid value '0'"),
-        (("farm", "--share", "2/2", "t"), "bad --share"),
+        (("farm", "--share", "2/2", "t"), "argument --share: invalid value '2/2'"),
         (("farm", "--retries", "-1", "t"), "argument --retries: invalid value '-1'"),
-        (("calibrate", "--counts", "0,x", "--", "true"), "bad --counts"),
+        (("calibrate", "--counts", "0,x", "--", "true"), "argument --counts: invalid value"),
         (("calibrate", "--"), "no command to calibrate"),
     ],
 )

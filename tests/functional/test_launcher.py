@@ -199,7 +199,7 @@ def test_run_dry_run_puts_eight_ranks_on_four_gpus_where_the_policy_says(policy:
         (["--policy", "bogus", "./a"], "invalid choice"),
         (["run", "--", "true"], "-n"),
         # A program that exists: a missing one is refused first (127).
-        (["--threads", "lots", "true"], "bad --threads"),
+        (["--threads", "lots", "true"], "argument --threads: invalid value 'lots'"),
         (["--mem-limit", "3T", "true"], "argument --mem-limit: invalid value"),
         (["--mem-limit", "99999999999999999999G", "true"], "argument --mem-limit: invalid value"),
         (["srun", "--multi-prog", "tasks.conf"], "multi-prog"),
