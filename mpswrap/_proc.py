@@ -146,7 +146,9 @@ def _preexec(
 
 def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
     try:
-        return subprocess.Popen(list(argv), text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+        # A program's words may come from a user (a job's name in scontrol's answer): bytes
+        # that are not UTF-8 are replaced, never an error.
+        return subprocess.Popen(list(argv), text=True, errors="replace", **kwargs)  # type: ignore[call-overload,no-any-return]
     except FileNotFoundError as exc:
         raise ProcError(
             "program not found",

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds for one scontrol call.
 SCONTROL_TIMEOUT = 10.0
+#: Bytes of scontrol's answer kept: it holds what the job's user wrote (a comment, a job name,
+#: paths); more, and the answer is not read (a warning).
+SCONTROL_LIMIT = 1 << 20
 
 
 def scontrol(env: JobEnv, argv: list[str]) -> _proc.Result:
@@ -44,7 +47,7 @@ def scontrol(env: JobEnv, argv: list[str]) -> _proc.Result:
     if env.env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env.env["SLURM_CONF"]
     binary = trust.program("scontrol", _proc.SAFE_PATH)
-    return _proc.run([binary, *argv], env=run_env, timeout=SCONTROL_TIMEOUT)
+    return _proc.run([binary, *argv], env=run_env, timeout=SCONTROL_TIMEOUT, limit=SCONTROL_LIMIT)
 
 
 def signal_step(env: JobEnv, sig: int, launchers: Sequence[str]) -> bool:
@@ -59,7 +62,12 @@ def signal_step(env: JobEnv, sig: int, launchers: Sequence[str]) -> bool:
     run_env = {"PATH": _proc.SAFE_PATH, **{k: v for k, v in env.env.items() if k == "SLURM_CONF"}}
     try:
         binary = trust.program("scancel", _proc.SAFE_PATH)
-        res = _proc.run([binary, f"--signal={sig}", step], env=run_env, timeout=SCONTROL_TIMEOUT)
+        res = _proc.run(
+            [binary, f"--signal={sig}", step],
+            env=run_env,
+            timeout=SCONTROL_TIMEOUT,
+            limit=SCONTROL_LIMIT,
+        )
     except MpswrapError as exc:
         log.warning("cannot end the other tasks of step %s: %s", step, exc.line())
         return False
@@ -100,10 +108,30 @@ def _scontrol(env: JobEnv, what: str, ident: str) -> dict[str, str]:
     text = _scontrol_text(env, ["-o", "show", what, ident], what)
     if text is None:
         return {}
+    return show_fields(text)
+
+
+#: A word that starts a field of scontrol's answer: ``Key=``.
+_KEY = re.compile(r"(\w[\w:/]*)=")
+
+
+def show_fields(text: str) -> dict[str, str]:
+    """``Key=value`` fields of one ``scontrol -o show`` line. A value may hold spaces
+    (``Comment=a b``): a new field starts only at a word that begins with ``Key=``. Linear in
+    the answer's length, which holds what the job's user wrote."""
     fields: dict[str, str] = {}
-    # Values may contain spaces (Comment=...); split only before "Key=" tokens.
-    for match in re.finditer(r"(\w[\w:/]*)=(.*?)(?=\s+\w[\w:/]*=|$)", text.strip()):
-        fields[match.group(1)] = match.group(2)
+    key, value = None, ""
+    parts = re.split(r"(\s+)", text.strip())  # word, gap, word, gap, ..., word
+    for gap, word in zip(["", *parts[1::2]], parts[::2], strict=True):
+        start = _KEY.match(word)
+        if start:
+            if key is not None:
+                fields[key] = value
+            key, value = start[1], word[start.end() :]
+        elif key is not None:
+            value += gap + word
+    if key is not None:
+        fields[key] = value
     return fields
 
 
