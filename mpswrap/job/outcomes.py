@@ -40,6 +40,10 @@ PEEK_LIMIT = 1024
 _RECORD = re.compile(r"^[0-9]+-[0-9a-f]{8}\.json$")
 
 
+#: The most clients one rank's ladder ends: more is no rank's record.
+ENDED_MOST = 1 << 20
+
+
 class Outcome(Struct, frozen=True):
     """How one rank ended."""
 
@@ -58,6 +62,8 @@ class Outcome(Struct, frozen=True):
         ended, start = data.get("ended", 0), data.get("start", 0.0)
         if type(code) is not int or type(ended) is not int:  # true is no exit code
             raise ValueError("code and ended must be integers")
+        if not 0 <= code <= 255 or not 0 <= ended <= ENDED_MOST:  # what status prints is bounded
+            raise ValueError(f"code must be 0 to 255, ended 0 to {ENDED_MOST}")
         if attached is not None and not isinstance(attached, bool):
             raise ValueError("attached must be true, false or null")
         if not isinstance(start, (int, float)) or isinstance(start, bool):

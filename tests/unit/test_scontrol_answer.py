@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mpswrap import trust
 from mpswrap.jobenv import JobEnv
-from mpswrap.slurm import scontrol
 from mpswrap.slurm.scontrol import SCONTROL_LIMIT, scontrol_job, show_fields
 
 JOB = {"SLURM_JOB_ID": "42"}
@@ -22,7 +22,7 @@ def _fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: bytes)
     program = tmp_path / "scontrol"
     program.write_text(f"#!/bin/sh\nexec cat {answer}\n")
     program.chmod(0o755)
-    monkeypatch.setattr(scontrol.trust, "program", lambda name, path: str(program))
+    monkeypatch.setattr(trust, "program", lambda name, path: str(program))
 
 
 def test_bytes_that_are_not_utf8_are_replaced(

@@ -63,6 +63,13 @@ def test_one_rank_by_the_epilog() -> None:
         {"code": 0, "attached": "yes"},
         {"code": 0, "attached": None, "ended": 1.5},
         {"code": 0, "attached": None, "start": True},
+        # What root's status prints of them stays bounded: no code past a shell's, no
+        # 4,000-digit one (a job user writes the records).
+        {"code": -1, "attached": None},
+        {"code": 256, "attached": None},
+        {"code": 10**4000, "attached": None},
+        {"code": 0, "attached": None, "ended": -1},
+        {"code": 0, "attached": None, "ended": 10**4000},
     ],
 )
 def test_a_record_that_is_no_outcome_is_refused(record: object) -> None:
