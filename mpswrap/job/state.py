@@ -109,6 +109,9 @@ def compute_mode_lock(settings: Settings, node: str) -> Path:
 
 #: Root's locks, below run_dir: a directory only root can write (never a job user's).
 ROOT_LOCKS = ".locks"
+#: Root's pinned control sockets (``rootrecord.pin_control``), below run_dir: a directory
+#: only root can write, that job users may pass through (mode 0711).
+ROOT_CONTROL = ".control"
 
 
 def root_lock(settings: Settings, layout: JobLayout, key: str) -> RootLock:
@@ -131,7 +134,8 @@ def root_side(settings: Settings, layout: JobLayout, key: str) -> RootSide:
     lock = root_lock(settings, layout, key)
     cgroup = job_cgroup(settings, layout)
     leaf = Cgroup(cgroup.path / layout.gpu(key).key) if cgroup else None
-    return RootSide(lock, record_path(lock.path), leaf)
+    control = Path(settings.run_dir) / ROOT_CONTROL / lock.path.name.removesuffix(".lock")
+    return RootSide(lock, record_path(lock.path), leaf, control)
 
 
 def job_cgroup(settings: Settings, layout: JobLayout) -> Cgroup | None:

@@ -25,13 +25,14 @@ from pathlib import Path
 from .. import _proc, _wait, trust
 from .._cgroup import Cgroup
 from .._lock import RootLock, file_lock
+from .._struct import replace
 from ..config import Settings
 from ..errors import ControlError, DaemonError, LayoutError, MpswrapError
 from ..paths import GpuDirs, ensure_private_dir
 from .control import DEADLINE_PASSED, Control, client_status, find_binary
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest
-from .rootrecord import Held, RootSide, read_held, remove_held
+from .rootrecord import Held, RootSide, pinned_control, read_held, remove_held
 from .start import Defaults, Start
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -80,10 +81,13 @@ class Daemon:
         return self.control_within(_wait.NO_DEADLINE)
 
     def control_within(self, deadline: _wait.Deadline) -> Control:
-        """The control program for this daemon, every command drawn from ``deadline``."""
+        """The control program for this daemon, every command drawn from ``deadline``; as
+        root, through the socket root pinned when the daemon started (never one the job user
+        put in the pipe directory since)."""
+        pinned = pinned_control(self.root, self.held()) if self.root else None
         return Control(
             find_binary(self.settings.control_binary),
-            self.dirs.pipe,
+            pinned or self.dirs.pipe,
             self.dirs.log,
             timeout=self.settings.command_timeout,
             user=self._commander(),
@@ -201,7 +205,7 @@ class Daemon:
                 gpu,
                 user,
                 binary,
-                self.control,
+                replace(self.control, pipe=self.dirs.pipe),  # the new daemon's, root pins it
                 self.settings,
                 self._cpus(gpu, allowed_cpus),
                 origin,
@@ -273,9 +277,13 @@ class Daemon:
         return None
 
     def _forget(self) -> None:
-        """Root's record goes with the daemon it named."""
+        """Root's record, and the socket it pinned, go with the daemon it named."""
         if self.root is not None:
             remove_held(self.root.record)
+            if self.root.control is not None:
+                from ..removal import remove_tree
+
+                remove_tree(self.root.control)
 
     def forget(self, where: Path) -> None:
         """After the daemon was ended by signal alone (its ladder failed): its directory, its

@@ -23,14 +23,25 @@ from pathlib import Path
 from .. import _proc, fields
 from .._cgroup import Cgroup
 from .._lock import RootLock
-from .._struct import Struct, asdict, field, replace
+from .._struct import Struct, asdict, field
+from ..errors import LayoutError
 from ..fields import FieldError
+from ..paths import ROOT_ONLY, ensure_shared_dir
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["Held", "RootSide", "read_held", "remove_held", "write_held"]
+__all__ = [
+    "PIPE_NAMES",
+    "Held",
+    "RootSide",
+    "pin_control",
+    "pinned_control",
+    "read_held",
+    "remove_held",
+    "write_held",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +67,80 @@ class Held(Struct):
     cpus: list[int] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
-
-    def with_daemon(self, daemon: _proc.ProcId, settings: dict[str, Any]) -> Held:
-        return replace(self, daemon=daemon, settings=settings)
+    #: The daemon's control socket (device, inode) as root pinned it once the daemon answered
+    #: (``pin_control``); None where it could not be pinned, or before.
+    socket: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["daemon"] = self.daemon.to_json() if self.daemon else None
+        out["socket"] = list(self.socket) if self.socket else None
         return {"version": VERSION, **out}
 
 
 class RootSide(Struct, frozen=True):
     """Where root keeps its own state of one GPU's daemon: its lock, its record, the
-    cgroup it starts the daemon in (None: no cgroup v2 it may use)."""
+    cgroup it starts the daemon in (None: no cgroup v2 it may use), and the folder of root's
+    through which root's control commands reach the daemon (``pin_control``)."""
 
     lock: RootLock
     record: Path
     cgroup: Cgroup | None = None
+    control: Path | None = None
+
+
+#: The names a control program may use in the daemon's pipe directory (mps-facts.md): what
+#: root's pinned folder holds of it (not the pid file: a job file of one link stays one).
+PIPE_NAMES = frozenset({"control", "control_privileged", "control_lock", "log"})
+
+
+def pin_control(pipe: Path, where: Path, uid: int) -> tuple[int, int] | None:
+    """Hard-link the daemon's control socket (and the other names of ``PIPE_NAMES`` it made)
+    from the job user's ``pipe`` into ``where``, a folder of root's that no job user can
+    change, just after the daemon answered there and before any process of the job runs.
+    Root's control commands (sent as the job user) then go through ``where``: a socket the
+    job user later swaps in the pipe directory (a link to another job's daemon, a relay of
+    its own) is never the one they reach. The socket's (device, inode); None, with the
+    folder removed and a warning, where the pipe holds no socket of the job user's."""
+    from ..removal import remove_tree
+
+    remove_tree(where)
+    try:  # the job user's control program looks names up in it: 0711 above, 0755 here
+        ensure_shared_dir(where.parent, ROOT_ONLY, mode=0o711)
+        ensure_shared_dir(where, ROOT_ONLY, mode=0o755)
+        for entry in os.scandir(pipe):
+            kind = stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+            if entry.name in PIPE_NAMES and kind in (stat.S_IFSOCK, stat.S_IFREG, stat.S_IFIFO):
+                os.link(entry.path, where / entry.name, follow_symlinks=False)
+        st = os.lstat(where / "control")
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
+            raise OSError(f"not a socket of uid {uid}")
+    except (OSError, LayoutError) as exc:
+        why = exc.line() if isinstance(exc, LayoutError) else exc.strerror or exc
+        log.warning("cannot pin the control socket of %s: %s", pipe, why)
+        remove_tree(where)
+        return None
+    return st.st_dev, st.st_ino
+
+
+def pinned_control(side: RootSide, held: Held | None) -> Path | None:
+    """Where root's control commands go: the pinned folder where the record names the
+    socket pinned there (a path that names nothing, and so no daemon, where that folder is
+    not root's or holds another socket); None where nothing was pinned (the pipe)."""
+    if held is None or held.socket is None or side.control is None:
+        return None
+    try:
+        folder, st = os.lstat(side.control), os.lstat(side.control / "control")
+    except OSError:
+        return side.control  # gone: no command reaches any daemon through it
+    if (
+        not stat.S_ISDIR(folder.st_mode)
+        or folder.st_uid != 0
+        or (st.st_dev, st.st_ino) != held.socket
+    ):
+        log.warning("root's pinned control socket %s is not the daemon's", side.control)
+        return side.control / "not-pinned"
+    return side.control
 
 
 def record_path(lock: Path) -> Path:
@@ -129,6 +197,7 @@ def _parse(data: Any) -> Held:
         raise FieldError("not a record of this version")
     daemon = data.get("daemon")
     cgroup = data.get("cgroup")
+    socket = data.get("socket")
     return Held(
         key=fields.text(data["key"], 8),
         gpu_uuid=fields.text(data["gpu_uuid"], 256),
@@ -143,4 +212,10 @@ def _parse(data: Any) -> Held:
         cpus=[fields.whole(c, 1 << 16) for c in fields.items(data.get("cpus", []))],
         settings=dict(data.get("settings") or {}),
         started=fields.number(data.get("started", 0)),
+        socket=None if socket is None else _socket(socket),
     )
+
+
+def _socket(value: Any) -> tuple[int, int]:
+    device, inode = fields.items(value)
+    return fields.whole(device, 1 << 64), fields.whole(inode, 1 << 64)

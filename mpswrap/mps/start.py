@@ -26,7 +26,7 @@ from ..paths import GpuDirs, create_job_file, read_job_file
 from .control import Control, daemon_env, read_pid
 from .gpu import GpuInfo
 from .manifest import Manifest, write_manifest
-from .rootrecord import Held, RootSide, write_held
+from .rootrecord import Held, RootSide, pin_control, write_held
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -171,7 +171,10 @@ class Start(Struct):
         manifest = self._manifest(daemon, applied, [p for p in map(_proc.identify, listed) if p])
         write_manifest(self.dirs.manifest, manifest, self.user.uid, self.user.gid)
         if self.root is not None and self.held is not None:
-            self.held = replace(self.held, daemon=daemon, settings=applied)
+            socket = None
+            if self.root.control is not None:  # before any process of the job runs
+                socket = pin_control(self.dirs.pipe, self.root.control, self.user.uid)
+            self.held = replace(self.held, daemon=daemon, settings=applied, socket=socket)
             write_held(self.root.record, self.held)
         log.debug(
             "%s: '-d' returned in %.0f ms, the daemon answered %.0f ms later, defaults, "

@@ -102,6 +102,26 @@ def admin_job(node: SimNode, job: str = "101") -> Path:
     return node.layout(job, admin=True).job_dir
 
 
+def take_over_socket(node: SimNode, job: str, socket: Path, key: str = "g0") -> None:
+    """Make the socket the job's user put at ``socket`` the one root's commands reach: what
+    a job user who took over the daemon's own listener (same-uid ptrace of the daemon, where
+    the kernel allows it) gets. Root pins the daemon's socket when it starts, and no socket
+    the job user swaps into the pipe directory later is ever reached (docs/security.md):
+    the tests of hostile replies repoint root's pin and record as that takeover would."""
+    pinned = node.run_dir / ".control" / f"n1.{job}.{key}" / "control"
+    fresh = pinned.with_name(".control.new")
+    os.link(socket, fresh, follow_symlinks=False)
+    os.replace(fresh, pinned)
+    record = node.run_dir / ".locks" / f"n1.{job}.{key}.held.json"
+    data = json.loads(record.read_text())
+    st = os.lstat(pinned)
+    data["socket"] = [st.st_dev, st.st_ino]
+    fresh = record.with_name(".held.new")
+    fresh.write_text(json.dumps(data))
+    fresh.chmod(0o600)
+    os.replace(fresh, record)
+
+
 def manifests(job_dir: Path) -> dict[str, dict[str, Any]]:
     return {
         p.parent.name: json.loads(p.read_text()) for p in sorted(job_dir.glob("g*/manifest.json"))

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.functional.test_faults import admin_config
+from tests.functional.test_faults import admin_config, take_over_socket
 from tests.procs import described
 from tests.simenv import SimNode, finish_sim_node, make_sim_node
 from tests.tree import REPO
@@ -321,6 +321,7 @@ def _plant(node: SimNode, name: str, text: str) -> subprocess.Popen[str] | None:
         while not (control.is_socket() and control.stat().st_ino != real):
             assert time.monotonic() < deadline, "the fake socket did not come up"
             time.sleep(0.05)
+        take_over_socket(node, "301", control)
         return fake
     source = node.root / "planted"
     source.write_bytes(text.encode("utf-8", "surrogateescape"))

@@ -26,7 +26,14 @@ import pytest
 
 from mpswrap._cgroup import member_of
 from mpswrap.report.status import DEADLINE as STATUS_DEADLINE
-from tests.functional.test_faults import admin_config, admin_job, gone, manifests, slurm_hook
+from tests.functional.test_faults import (
+    admin_config,
+    admin_job,
+    gone,
+    manifests,
+    slurm_hook,
+    take_over_socket,
+)
 from tests.procs import described
 from tests.simenv import SimNode, _cgroups_of, finish_sim_node, make_sim_node
 from tests.tree import REPO
@@ -262,6 +269,7 @@ def _multiply(node: SimNode, what: str, size: int) -> list[subprocess.Popen[str]
         real = control.stat().st_ino
         fake = spawn_as(_user(), ["/usr/bin/python3", str(fake_socket), str(control)])
         _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
+        take_over_socket(node, "101", control)
         return [fake]
     return []
 
@@ -438,6 +446,94 @@ def test_another_job_of_the_same_user_is_never_ended_by_this_jobs_epilog(node: S
     _all_gone(node, pids_b, job="102")
 
 
+_RELAY_SOCKET = textwrap.dedent(
+    """
+    import os, socket, sys
+    # Every command on argv[1] relayed to the socket argv[2], its answer back; each written
+    # down in the file argv[3].
+    path, target, said = sys.argv[1:4]
+    os.unlink(path)
+    lst = socket.socket(socket.AF_UNIX)
+    lst.bind(path)
+    lst.listen(64)
+    while True:
+        conn, _ = lst.accept()
+        out = socket.socket(socket.AF_UNIX)
+        try:
+            out.connect(target)
+            data = b""
+            while not data.endswith(b"\\n"):
+                c = conn.recv(65536)
+                if not c:
+                    break
+                data += c
+            with open(said, "ab") as log:
+                log.write(data)
+            out.sendall(data)
+            out.shutdown(socket.SHUT_WR)
+            while c := out.recv(65536):
+                conn.sendall(c)
+        except OSError:
+            pass
+        out.close()
+        conn.close()
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["symlink", "hard-link", "relay"])
+def test_a_control_socket_swapped_for_a_way_to_another_jobs_daemon_carries_no_command_there(
+    node: SimNode, how: str
+) -> None:
+    """Two jobs of one user. In job 101 the user replaces g0's control socket with a way to
+    job 102's daemon (on GPU 1): a symbolic link, a hard link (a socket may have several), or
+    a socket of its own that relays every command there. Root's epilog of 101 sends its commands
+    through the socket root pinned when 101's daemon started: 101's daemon is ended, 102's
+    daemon and its client run on, untouched."""
+    pids_a = _prolog(node, job="101", gpus="0")
+    pids_b = _prolog(node, job="102", gpus="1")
+    g0_a, g1_b = admin_job(node, "101") / "g0", admin_job(node, "102") / "g1"
+    client = spawn_as(
+        _user(),
+        [node.client, "--seconds", "300"],
+        CUDA_MPS_PIPE_DIRECTORY=str(g1_b / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(g1_b / "log"),
+        SLURM_JOB_ID="102",
+    )
+    relay, relayed = None, node.root / "relayed"
+    relayed.touch()
+    try:
+        _wait(lambda: "NEW CLIENT" in (g1_b / "log" / "control.log").read_text(), "a client")
+        theirs, ours = g1_b / "pipe" / "control", g0_a / "pipe" / "control"
+        if how == "relay":
+            script = node.root / "relay.py"
+            script.write_text(_RELAY_SOCKET)
+            script.chmod(0o644)
+            real = ours.stat().st_ino
+            entry = pwd.getpwnam(_user())
+            os.chown(relayed, entry.pw_uid, entry.pw_gid)
+            argv = [str(script), str(ours), str(theirs), str(relayed)]
+            relay = spawn_as(_user(), ["/usr/bin/python3", *argv])
+            _wait(lambda: ours.is_socket() and ours.stat().st_ino != real, "the relay")
+        else:
+            link = "ln -s" if how == "symlink" else "ln"
+            _as_user(f"cd {ours.parent} && mv control control.orig && {link} {theirs} control")
+        _epilog_within(node, job="101")
+        _all_gone(node, pids_a, job="101")
+        assert not relayed.read_bytes(), relayed.read_bytes()  # no command of root's
+        assert client.poll() is None, "job 102's client was ended"
+        assert not any(gone(pid) for pid in [*pids_b, *_servers(pids_b)]), "102's MPS ended"
+        said = node.mpswrap("status", "--node", "n1", "--job", "102")
+        assert said.returncode == 0 and "clients 1" in said.stdout, said.stdout + said.stderr
+    finally:
+        for proc in (relay, client):
+            if proc is not None:
+                proc.kill()
+                proc.communicate(timeout=30)
+    _epilog_within(node, job="102")
+    _all_gone(node, pids_b, job="102")
+
+
 def test_a_job_of_uid_0_gets_no_mps(node: SimNode) -> None:
     """A root daemon would serve it, and its teardown would act on root's processes."""
     res = slurm_hook(node, "prolog", user="root")
@@ -609,6 +705,7 @@ def _fake_socket(node: SimNode, script_text: str, args: list[str]) -> subprocess
     real = control.stat().st_ino
     proc = spawn_as(_user(), ["/usr/bin/python3", str(script), str(control), *args])
     _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
+    take_over_socket(node, "101", control)
     return proc
 
 
