@@ -190,3 +190,81 @@ def test_the_daemon_runs_in_roots_cgroup_and_a_tampered_one_is_ended_by_the_epil
     assert not gpu_processes(), gpu_processes()
     after = run_as(gpu_user, [*argv[:2], "--seconds", "2"], base_env(), timeout=180)
     assert after.returncode == 0 and "done" in after.stdout, after.stdout + after.stderr
+
+
+def _job_env(conf: Path, user: pwd.struct_passwd, job: str, shared_tmp: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        MPSWRAP_CONFIG=str(conf),
+        SLURM_JOB_ID=job,
+        SLURM_JOB_UID=str(user.pw_uid),
+        SLURM_JOB_GID=str(user.pw_gid),
+        SLURM_JOB_USER=user.pw_name,
+        SLURMD_NODENAME="node1",
+        SLURM_JOB_GPUS="0",
+        SLURM_CONF=str(shared_tmp / "slurm.conf"),
+    )
+
+
+def _torch_client(
+    gpu_user: str, gpu_dir: Path, seconds: float, out: Path
+) -> subprocess.Popen[bytes]:
+    manifest = json.loads((gpu_dir / "manifest.json").read_text())
+    env = base_env(
+        {
+            "CUDA_MPS_PIPE_DIRECTORY": str(gpu_dir / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(gpu_dir / "log"),
+            "CUDA_VISIBLE_DEVICES": manifest["gpu_uuid"],
+        }
+    )
+    argv = [sys.executable, str(HERE / "torch_client.py"), "--seconds", str(seconds)]
+    with out.open("w") as sink:
+        return subprocess.Popen(
+            user_argv(gpu_user, argv, env), stdout=sink, stderr=subprocess.STDOUT
+        )
+
+
+def test_a_socket_swapped_for_a_link_to_another_jobs_daemon_carries_no_command_there(
+    gpu_user: str, shared_tmp: Path, mps_baseline: set[tuple[int, float]]
+) -> None:
+    """Two jobs of one user on the GPU, each with a busy PyTorch client. In job A the user
+    replaces the control socket with a symbolic link to job B's. A's epilog sends its
+    commands through the socket root pinned when A's daemon started, on the real control
+    program: A's client is ended through ``terminate_client`` (not by signal), A's daemon is
+    gone, and B's daemon and busy client run on."""
+    user = pwd.getpwnam(gpu_user)
+    conf = shared_tmp / "mpswrap.conf"
+    conf.write_text(f"run_dir = {shared_tmp / 'run'}\nprolog_mode = always\nsyslog = no\n")
+    env_a, env_b = (_job_env(conf, user, job, shared_tmp) for job in ("tra", "trb"))
+    for env in (env_a, env_b):
+        started = _hook(env, "prolog")
+        assert started.returncode == 0, started.stderr
+    dir_a, dir_b = (shared_tmp / "run" / "node1" / job / "g0" for job in ("tra", "trb"))
+    out_a, out_b = shared_tmp / "a.out", shared_tmp / "b.out"
+    client_a = _torch_client(gpu_user, dir_a, 120, out_a)
+    client_b = _torch_client(gpu_user, dir_b, 40, out_b)
+    try:
+        _wait_for_line(out_a, "started")
+        _wait_for_line(out_b, "started")
+        swap = f"cd {dir_a}/pipe && mv control control.orig && ln -s {dir_b}/pipe/control control"
+        done = run_as(gpu_user, ["sh", "-c", swap], base_env())
+        assert done.returncode == 0, done.stderr
+        ended = _hook(env_a, "epilog")
+        print(ended.stderr)
+        assert ended.returncode == 0, ended.stderr
+        assert "terminated 1 client(s)" in ended.stderr, ended.stderr
+        assert "by signal" not in ended.stderr, ended.stderr
+        client_a.wait(timeout=60)
+        assert client_b.poll() is None, out_b.read_text()
+        assert not dir_a.parent.exists()
+        assert client_b.wait(timeout=120) == 0, out_b.read_text()  # B ran to its end
+        print(out_b.read_text()[-500:])
+    finally:
+        for client in (client_a, client_b):
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    ended = _hook(env_b, "epilog")
+    assert ended.returncode == 0, ended.stderr
+    assert not leftovers(shared_tmp, mps_baseline), "the jobs' MPS processes outlived them"
+    assert not gpu_processes(), gpu_processes()
