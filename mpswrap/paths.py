@@ -36,6 +36,7 @@ __all__ = [
     "list_dir",
     "open_dir",
     "read_job_file",
+    "uncreatable",
     "validate_name",
     "write_job_file",
 ]
@@ -369,6 +370,19 @@ def _refuse_open(st: os.stat_result, path: Path, uid: int, mode: int) -> None:
     if bits & ~mode & 0o077:
         cause = f"mode {bits:04o}, expected {mode:04o}"
         raise LayoutError("directory is open to other users", thing=str(path), cause=cause)
+
+
+def uncreatable(path: Path) -> str | None:
+    """Why a directory could not be made at ``path`` (its missing levels too) and written in,
+    as ``mkdir -p`` would say it; None where it could. Nothing is created (a dry run)."""
+    probe = path
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not os.path.isdir(probe):
+        return os.strerror(errno.ENOTDIR)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return os.strerror(errno.EACCES)
+    return None
 
 
 # --- the files of a job's directories -------------------------------------------------------

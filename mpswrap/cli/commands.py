@@ -16,6 +16,7 @@ import importlib
 from .._struct import Struct
 from .options import (
     WRAPPER_OPTIONS,
+    cpu_list,
     given,
     gpu_list,
     job_id,
@@ -117,7 +118,7 @@ def _start(parser: Any) -> None:
     parser.add_argument(
         "--cpus",
         metavar="LIST",
-        type=given("CPU numbers like 0,2-3"),
+        type=cpu_list,
         help="CPUs the daemons may use, intersected with GPU-local CPUs "
         "(default: every CPU this process may use)",
     )
@@ -274,7 +275,12 @@ def _sim(parser: Any) -> None:
 
 def _completion(parser: Any) -> None:
     parser.add_argument(
-        "shell", nargs="?", choices=("bash",), default="bash", help="the shell (default: bash)"
+        "shell",
+        nargs="?",
+        metavar="SHELL",
+        choices=("bash",),
+        default="bash",
+        help="the shell: bash (default: bash)",
     )
 
 
@@ -546,9 +552,7 @@ HOOKS = tuple(c.name for c in COMMANDS if c.run == "entry.hooks:cli")
 def _by_hand(cmd: Command) -> str:
     """A hook's codes are its contract with slurmd, which passes it no argument; run by hand
     with one it does not take, it is a usage error as any command (2)."""
-    return (
-        "as slurmd runs it; by hand, an argument it does not take: 2; " if cmd.name in HOOKS else ""
-    )
+    return "; by hand, an argument it does not take: 2" if cmd.name in HOOKS else ""
 
 
 def words_of(rest: list[str]) -> Command | None:
@@ -574,7 +578,7 @@ def build(cmd: Command, parser_class: type[argparse.ArgumentParser]) -> argparse
         description=textwrap.fill(cmd.description, 79),
         epilog="examples:\n"
         + "\n".join(f"  {e}" for e in cmd.examples)
-        + f"\n\nexit status: {', '.join(cmd.exits)} ({_by_hand(cmd)}their meanings: man "
+        + f"\n\nexit status: {', '.join(cmd.exits)}{_by_hand(cmd)} (their meanings: man "
         "mpswrap, EXIT STATUS)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,

@@ -119,17 +119,27 @@ def bash(parsers: dict[str, argparse.ArgumentParser]) -> str:
     parser = parsers[""]
     commands = [*(n for n in parsers if n and " " not in n), *LAUNCHERS]
     pairs = "|".join(shlex.quote(n) for n in parsers if " " in n)
-    skip = "|".join(_valued(parser))
+    # A command's options may come before its word too (mpswrap --per-gpu 2 farm tasks.txt):
+    # every option that takes a value somewhere, and is a flag nowhere, is skipped with it.
+    valued = {f for p in parsers.values() for f in _valued(p)}
+    flags = {f for p in parsers.values() for f in _options(p)} - {
+        f for p in parsers.values() for a in p._actions if a.nargs != 0 for f in a.option_strings
+    }
+    skip = "|".join(sorted(valued - flags))
     lines = [
         "# bash completion for mpswrap, generated from its parser: mpswrap completion bash",
         "_mpswrap() {",
         "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
         '    local cmd="" i=1 words=""',
+        "    # --opt=value is three words (COMP_WORDBREAKS has '='): the option is prev",
+        '    [ "$prev" = "=" ] && prev=${COMP_WORDS[COMP_CWORD-2]}',
         "    # the command word: the first word after mpswrap's own options (and their values)",
         '    while [ "$i" -lt "$COMP_CWORD" ]; do',
         "        case ${COMP_WORDS[i]} in",
         "            --) cmd=--; break ;;",
-        f"            {skip}) i=$((i + 2)); continue ;;",
+        f"            {skip})",
+        '                [ "${COMP_WORDS[i+1]}" = "=" ] && i=$((i + 1))',
+        "                i=$((i + 2)); continue ;;",
         "            -*) ;;",
         "            *) cmd=${COMP_WORDS[i]}; break ;;",
         "        esac",

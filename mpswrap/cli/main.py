@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -66,10 +67,25 @@ class _Parser(argparse.ArgumentParser):
         unknown = [w for w in self._argv if w.startswith("--") and not self._known(w)]
         if unknown:
             raise unknown_option(unknown[0], self.prog, _flags(self))
-        raise UsageError(message, hint=f"{self.prog} --help")
+        raise UsageError(_as_bad_value(message), hint=f"{self.prog} --help")
 
     def _known(self, word: str) -> bool:
         return word == "--" or word.split("=", 1)[0] in _flags(self)
+
+
+#: argparse's words for a value not among an option's choices (3.11 to 3.13).
+_CHOICE = re.compile(r"(argument [^:]+): invalid choice: (.*) \(choose from (.*)\)$")
+
+
+def _as_bad_value(message: str) -> str:
+    """A value not among an option's choices, said as every bad value is: ``argument
+    --policy: invalid value 'x': expected one of block, cyclic, affinity``."""
+    match = _CHOICE.match(message)
+    if not match:
+        return message
+    value = match[2] if match[2].startswith("'") else repr(match[2])
+    choices = ", ".join(c.strip().strip("'") for c in match[3].split(","))
+    return f"{match[1]}: invalid value {value}: expected one of {choices}"
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -241,6 +257,11 @@ def _words() -> list[str]:
 def cmd_help(args: argparse.Namespace) -> int:
     if args.man_path:
         from . import manpage
+
+        if args.topic:
+            raise UsageError(
+                f"unexpected argument {args.topic[0]!r}", hint="mpswrap help --man-path"
+            )
 
         print(manpage.shipped())
         return 0

@@ -2,11 +2,15 @@
 _mpswrap() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
     local cmd="" i=1 words=""
+    # --opt=value is three words (COMP_WORDBREAKS has '='): the option is prev
+    [ "$prev" = "=" ] && prev=${COMP_WORDS[COMP_CWORD-2]}
     # the command word: the first word after mpswrap's own options (and their values)
     while [ "$i" -lt "$COMP_CWORD" ]; do
         case ${COMP_WORDS[i]} in
             --) cmd=--; break ;;
-            --gpus|--policy|--threads|--mem-limit|--priority|--verify-attach|--verify-timeout|--grace|--job|--gpus-per-rank) i=$((i + 2)); continue ;;
+            --clients|--config|--counts|--cpus|--dest|--dir|--faults|--gpus|--gpus-per-rank|--grace|--halt|--heartbeat|--job|--max|--mem-limit|--modulefile|--node|--np|--per-gpu|--plot|--policy|--priority|--progress|--python|--repeats|--retries|--run-dir|--share|--simulate|--textfile|--threads|--timeout|--user|--verify-attach|--verify-timeout|--watch|-n)
+                [ "${COMP_WORDS[i+1]}" = "=" ] && i=$((i + 1))
+                i=$((i + 2)); continue ;;
             -*) ;;
             *) cmd=${COMP_WORDS[i]}; break ;;
         esac

@@ -30,6 +30,7 @@ __all__ = [
     "Options",
     "add",
     "counts",
+    "cpu_list",
     "given",
     "gpu_list",
     "halt",
@@ -103,7 +104,7 @@ def _name(kind: str) -> Callable[[str], str]:
         try:
             return validate_name(kind, text)
         except MpswrapError as exc:
-            raise _refused(exc.line()) from None
+            raise _refused(f"invalid value {text!r}: {exc.cause}") from None
 
     return parse
 
@@ -130,8 +131,12 @@ path = given("a path")
 
 def run_dir(text: str) -> str:
     """``--run-dir``: made absolute from the current directory, as the daemons' variables and
-    every later command must name it from anywhere."""
-    return os.path.abspath(path(text))
+    every later command must name it from anywhere; something there that is no directory (a
+    file, a FIFO) is refused as it is given."""
+    where = os.path.abspath(path(text))
+    if os.path.lexists(where) and not os.path.isdir(where):
+        raise _refused(f"invalid value {text!r}: expected a directory")
+    return where
 
 
 _GPUS = "all, GPU indices like 0,2-3 or GPU UUIDs"
@@ -182,6 +187,19 @@ def _percent_or_none(text: str) -> object:
 threads, thread_percent = _kept(values.threads), _kept(_percent_or_none)
 #: ``farm --halt`` and ``--share``; ``calibrate --counts`` (a sorted list).
 halt, share, counts = _kept(_halt), _kept(_share), _checked(values.counts)
+
+
+def _cpus(text: str) -> object:
+    from ..jobenv import parse_int_list  # not for the hooks, which parse no option
+
+    if not text:
+        raise ValueError("expected CPU numbers like 0,2-3")
+    return parse_int_list(text, "--cpus")
+
+
+#: ``start --cpus``: CPU numbers, their form checked here (the CPUs against this process's
+#: later).
+cpu_list = _kept(_cpus)
 
 #: ``start --mem-limit``: a size, or none.
 mem_default = _checked(values.mem_default)

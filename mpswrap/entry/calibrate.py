@@ -33,7 +33,7 @@ from .._struct import Struct, asdict, field
 from ..errors import UsageError
 from ..job.placement import Slot
 from ..job.run import LaunchOptions, Result, Run, plan
-from ..report.plots import pyplot
+from ..report import plots
 from ..taskfarm.engine import Farmer, FarmPlan
 from ..taskfarm.journal import FarmDir
 from ..taskfarm.lanes import Lane
@@ -110,16 +110,18 @@ def run_calibrate(
         if value is not None and value < 1:
             raise UsageError(f"bad {option}", thing=str(value), cause="need at least 1")
     if plot:
-        pyplot()  # refuse before hours of runs, not after
+        plots.ready(plot)  # refuse before hours of runs (a dry run too), not after
     planned = plan(opts, "calibrate")
     n_gpus = len(planned.slots)  # a farm of this job would share the CPUs among them
     planned = planned.use(1, gpus=1)  # the first GPU of the job (or of --gpus)
     plan_counts = _counts(counts, top, max(1, planned.free()), n_gpus, planned.env.cpu_count)
     planned = planned.use(max(plan_counts), "block")
     planned.check_program(command)
+    FarmDir(directory).check()  # where the copies' logs go: a dry run refuses it too
     if opts.dry_run:
         print(
-            f"calibrate: would run {', '.join(map(str, plan_counts))} copies at once, each "
+            f"calibrate: would run {', '.join(map(str, plan_counts))} "
+            f"{'copy' if plan_counts == [1] else 'copies'} at once, each "
             f"{len(MODES)} ways, {repeats} time(s), on {planned.uuids[0]}: {shlex.join(command)}"
         )
         return 0
@@ -350,7 +352,7 @@ def _auto_advice(best: Calibration, auto: Calibration) -> str:
 
 
 def _plot(rows: Sequence[Calibration], path: str) -> None:
-    plt = pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, _, _ in MODES:
         mine = [r for r in rows if r.mode == mode]
@@ -361,6 +363,5 @@ def _plot(rows: Sequence[Calibration], path: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plots.save(fig, path)
     print(f"calibrate: plot saved to {path}")

@@ -230,6 +230,7 @@ def farm_tasks(
             planned.check_container(task.argv)
         except UsageError as exc:
             raise exc.with_context(f"task {task.number}") from None
+    farm_dir.check()  # a dry run refuses what the farm would
     if opts.dry_run:
         _print_plan(todo, directory, farm_opts.per_gpu, seats, planned)
         return result

@@ -30,7 +30,7 @@ def farm_status(
     ``failed``: only the failed tasks, one a line. ``plot``: also save K and throughput over
     time there (``report.plots``; one farm directory)."""
     if plot:
-        plots.pyplot()  # refused before anything is read or printed
+        plots.ready(plot)  # refused before anything is read or printed
     paths = _status_dirs(directory)
     if plot and len(paths) > 1:
         raise UsageError("farm status --plot: one farm at a time", hint=_STATUS_HINT)

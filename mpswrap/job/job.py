@@ -29,6 +29,7 @@ from .._struct import Struct, field
 from ..config import Settings
 from ..errors import DaemonError, LayoutError, MpswrapError, internal_error, one_line, shown
 from ..jobenv import JobEnv
+from ..mps.control import find_binary
 from ..mps.daemon import Daemon, finish
 from ..mps.gpu import GpuInfo, Inventory
 from ..mps.manifest import Manifest
@@ -189,7 +190,9 @@ class JobDaemons(Struct):
         return manifests if all(_proc.is_alive(m.daemon) for m in manifests) else []
 
     def check(self, keys: Sequence[str]) -> None:
-        """Every check that can refuse a start, before anything is created."""
+        """Every check that can refuse a start, before anything is created (a dry run makes
+        them too): the control program, the run directory, the sockets' path length."""
+        find_binary(self.settings.control_binary)
         state.check_writable(self.layout)
         for key in keys:
             self.layout.gpu(key).check_socket_length()

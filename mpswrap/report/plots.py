@@ -8,12 +8,13 @@ K as steps, the throughput the controller measured as points on a second axis.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["plot_packing", "pyplot"]
+__all__ = ["plot_packing", "pyplot", "ready", "save"]
 
 
 def pyplot() -> Any:
@@ -27,6 +28,40 @@ def pyplot() -> Any:
     except ImportError:
         raise UsageError("--plot needs matplotlib", hint="pip install 'mpswrap[plot]'") from None
     return plt
+
+
+def ready(path: str) -> None:
+    """Refuse a plot before any work starts: without matplotlib (``pyplot``), or where
+    ``path`` cannot be written (a directory, a folder that is not there or not writable):
+    a bad value of ``--plot``, exit 2."""
+    pyplot()
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    cause = None
+    if os.path.isdir(target):
+        cause = "a directory"
+    elif not os.path.isdir(folder):
+        cause = f"no directory {folder}"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        cause = f"{folder} is not writable by uid {os.geteuid()}"
+    if cause:
+        raise UsageError("cannot write the plot", thing=path, cause=cause, hint=_HINT)
+
+
+def save(fig: Any, path: str, **kwargs: Any) -> None:
+    """``fig`` saved to ``path``, the name as given (a name without a suffix is a PNG, not
+    ``<path>.png``); a write that fails is one line (exit 2), never a traceback."""
+    plt = pyplot()
+    try:
+        fig.savefig(path, format=None if os.path.splitext(path)[1] else "png", **kwargs)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError("cannot write the plot", thing=path, cause=why, hint=_HINT) from None
+    finally:
+        plt.close(fig)
+
+
+_HINT = "give --plot a file in a directory you can write, e.g. plot.png"
 
 
 def _histories(status: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
@@ -60,8 +95,7 @@ def plot_packing(status: Mapping[str, Any], path: str, title: str = "") -> None:
     axes[-1, 0].set_xlabel("seconds since the farm's first K")
     fig.suptitle(title or "K per GPU and finished-task throughput")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 def _end(status: Mapping[str, Any], last: float) -> float:

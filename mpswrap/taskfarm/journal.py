@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from .. import fields
 from ..errors import LayoutError, UsageError
-from ..paths import list_dir, read_job_file
+from ..paths import list_dir, read_job_file, uncreatable
 from .tasks import WHOLE, Share, Task
 
 __all__ = [
@@ -114,13 +114,23 @@ class FarmDir:
         try:
             self.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(  # a path the user gave (or the default here): exit 2
-                "cannot create the farm directory",
-                thing=str(self.logs),
-                cause=exc.strerror,
-                hint="give --dir a directory you can write",
-            ) from None
+            raise self._refused(exc.strerror) from None
         return self
+
+    def check(self) -> None:
+        """Refuse what ``create`` would refuse, creating nothing (a dry run)."""
+        why = uncreatable(self.logs)
+        if why:
+            raise self._refused(why)
+
+    def _refused(self, why: str | None) -> UsageError:
+        """A path the user gave (or the default here) where no farm can write: exit 2."""
+        return UsageError(
+            "cannot create the farm directory",
+            thing=str(self.logs),
+            cause=why,
+            hint="give --dir a directory you can write",
+        )
 
     @property
     def lock_path(self) -> Path:

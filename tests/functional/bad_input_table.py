@@ -136,7 +136,7 @@ OPTION_VALUES: tuple[Case, ...] = (
          f"{_SECONDS_0}", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--grace", "-1", f"argument --grace: invalid value '-1': {_GRACE}",
          *APP, hint="\nhint: mpswrap --help"),
-    _bad("", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}", *APP,
+    _bad("", "--job", "..", f"argument --job: invalid value '..': {NAME_RULE}", *APP,
          hint="\nhint: mpswrap --help"),
     _bad("", "--mem-limit", "0G", "argument --mem-limit: invalid value '0G': expected auto or a "
          "size like 512M or 2G", *APP, hint="\nhint: mpswrap --help"),
@@ -144,8 +144,8 @@ OPTION_VALUES: tuple[Case, ...] = (
          "0,2-3 or GPU UUIDs", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--priority", "2", "argument --priority: invalid value '2': expected 0 (normal) "
          "or 1 (below normal)", *APP, hint="\nhint: mpswrap --help"),
-    _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid choice: 'maybe' "
-         "(choose from 'warn', 'fail', 'off')", *APP, hint="\nhint: mpswrap --help"),
+    _bad("", "--verify-attach", "maybe", "argument --verify-attach: invalid value 'maybe': "
+         "expected one of warn, fail, off", *APP, hint="\nhint: mpswrap --help"),
     _bad("", "--gpus-per-rank", "0", "argument --gpus-per-rank: invalid value '0': expected a "
          "whole number from 1 to 999999", *APP, hint="\nhint: mpswrap --help"),
     _bad("run", "--grace", "nan", f"argument --grace: invalid value 'nan': {_GRACE}",
@@ -158,8 +158,8 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
     _bad("farm", "--retries", "-1", "argument --retries: invalid value '-1': expected a whole "
          "number from 0 to 999999", "tasks.txt"),
-    _bad("farm", "--progress", "loud", "argument --progress: invalid choice: 'loud' (choose "
-         "from 'auto', 'bar', 'lines', 'off')", "tasks.txt"),
+    _bad("farm", "--progress", "loud", "argument --progress: invalid value 'loud': expected "
+         "one of auto, bar, lines, off", "tasks.txt"),
     _bad("farm status", "--plot", "", "argument --plot: invalid value '': expected a path"),
     _bad("farm", "--timeout", "0", f"argument --timeout: invalid value '0': {_SECONDS_0}",
          "tasks.txt"),
@@ -192,18 +192,18 @@ OPTION_VALUES: tuple[Case, ...] = (
          "in (0, 100] or none", *JOB),
     _bad("start", "--mem-limit", "", "argument --mem-limit: invalid value '': expected a size "
          "like 512M or 2G", *JOB),
-    _bad("stop", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}"),
-    _bad("stop", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
+    _bad("stop", "--job", "..", f"argument --job: invalid value '..': {NAME_RULE}"),
+    _bad("stop", "--node", "a/b", f"argument --node: invalid value 'a/b': {NAME_RULE}"),
     _bad("stop", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
     _bad("stop", "--config", "", "argument --config: invalid value '': expected a path"),
     _bad("status", "--watch", "nan", f"argument --watch: invalid value 'nan': {_SECONDS_0}"),
-    _bad("status", "--job", "a/b", f"argument --job: invalid job id ('a/b'): {NAME_RULE}"),
-    _bad("status", "--node", "..", f"argument --node: invalid node name ('..'): {NAME_RULE}"),
+    _bad("status", "--job", "a/b", f"argument --job: invalid value 'a/b': {NAME_RULE}"),
+    _bad("status", "--node", "..", f"argument --node: invalid value '..': {NAME_RULE}"),
     _bad("status", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
     _bad("status", "--config", "", "argument --config: invalid value '': expected a path"),
     _bad("metrics", "--textfile", "", "argument --textfile: invalid value '': expected a path"),
-    _bad("metrics", "--job", "..", f"argument --job: invalid job id ('..'): {NAME_RULE}"),
-    _bad("metrics", "--node", "a/b", f"argument --node: invalid node name ('a/b'): {NAME_RULE}"),
+    _bad("metrics", "--job", "..", f"argument --job: invalid value '..': {NAME_RULE}"),
+    _bad("metrics", "--node", "a/b", f"argument --node: invalid value 'a/b': {NAME_RULE}"),
     _bad("metrics", "--run-dir", "", "argument --run-dir: invalid value '': expected a path"),
     _bad("metrics", "--config", "", "argument --config: invalid value '': expected a path"),
     _bad("container-args", "--config", "", "argument --config: invalid value '': expected a path",
@@ -214,8 +214,8 @@ OPTION_VALUES: tuple[Case, ...] = (
          "number from 1 to 999999"),
     _bad("demo", "--clients", "100", "bad --clients (100): 2 GPU(s) take at most 96 MPS clients "
          "(48 a GPU)", "--simulate", "yes", hint="\nhint: mpswrap demo --clients 96"),
-    _bad("demo", "--simulate", "maybe", "argument --simulate: invalid choice: 'maybe' (choose "
-         "from 'auto', 'yes', 'no')"),
+    _bad("demo", "--simulate", "maybe", "argument --simulate: invalid value 'maybe': expected "
+         "one of auto, yes, no"),
     _bad("demo", "--config", "", "argument --config: invalid value '': expected a path"),
 )
 # fmt: on
@@ -287,7 +287,7 @@ CASES: tuple[Case, ...] = (
          2, env={"MPSWRAP_RUN_DIR": "run"}),
     # --- command-line arguments --------------------------------------------------------------
     Case("cli-bad-choice", "arguments", ("start", *JOB, "--priority", "7"),
-         "mpswrap: argument --priority: invalid choice: '7' (choose from '0', '1')\n"
+         "mpswrap: argument --priority: invalid value '7': expected one of 0, 1\n"
          "hint: mpswrap start --help", 2, option="start --priority"),
     Case("cli-unknown-option", "arguments", ("start", "--bogus"),
          "mpswrap: unknown option '--bogus'\nhint: mpswrap start --help", 2),
@@ -303,8 +303,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: argument --mem-limit: invalid value '12T': expected a size like 512M or 2G\n"
          f"{START_HELP}", 2, option="start --mem-limit"),
     Case("cli-cpus", "arguments", ("start", *JOB, "--cpus", "a-b"),
-         "mpswrap: malformed --cpus ('a-b'): expected numbers like 0,2-3", 2,
-         option="start --cpus"),
+         "mpswrap: argument --cpus: invalid value 'a-b': expected numbers like 0,2-3\n"
+         f"{START_HELP}", 2, option="start --cpus"),
     Case("run-zero-ranks", "arguments", ("run", "-n", "0", "--", "true"),
          "mpswrap: argument -n/--np: invalid value '0': expected a whole number from 1 to "
          "999999\nhint: mpswrap run --help", 2, option="run -n"),
@@ -332,8 +332,8 @@ CASES: tuple[Case, ...] = (
          f"mpswrap: argument --threads: invalid value '5_0': {_THREADS}\nhint: mpswrap --help",
          2),
     Case("wrap-bad-policy", "arguments", ("--policy", "random", "--", "true"),
-         "mpswrap: argument --policy: invalid choice: 'random' (choose from 'block', 'cyclic', "
-         "'affinity')\nhint: mpswrap --help", 2, option="--policy"),
+         "mpswrap: argument --policy: invalid value 'random': expected one of block, cyclic, "
+         "affinity\nhint: mpswrap --help", 2, option="--policy"),
     *OPTION_VALUES,
     # --- admin file --------------------------------------------------------------------------
     Case("conf-not-key-value", "admin file", ("start", *JOB),
@@ -370,10 +370,10 @@ CASES: tuple[Case, ...] = (
     Case("help-not-close", "arguments", ("help", "logs"),
          "mpswrap: no command 'logs'\nhint: mpswrap help", 2),
     Case("completion-other-shell", "arguments", ("completion", "zsh"),
-         "mpswrap: argument shell: invalid choice: 'zsh' (choose from 'bash')\n"
+         "mpswrap: argument SHELL: invalid value 'zsh': expected one of bash\n"
          "hint: mpswrap completion --help", 2),
     Case("report-job-slash", "job id", ("report", "a/b"),
-         f"mpswrap: argument JOB: invalid job id ('a/b'): {NAME_RULE}\n"
+         f"mpswrap: argument JOB: invalid value 'a/b': {NAME_RULE}\n"
          "hint: mpswrap report --help", 2),
     Case("program-missing-after-dashdash", "arguments", ("--", "status"),
          "mpswrap: program not found (status)\nhint: check the name and PATH", 127),
@@ -411,18 +411,18 @@ CASES: tuple[Case, ...] = (
          env={"MPSWRAP_GPU_INVENTORY": "<root>/empty.json"}, setup="no_gpus_field"),
     # --- job ids and node names --------------------------------------------------------------
     Case("job-dotdot", "job id", ("start", "--job", "..", "--node", "n1"),
-         f"mpswrap: argument --job: invalid job id ('..'): {NAME_RULE}\n{START_HELP}", 2,
+         f"mpswrap: argument --job: invalid value '..': {NAME_RULE}\n{START_HELP}", 2,
          option="start --job"),
     Case("job-slash", "job id", ("start", "--job", "a/b", "--node", "n1"),
-         f"mpswrap: argument --job: invalid job id ('a/b'): {NAME_RULE}\n{START_HELP}", 2),
+         f"mpswrap: argument --job: invalid value 'a/b': {NAME_RULE}\n{START_HELP}", 2),
     Case("job-too-long", "job id", ("start", "--job", "x" * 65, "--node", "n1"),
-         f"mpswrap: argument --job: invalid job id ('{'x' * 65}'): {NAME_RULE}\n{START_HELP}", 2),
+         f"mpswrap: argument --job: invalid value '{'x' * 65}': {NAME_RULE}\n{START_HELP}", 2),
     Case("job-empty", "job id", ("start", "--job", "", "--node", "n1"),
-         f"mpswrap: argument --job: invalid job id (''): {NAME_RULE}\n{START_HELP}", 2),
+         f"mpswrap: argument --job: invalid value '': {NAME_RULE}\n{START_HELP}", 2),
     Case("job-newline", "job id", ("start", "--job", "j1\n", "--node", "n1"),
-         f"mpswrap: argument --job: invalid job id ('j1\\n'): {NAME_RULE}\n{START_HELP}", 2),
+         f"mpswrap: argument --job: invalid value 'j1\\n': {NAME_RULE}\n{START_HELP}", 2),
     Case("node-slash", "job id", ("start", "--job", "j1", "--node", "a/b"),
-         f"mpswrap: argument --node: invalid node name ('a/b'): {NAME_RULE}\n{START_HELP}", 2,
+         f"mpswrap: argument --node: invalid value 'a/b': {NAME_RULE}\n{START_HELP}", 2,
          option="start --node"),
     # --- paths -------------------------------------------------------------------------------
     Case("run-dir-relative-missing", "path", ("start", *JOB, "--run-dir", "rel/dir"),

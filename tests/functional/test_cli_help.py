@@ -167,6 +167,23 @@ def test_completion_completes_commands(script: str) -> None:
     assert _complete(script, "mpswrap", "sim", "inventory", "--gpus", "") == []
 
 
+def test_completion_finds_the_command_after_its_options_and_after_equals_forms(
+    script: str,
+) -> None:
+    """A command's options before its word (``mpswrap --per-gpu 2 farm``), and ``--opt=value``
+    (three words for bash: COMP_WORDBREAKS holds '='), still leave the command word found."""
+    assert _complete(script, "mpswrap", "--per-gpu", "2", "farm", "--per") == ["--per-gpu"]
+    assert "--watch" in _complete(script, "mpswrap", "--config", "f.conf", "status", "--")
+    assert _complete(script, "mpswrap", "-n", "2", "run", "--pol") == ["--policy"]
+    assert _complete(script, "mpswrap", "--gpus", "=", "0", "run", "--pol") == ["--policy"]
+    assert _complete(script, "mpswrap", "run", "--policy", "=", "") == [
+        "affinity",
+        "block",
+        "cyclic",
+    ]
+    assert _complete(script, "mpswrap", "--json", "status", "--wat") == ["--watch"]
+
+
 @pytest.mark.parametrize("name", COMMANDS)
 def test_completion_completes_each_commands_own_options(script: str, name: str) -> None:
     parser = _commands()[name]

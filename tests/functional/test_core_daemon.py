@@ -190,8 +190,8 @@ def _wait(cond: object, timeout: float = 30) -> None:
         (["start", "--gpus", "7"], {}, r"no such GPU \(index 7\): this node has 2 GPU\(s\)"),
         (["start", "--gpus", "GPU-zzz"], {}, "argument --gpus: invalid value 'GPU-zzz'"),
         (["start", "--gpus", "0-"], {}, "argument --gpus: invalid value '0-'"),
-        (["start", "--job", "../x"], {}, "invalid job id"),
-        (["start", "--job", "a/b"], {}, "invalid job id"),
+        (["start", "--job", "../x"], {}, "argument --job: invalid value"),
+        (["start", "--job", "a/b"], {}, "argument --job: invalid value"),
         (
             ["start"],
             {"MPSWRAP_USER_RUN_DIR": "/tmp/" + "x" * 90, "MPSWRAP_RUN_DIR": "/tmp/" + "x" * 90},

@@ -196,7 +196,7 @@ def test_run_dry_run_puts_eight_ranks_on_four_gpus_where_the_policy_says(policy:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--policy", "bogus", "./a"], "invalid choice"),
+        (["--policy", "bogus", "./a"], "argument --policy: invalid value 'bogus'"),
         (["run", "--", "true"], "-n"),
         # A program that exists: a missing one is refused first (127).
         (["--threads", "lots", "true"], "argument --threads: invalid value 'lots'"),
