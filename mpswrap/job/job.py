@@ -63,6 +63,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+#: Seconds a user's own teardown needs at least (a Python start and its imports): with less
+#: of the deadline left it is not run.
+OWNER_STOP_LEAST = 0.5
+
+
 class Teardown(Struct):
     """What stopping a job's daemons did, and what it could not remove."""
 
@@ -322,7 +327,10 @@ class JobDaemons(Struct):
         for root to fail (a user must not be able to drain a node)."""
         done = Teardown(self.layout.job_dir)
         lay = self.layout
-        if deadline.passed:  # one more second each would let many trees outlast it
+        # Bounded even where the caller has no deadline (root's ``mpswrap stop``); never past
+        # the caller's: less than a Python start takes, and it is not run at all.
+        timeout = deadline.bound(self.settings.teardown_deadline)
+        if timeout < OWNER_STOP_LEAST:
             done.kept.append(f"{lay.job_dir}: its user's teardown not run: no time left")
             return done
         # -s: no site directory of the user's (HOME is theirs: a .pth there runs at start).
@@ -339,8 +347,6 @@ class JobDaemons(Struct):
                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
                 **{k: v for k, v in os.environ.items() if k.startswith("MPSWRAP_")},
             }
-            # Bounded even where the caller has no deadline (root's ``mpswrap stop``).
-            timeout = max(1.0, deadline.bound(self.settings.teardown_deadline))
             res = _proc.run(argv, env=env, timeout=timeout, user=user, limit=1 << 20)
         except MpswrapError as exc:
             done.kept.append(f"{lay.job_dir}: its user's teardown: {exc.line()}")
