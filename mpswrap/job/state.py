@@ -110,7 +110,7 @@ def compute_mode_lock(settings: Settings, node: str) -> Path:
 #: Root's locks, below run_dir: a directory only root can write (never a job user's).
 ROOT_LOCKS = ".locks"
 #: Root's pinned control sockets (``rootrecord.pin_control``), below run_dir: a directory
-#: only root can write, that job users may pass through (mode 0711).
+#: only root can write or list, that job users may pass through (mode 0711).
 ROOT_CONTROL = ".control"
 
 
@@ -134,8 +134,7 @@ def root_side(settings: Settings, layout: JobLayout, key: str) -> RootSide:
     lock = root_lock(settings, layout, key)
     cgroup = job_cgroup(settings, layout)
     leaf = Cgroup(cgroup.path / layout.gpu(key).key) if cgroup else None
-    control = Path(settings.run_dir) / ROOT_CONTROL / lock.path.name.removesuffix(".lock")
-    return RootSide(lock, record_path(lock.path), leaf, control)
+    return RootSide(lock, record_path(lock.path), leaf, Path(settings.run_dir) / ROOT_CONTROL)
 
 
 def job_cgroup(settings: Settings, layout: JobLayout) -> Cgroup | None:

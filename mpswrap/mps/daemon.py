@@ -32,7 +32,7 @@ from ..paths import GpuDirs, ensure_private_dir
 from .control import DEADLINE_PASSED, Control, client_status, find_binary
 from .gpu import GpuInfo
 from .manifest import Manifest, read_manifest
-from .rootrecord import Held, RootSide, pinned_control, read_held, remove_held
+from .rootrecord import Held, RootSide, pinned_control, read_held, remove_held, unpin
 from .start import Defaults, Start
 
 TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
@@ -279,11 +279,8 @@ class Daemon:
     def _forget(self) -> None:
         """Root's record, and the socket it pinned, go with the daemon it named."""
         if self.root is not None:
+            unpin(self.root, self.held())
             remove_held(self.root.record)
-            if self.root.control is not None:
-                from ..removal import remove_tree
-
-                remove_tree(self.root.control)
 
     def forget(self, where: Path) -> None:
         """After the daemon was ended by signal alone (its ladder failed): its directory, its
@@ -310,6 +307,7 @@ class Daemon:
                     thing=str(self.dirs.root),
                     cause="; ".join(report.leftovers),
                 )
+            self._forget()  # the stale daemon's record and pinned socket
 
     # --- status -----------------------------------------------------------------------
     def status(self, deadline: _wait.Deadline = _wait.NO_DEADLINE) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import stat
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "pinned_control",
     "read_held",
     "remove_held",
+    "unpin",
     "write_held",
 ]
 
@@ -67,8 +69,11 @@ class Held(Struct):
     cpus: list[int] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
-    #: The daemon's control socket (device, inode) as root pinned it once the daemon answered
-    #: (``pin_control``); None where it could not be pinned, or before.
+    #: The daemon's control socket as root pinned it once the daemon answered
+    #: (``pin_control``): the pinned folder's name and the socket's (device, inode); ``pin``
+    #: is ``""`` where it could not be pinned (root then sends the daemon no command), None
+    #: before.
+    pin: str | None = None
     socket: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -94,53 +99,74 @@ class RootSide(Struct, frozen=True):
 PIPE_NAMES = frozenset({"control", "control_privileged", "control_lock", "log"})
 
 
-def pin_control(pipe: Path, where: Path, uid: int) -> tuple[int, int] | None:
+def pin_control(pipe: Path, pins: Path, uid: int) -> tuple[str, tuple[int, int]] | None:
     """Hard-link the daemon's control socket (and the other names of ``PIPE_NAMES`` it made)
-    from the job user's ``pipe`` into ``where``, a folder of root's that no job user can
-    change, just after the daemon answered there and before any process of the job runs.
-    Root's control commands (sent as the job user) then go through ``where``: a socket the
-    job user later swaps in the pipe directory (a link to another job's daemon, a relay of
-    its own) is never the one they reach. The socket's (device, inode); None, with the
-    folder removed and a warning, where the pipe holds no socket of the job user's."""
+    from the job user's ``pipe`` into a new folder of root's below ``pins``, just after the
+    daemon answered there. Root's control commands (sent as the job user) then go through
+    that folder: a socket the job user later swaps in the pipe directory (a link to another
+    job's daemon, a relay of its own) is never the one they reach. ``pins`` is root's and
+    mode 0711, the folder's name random: no other user can list it or guess the name, so
+    the pinned socket is reachable by no one the job's 0700 pipe directory keeps out. The
+    folder's name and the socket's (device, inode); None, with a warning, where the pipe
+    holds no socket of the job user's (root then sends the daemon no command at all)."""
     from ..removal import remove_tree
 
-    remove_tree(where)
-    try:  # the job user's control program looks names up in it: 0711 above, 0755 here
-        ensure_shared_dir(where.parent, ROOT_ONLY, mode=0o711)
-        ensure_shared_dir(where, ROOT_ONLY, mode=0o755)
+    where = pins / secrets.token_hex(8)
+    try:
+        ensure_shared_dir(pins, ROOT_ONLY, mode=0o711)
+        ensure_shared_dir(where, ROOT_ONLY, mode=0o755)  # as the job user's pipe is to them
+        folder = os.lstat(pipe)
+        if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != uid:
+            raise OSError(f"{pipe} is not a directory of uid {uid}")
         for entry in os.scandir(pipe):
-            kind = stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
-            if entry.name in PIPE_NAMES and kind in (stat.S_IFSOCK, stat.S_IFREG, stat.S_IFIFO):
+            info = entry.stat(follow_symlinks=False)
+            kind = stat.S_IFMT(info.st_mode)
+            linkable = kind in (stat.S_IFSOCK, stat.S_IFREG, stat.S_IFIFO) and info.st_uid == uid
+            if entry.name in PIPE_NAMES and linkable:
                 os.link(entry.path, where / entry.name, follow_symlinks=False)
         st = os.lstat(where / "control")
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
             raise OSError(f"not a socket of uid {uid}")
     except (OSError, LayoutError) as exc:
         why = exc.line() if isinstance(exc, LayoutError) else exc.strerror or exc
-        log.warning("cannot pin the control socket of %s: %s", pipe, why)
+        log.warning(
+            "cannot pin the control socket of %s (%s): root will end its daemon by signal",
+            pipe,
+            why,
+        )
         remove_tree(where)
         return None
-    return st.st_dev, st.st_ino
+    return where.name, (st.st_dev, st.st_ino)
 
 
 def pinned_control(side: RootSide, held: Held | None) -> Path | None:
-    """Where root's control commands go: the pinned folder where the record names the
-    socket pinned there (a path that names nothing, and so no daemon, where that folder is
-    not root's or holds another socket); None where nothing was pinned (the pipe)."""
-    if held is None or held.socket is None or side.control is None:
+    """Where root's control commands go: the pinned folder the record names, where it still
+    holds the socket pinned there; else a path that names nothing (no command reaches any
+    daemon: the teardown ends it through its cgroup or record). None where root pinned
+    nothing (a daemon not answering yet, a record of an older mpswrap): the pipe."""
+    if held is None or held.pin is None or side.control is None:
         return None
+    nowhere = side.control / "not-pinned"
+    if not held.pin or held.socket is None:
+        return nowhere
+    where = side.control / held.pin
     try:
-        folder, st = os.lstat(side.control), os.lstat(side.control / "control")
+        folder, st = os.lstat(where), os.lstat(where / "control")
     except OSError:
-        return side.control  # gone: no command reaches any daemon through it
-    if (
-        not stat.S_ISDIR(folder.st_mode)
-        or folder.st_uid != 0
-        or (st.st_dev, st.st_ino) != held.socket
-    ):
-        log.warning("root's pinned control socket %s is not the daemon's", side.control)
-        return side.control / "not-pinned"
-    return side.control
+        return nowhere
+    pinned = (st.st_dev, st.st_ino) == held.socket
+    if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != 0 or not pinned:
+        log.warning("root's pinned control socket %s is not the daemon's", where)
+        return nowhere
+    return where
+
+
+def unpin(side: RootSide, held: Held | None) -> None:
+    """The pinned folder the record names, removed (with the record)."""
+    from ..removal import remove_tree
+
+    if held is not None and held.pin and side.control is not None:
+        remove_tree(side.control / held.pin)
 
 
 def record_path(lock: Path) -> Path:
@@ -197,7 +223,7 @@ def _parse(data: Any) -> Held:
         raise FieldError("not a record of this version")
     daemon = data.get("daemon")
     cgroup = data.get("cgroup")
-    socket = data.get("socket")
+    socket, pin = data.get("socket"), data.get("pin")
     return Held(
         key=fields.text(data["key"], 8),
         gpu_uuid=fields.text(data["gpu_uuid"], 256),
@@ -212,8 +238,16 @@ def _parse(data: Any) -> Held:
         cpus=[fields.whole(c, 1 << 16) for c in fields.items(data.get("cpus", []))],
         settings=dict(data.get("settings") or {}),
         started=fields.number(data.get("started", 0)),
+        pin=None if pin is None else _pin(pin),
         socket=None if socket is None else _socket(socket),
     )
+
+
+def _pin(value: Any) -> str:
+    name = fields.text(value, 64)
+    if name and not name.isalnum():
+        raise FieldError("not a pinned folder's name")
+    return name
 
 
 def _socket(value: Any) -> tuple[int, int]:

@@ -171,10 +171,11 @@ class Start(Struct):
         manifest = self._manifest(daemon, applied, [p for p in map(_proc.identify, listed) if p])
         write_manifest(self.dirs.manifest, manifest, self.user.uid, self.user.gid)
         if self.root is not None and self.held is not None:
-            socket = None
-            if self.root.control is not None:  # before any process of the job runs
-                socket = pin_control(self.dirs.pipe, self.root.control, self.user.uid)
-            self.held = replace(self.held, daemon=daemon, settings=applied, socket=socket)
+            pinned = None
+            if self.root.control is not None:
+                pinned = pin_control(self.dirs.pipe, self.root.control, self.user.uid)
+            pin, socket = pinned or ("", None)
+            self.held = replace(self.held, daemon=daemon, settings=applied, pin=pin, socket=socket)
             write_held(self.root.record, self.held)
         log.debug(
             "%s: '-d' returned in %.0f ms, the daemon answered %.0f ms later, defaults, "

@@ -108,12 +108,12 @@ def take_over_socket(node: SimNode, job: str, socket: Path, key: str = "g0") -> 
     the kernel allows it) gets. Root pins the daemon's socket when it starts, and no socket
     the job user swaps into the pipe directory later is ever reached (docs/security.md):
     the tests of hostile replies repoint root's pin and record as that takeover would."""
-    pinned = node.run_dir / ".control" / f"n1.{job}.{key}" / "control"
+    record = node.run_dir / ".locks" / f"n1.{job}.{key}.held.json"
+    data = json.loads(record.read_text())
+    pinned = node.run_dir / ".control" / data["pin"] / "control"
     fresh = pinned.with_name(".control.new")
     os.link(socket, fresh, follow_symlinks=False)
     os.replace(fresh, pinned)
-    record = node.run_dir / ".locks" / f"n1.{job}.{key}.held.json"
-    data = json.loads(record.read_text())
     st = os.lstat(pinned)
     data["socket"] = [st.st_dev, st.st_ino]
     fresh = record.with_name(".held.new")

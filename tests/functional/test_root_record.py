@@ -534,6 +534,21 @@ def test_a_control_socket_swapped_for_a_way_to_another_jobs_daemon_carries_no_co
     _all_gone(node, pids_b, job="102")
 
 
+def test_another_user_can_neither_list_nor_name_roots_pinned_sockets(node: SimNode) -> None:
+    """The sockets root pins are reachable by no one the job's 0700 pipe directory keeps
+    out: their folder's name is random, in a folder of root's that no other user may list."""
+    pids = _prolog(node, gpus="0")
+    pins = node.run_dir / ".control"
+    (pin,) = os.listdir(pins)
+    assert len(pin) == 16 and oct(os.lstat(pins).st_mode & 0o777) == "0o711"
+    for user in (ensure_other_user(), _user()):
+        listed = run_as(user, ["ls", str(pins)])
+        assert listed.returncode != 0 and pin not in listed.stdout, (user, listed.stdout)
+    _epilog_within(node)
+    _all_gone(node, pids)
+    assert os.listdir(pins) == []
+
+
 def test_a_job_of_uid_0_gets_no_mps(node: SimNode) -> None:
     """A root daemon would serve it, and its teardown would act on root's processes."""
     res = slurm_hook(node, "prolog", user="root")
