@@ -125,8 +125,10 @@ def pin_control(pipe: Path, pins: Path, uid: int) -> tuple[str, tuple[int, int]]
             if entry.name in PIPE_NAMES and linkable:
                 os.link(entry.path, where / entry.name, follow_symlinks=False)
         st = os.lstat(where / "control")
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
-            raise OSError(f"not a socket of uid {uid}")
+        # The daemon's socket has its one name in the pipe (and now root's): one more is a
+        # hard link the job user made to another socket (another job's, pinned there too).
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid or st.st_nlink != 2:
+            raise OSError(f"not a socket of uid {uid} with one name in {pipe}")
     except (OSError, LayoutError) as exc:
         why = exc.line() if isinstance(exc, LayoutError) else exc.strerror or exc
         log.warning(

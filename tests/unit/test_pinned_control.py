@@ -60,6 +60,21 @@ def test_a_control_that_is_no_socket_of_the_user_is_not_pinned(pipe: Path, tmp_p
     assert os.listdir(tmp_path / ".control") == []  # the new folder removed again
 
 
+def test_a_hard_link_to_another_socket_is_not_pinned(pipe: Path, tmp_path: Path) -> None:
+    """The job user's other job's socket, hard-linked in place of the daemon's before the
+    pin: it has a name elsewhere too (that job's pipe, root's pin of it)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(other / "control"))
+    (pipe / "control").unlink()
+    os.link(other / "control", pipe / "control")
+    try:
+        assert pin_control(pipe, tmp_path / ".control", 0) is None
+    finally:
+        listener.close()
+
+
 @pytest.mark.parametrize("how", ["not pinned", "another socket", "folder gone"])
 def test_commands_reach_no_daemon_where_the_pin_does_not_hold(
     pipe: Path, tmp_path: Path, how: str
