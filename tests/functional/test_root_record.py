@@ -506,15 +506,10 @@ def test_a_control_socket_swapped_for_a_way_to_another_jobs_daemon_carries_no_co
         _wait(lambda: "NEW CLIENT" in (g1_b / "log" / "control.log").read_text(), "a client")
         theirs, ours = g1_b / "pipe" / "control", g0_a / "pipe" / "control"
         if how == "relay":
-            script = node.root / "relay.py"
-            script.write_text(_RELAY_SOCKET)
-            script.chmod(0o644)
-            real = ours.stat().st_ino
             entry = pwd.getpwnam(_user())
             os.chown(relayed, entry.pw_uid, entry.pw_gid)
-            argv = [str(script), str(ours), str(theirs), str(relayed)]
-            relay = spawn_as(_user(), ["/usr/bin/python3", *argv])
-            _wait(lambda: ours.is_socket() and ours.stat().st_ino != real, "the relay")
+            args = [str(theirs), str(relayed)]
+            relay = _fake_socket(node, _RELAY_SOCKET, args, take_over=False)
         else:
             link = "ln -s" if how == "symlink" else "ln"
             _as_user(f"cd {ours.parent} && mv control control.orig && {link} {theirs} control")
@@ -710,9 +705,12 @@ def _status_socket(
     )
 
 
-def _fake_socket(node: SimNode, script_text: str, args: list[str]) -> subprocess.Popen[str]:
+def _fake_socket(
+    node: SimNode, script_text: str, args: list[str], take_over: bool = True
+) -> subprocess.Popen[str]:
     """The job's user puts the program ``script_text`` on g0's control socket (``args``
-    after the socket's path): the process, once the socket is its."""
+    after the socket's path): the process, once the socket is its; ``take_over``: and the
+    one root's commands reach (``take_over_socket``)."""
     script = node.root / "fake.py"
     script.write_text(script_text)
     script.chmod(0o644)
@@ -720,7 +718,8 @@ def _fake_socket(node: SimNode, script_text: str, args: list[str]) -> subprocess
     real = control.stat().st_ino
     proc = spawn_as(_user(), ["/usr/bin/python3", str(script), str(control), *args])
     _wait(lambda: control.is_socket() and control.stat().st_ino != real, "the fake socket")
-    take_over_socket(node, "101", control)
+    if take_over:
+        take_over_socket(node, "101", control)
     return proc
 
 
