@@ -22,6 +22,7 @@ __all__ = [
     "Placement",
     "Slot",
     "check_capacity",
+    "check_mem_limit",
     "check_total",
     "choose_gpu",
     "gpus_used",
@@ -199,8 +200,10 @@ def place(
 
 
 def _mem_limit(spec: str | None, slot: Slot, sharing: int) -> str | None:
-    """``auto``: the GPU's memory shared equally by the ranks on it; else a size as given."""
+    """``auto``: the GPU's memory shared equally by the ranks on it; else a size as given,
+    refused where it is more than the GPU has (a limit that limits nothing is a typo)."""
     if spec != "auto":
+        check_mem_limit([slot], spec)
         return spec
     if slot.memory_total <= 0:
         raise UsageError(
@@ -210,6 +213,22 @@ def _mem_limit(spec: str | None, slot: Slot, sharing: int) -> str | None:
             hint="give a size, e.g. 8G",
         )
     return f"{max(1, slot.memory_total // sharing // 2**20)}M"
+
+
+def check_mem_limit(slots: Sequence[Slot], spec: str | None) -> None:
+    """Refuse a ``--mem-limit`` size more than a GPU of ``slots`` has: a limit that limits
+    nothing is a typo (``800G`` for ``80G``)."""
+    if spec is None or spec == "auto":
+        return
+    size = int(spec[:-1]) * (2**30 if spec.endswith("G") else 2**20)
+    for slot in slots:
+        if 0 < slot.memory_total < size:
+            raise UsageError(
+                f"--mem-limit {spec} is more than the GPU's memory",
+                thing=slot.uuid,
+                cause=f"{slot.memory_total // 2**20}M in all",
+                hint=f"give at most {slot.memory_total // 2**20}M, or auto",
+            )
 
 
 def check_total(

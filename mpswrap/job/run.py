@@ -52,6 +52,7 @@ from .placement import (
     Placement,
     Slot,
     check_capacity,
+    check_mem_limit,
     check_total,
     gpus_used,
     place,
@@ -181,6 +182,7 @@ class Plan(Struct, frozen=True):
             return planned
         limits = planned.limits()
         check_total(planned.uuids, clients, limits, planned.running)  # before work grows with it
+        check_mem_limit(planned.slots, planned.opts.mem_limit)
         if planned.mode == "user":
             used = gpus_used(clients, len(planned.slots), policy)
             planned = replace(

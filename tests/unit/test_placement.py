@@ -106,6 +106,19 @@ def test_place_gives_the_rank_its_gpu_and_client_environment() -> None:
     assert place(slots, 0, 4, policy="affinity", rank_cpus=frozenset({1})).position == 1
 
 
+def test_a_memory_limit_above_the_gpus_memory_is_refused_in_one_line() -> None:
+    """8 GiB GPUs: 8G limits nothing, but is what was asked; 9G and 9000M are typos."""
+    slots = _slots(1)
+    assert place(slots, 0, 1, mem_limit="8G").env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8G"
+    for spec in ("9G", "9000M"):
+        with pytest.raises(UsageError) as caught:
+            place(slots, 0, 1, mem_limit=spec)
+        assert caught.value.line() == (
+            f"--mem-limit {spec} is more than the GPU's memory (GPU-0): 8192M in all"
+        )
+        assert caught.value.hint == "give at most 8192M, or auto"
+
+
 def test_a_request_over_every_gpus_limit_is_refused_before_any_work_that_grows_with_it() -> None:
     """``run -n 100000000``: the refusal costs what ``run -n 97`` costs, not a placement per
     client (before: 60 s and 800 MB)."""
