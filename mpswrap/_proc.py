@@ -384,6 +384,32 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+def listener_of(path: str, timeout: float = 1.0) -> tuple[int, int]:
+    """The PID and UID of the process that listens on the Unix socket ``path``: the kernel's
+    word (``SO_PEERCRED`` of a connection that sends nothing), whoever made the path. The real
+    MPS control socket is a SOCK_SEQPACKET one, the simulator's SOCK_STREAM. A listener that
+    never accepts costs ``timeout`` at most; OSError where nothing listens."""
+    import errno
+    import socket
+    import struct
+
+    creds = struct.Struct("3i")  # struct ucred: pid, uid, gid
+    for kind in (socket.SOCK_SEQPACKET, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_UNIX, kind) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                if exc.errno == errno.EPROTOTYPE:
+                    continue
+                raise
+            pid, uid, _ = creds.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, creds.size)
+            )
+            return pid, uid
+    raise OSError(errno.EPROTOTYPE, f"{path}: neither a stream nor a seqpacket socket")
+
+
 def adopt_orphans() -> bool:
     """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): a daemon that forks
     away from what we started becomes our child, so the kernel's process tree names it.

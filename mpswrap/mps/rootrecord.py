@@ -99,16 +99,20 @@ class RootSide(Struct, frozen=True):
 PIPE_NAMES = frozenset({"control", "control_privileged", "control_lock", "log"})
 
 
-def pin_control(pipe: Path, pins: Path, uid: int) -> tuple[str, tuple[int, int]] | None:
+def pin_control(
+    pipe: Path, pins: Path, uid: int, daemon: int
+) -> tuple[str, tuple[int, int]] | None:
     """Hard-link the daemon's control socket (and the other names of ``PIPE_NAMES`` it made)
     from the job user's ``pipe`` into a new folder of root's below ``pins``, just after the
     daemon answered there. Root's control commands (sent as the job user) then go through
     that folder: a socket the job user later swaps in the pipe directory (a link to another
-    job's daemon, a relay of its own) is never the one they reach. ``pins`` is root's and
-    mode 0711, the folder's name random: no other user can list it or guess the name, so
+    job's daemon, a relay of its own) is never the one they reach. What is pinned is the
+    socket the daemon (PID ``daemon``, which root knows from its cgroup) listens on, as the
+    kernel says: one the job user swapped in before the pin is refused. ``pins`` is root's
+    and mode 0711, the folder's name random: no other user can list it or guess the name, so
     the pinned socket is reachable by no one the job's 0700 pipe directory keeps out. The
     folder's name and the socket's (device, inode); None, with a warning, where the pipe
-    holds no socket of the job user's (root then sends the daemon no command at all)."""
+    holds no socket of the daemon's (root then sends the daemon no command at all)."""
     from ..removal import remove_tree
 
     where = pins / secrets.token_hex(8)
@@ -129,6 +133,9 @@ def pin_control(pipe: Path, pins: Path, uid: int) -> tuple[str, tuple[int, int]]
         # hard link the job user made to another socket (another job's, pinned there too).
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid or st.st_nlink != 2:
             raise OSError(f"not a socket of uid {uid} with one name in {pipe}")
+        listener = _proc.listener_of(str(where / "control"))
+        if listener != (daemon, uid):
+            raise OSError(f"its listener is PID {listener[0]}, not the daemon's {daemon}")
     except (OSError, LayoutError) as exc:
         why = exc.line() if isinstance(exc, LayoutError) else exc.strerror or exc
         log.warning(

@@ -173,7 +173,7 @@ class Start(Struct):
         if self.root is not None and self.held is not None:
             pinned = None
             if self.root.control is not None:
-                pinned = pin_control(self.dirs.pipe, self.root.control, self.user.uid)
+                pinned = pin_control(self.dirs.pipe, self.root.control, self.user.uid, daemon.pid)
             pin, socket = pinned or ("", None)
             self.held = replace(self.held, daemon=daemon, settings=applied, pin=pin, socket=socket)
             write_held(self.root.record, self.held)

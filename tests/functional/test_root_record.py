@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ import psutil
 import pytest
 
 from mpswrap._cgroup import member_of
+from mpswrap.mps.rootrecord import pin_control
 from mpswrap.report.status import DEADLINE as STATUS_DEADLINE
 from tests.functional.test_faults import (
     admin_config,
@@ -479,6 +482,43 @@ _RELAY_SOCKET = textwrap.dedent(
         conn.close()
     """
 )
+
+
+_LISTENER = textwrap.dedent(
+    """
+    import socket, sys, time
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(sys.argv[1])
+    listener.listen(8)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_socket_the_job_user_swapped_in_before_roots_pin_is_not_pinned() -> None:
+    """The moment between the daemon's first answer and root's pin: the job user (from
+    another of their jobs on the node) puts a socket of their own, a relay say, in the pipe
+    directory. The kernel names its listener, which is not the daemon root started: root
+    pins nothing, and sends that daemon no command (the teardown ends it through its cgroup).
+    The same socket listened on by the daemon's PID is pinned: the listener alone decided."""
+    user = pwd.getpwnam(_user())
+    top = Path(tempfile.mkdtemp(prefix="mpswrap-pin-", dir="/tmp"))
+    top.chmod(0o755)
+    pipe = top / "pipe"
+    pipe.mkdir(mode=0o700)
+    os.chown(pipe, user.pw_uid, user.pw_gid)
+    relay = spawn_as(_user(), [sys.executable, "-c", _LISTENER, str(pipe / "control")])
+    daemon = spawn_as(_user(), ["sleep", "300"])  # the daemon, as root's cgroup names it
+    try:
+        _wait((pipe / "control").is_socket, "the job user's socket")
+        assert pin_control(pipe, top / ".control", user.pw_uid, daemon.pid) is None
+        assert os.listdir(top / ".control") == []
+        assert pin_control(pipe, top / ".control", user.pw_uid, relay.pid) is not None
+    finally:
+        for proc in (relay, daemon):
+            proc.kill()
+            proc.communicate(timeout=30)
+        shutil.rmtree(top)
 
 
 @pytest.mark.parametrize("how", ["symlink", "hard-link", "relay"])

@@ -41,7 +41,7 @@ def _held(**fields: object) -> Held:
 
 def test_the_socket_is_pinned_in_a_folder_nobody_else_can_list(pipe: Path, tmp_path: Path) -> None:
     side = _side(tmp_path)
-    pinned = pin_control(pipe, side.control, 0)  # type: ignore[arg-type]
+    pinned = pin_control(pipe, side.control, 0, os.getpid())  # type: ignore[arg-type]
     assert pinned is not None
     name, ident = pinned
     where = tmp_path / ".control" / name
@@ -56,7 +56,7 @@ def test_the_socket_is_pinned_in_a_folder_nobody_else_can_list(pipe: Path, tmp_p
 def test_a_control_that_is_no_socket_of_the_user_is_not_pinned(pipe: Path, tmp_path: Path) -> None:
     (pipe / "control").unlink()
     (pipe / "control").symlink_to(tmp_path / "elsewhere")
-    assert pin_control(pipe, tmp_path / ".control", 0) is None
+    assert pin_control(pipe, tmp_path / ".control", 0, os.getpid()) is None
     assert os.listdir(tmp_path / ".control") == []  # the new folder removed again
 
 
@@ -70,7 +70,7 @@ def test_a_hard_link_to_another_socket_is_not_pinned(pipe: Path, tmp_path: Path)
     (pipe / "control").unlink()
     os.link(other / "control", pipe / "control")
     try:
-        assert pin_control(pipe, tmp_path / ".control", 0) is None
+        assert pin_control(pipe, tmp_path / ".control", 0, os.getpid()) is None
     finally:
         listener.close()
 
@@ -80,7 +80,7 @@ def test_commands_reach_no_daemon_where_the_pin_does_not_hold(
     pipe: Path, tmp_path: Path, how: str
 ) -> None:
     side = _side(tmp_path)
-    pinned = pin_control(pipe, side.control, 0)  # type: ignore[arg-type]
+    pinned = pin_control(pipe, side.control, 0, os.getpid())  # type: ignore[arg-type]
     assert pinned is not None
     name, ident = pinned
     held = _held(pin=name, socket=ident)
