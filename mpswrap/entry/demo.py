@@ -119,7 +119,10 @@ def _demo(n_clients: int, simulate: bool, config_file: str | None) -> int:
     pending: JobDaemons | None = None  # started, not yet stopped
     try:
         settings = _settings(tmp, simulate, config_file)
-        kind = "simulated MPS (no GPU needed)" if simulate else "the real GPU"
+        kind = "simulated MPS (no GPU needed)"
+        if not simulate:  # the admin file may name a list of GPUs in NVML's place
+            nvml = settings.gpu_inventory == "nvml"
+            kind = "the real GPU" if nvml else f"the GPUs listed in {settings.gpu_inventory}"
         inventory = load_inventory(settings.gpu_inventory)
         _check_clients(n_clients, inventory, settings)
         gpus = inventory.gpus

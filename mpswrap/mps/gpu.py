@@ -104,7 +104,10 @@ class Inventory(Struct):
             if gpu.index == index:
                 return gpu
         raise GpuChoiceError(
-            "no such GPU", thing=f"index {index}", cause=f"this node has {len(self.gpus)} GPU(s)"
+            "no such GPU",
+            thing=f"index {index}",
+            cause=f"this node has {len(self.gpus)} GPU(s)",
+            hint="list GPUs with: nvidia-smi -L",
         )
 
     def by_minor(self, minor: int) -> GpuInfo:
@@ -338,7 +341,7 @@ def resolve_gpus(spec: str, inventory: Inventory) -> list[GpuInfo]:
         else:
             out.extend(inventory.by_index(i) for i in parse_int_list(item, "GPU list"))
     if len({g.uuid for g in out}) != len(out):
-        raise GpuChoiceError("GPU listed twice", thing=spec)
+        raise GpuChoiceError("GPU listed twice", thing=spec, hint="name each GPU once")
     return out
 
 

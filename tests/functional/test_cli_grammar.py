@@ -722,3 +722,13 @@ def test_status_of_a_gpu_whose_manifest_it_cannot_read_says_so_in_words(node: Si
     assert "  g0 daemon unknown (no manifest read)\n" in res.stdout, res.stdout
     assert "not JSON (line 1 column 2)" in res.stdout, res.stdout
     assert node.mpswrap("stop", *JOB, user=user).returncode == 0
+
+
+def test_a_demo_not_simulated_names_the_gpus_it_was_given(node: SimNode) -> None:
+    """``--simulate no`` where the settings name a list of GPUs in NVML's place (the
+    simulator's, here): the demo says whose GPUs it starts on, not "the real GPU"."""
+    res = node.mpswrap("demo", "--simulate", "no", "--clients", "1")
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("1. starting one MPS daemon per GPU on the GPUs listed in /"), first
+    assert "real GPU" not in res.stdout, res.stdout
