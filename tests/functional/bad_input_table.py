@@ -235,7 +235,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')", 1,
          env={"CUDA_VISIBLE_DEVICES": "-1"}),
     Case("cvd-no-such-gpu", "environment", APP,
-         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)\nhint: list GPUs with: nvidia-smi -L", 2,
+         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)\n"
+         "hint: list GPUs with: nvidia-smi -L", 2,
          env={"CUDA_VISIBLE_DEVICES": "5"}),
     Case("job-gpus-malformed", "environment", ("prolog",),
          _cont("malformed SLURM_JOB_GPUS ('0-'): expected GPU numbers like 0,2-3 or GPU "
@@ -385,7 +386,8 @@ CASES: tuple[Case, ...] = (
          "hint: choose among CPUs {cpus}", 2, option="start --cpus"),
     # --- GPU lists ---------------------------------------------------------------------------
     Case("gpus-no-such-index", "GPU list", ("start", *JOB, "--gpus", "7"),
-         "mpswrap: --gpus: no such GPU (index 7): this node has 2 GPU(s)\nhint: list GPUs with: nvidia-smi -L", 2,
+         "mpswrap: --gpus: no such GPU (index 7): this node has 2 GPU(s)\n"
+         "hint: list GPUs with: nvidia-smi -L", 2,
          option="start --gpus"),
     Case("gpus-twice", "GPU list", ("start", *JOB, "--gpus", "0,0"),
          "mpswrap: --gpus: GPU listed twice (0,0)\nhint: name each GPU once", 2),
@@ -398,7 +400,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: --gpus: no such GPU (GPU-5a1d0009-0000-4000-8000-000000000009): not among 2 "
          "GPUs\nhint: list GPUs with: nvidia-smi -L", 2),
     Case("run-gpus-no-such-index", "GPU list", ("run", "-n", "1", "--gpus", "5", *APP),
-         "mpswrap: --gpus: no such GPU (index 5): this node has 2 GPU(s)\nhint: list GPUs with: nvidia-smi -L", 2,
+         "mpswrap: --gpus: no such GPU (index 5): this node has 2 GPU(s)\n"
+         "hint: list GPUs with: nvidia-smi -L", 2,
          option="--gpus"),
     Case("gpus-none-in-inventory", "GPU list", ("start", *JOB),
          "mpswrap: no GPUs found (<root>/empty.json)", 1,
