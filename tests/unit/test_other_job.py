@@ -4,6 +4,9 @@ job's daemon, the ``SLURM_JOB_ID`` slurmstepd gave the process."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
 from mpswrap import _proc
@@ -48,11 +51,11 @@ def test_a_variable_is_read_from_a_bounded_start_of_the_environment() -> None:
         ["/bin/sleep", "30"], env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        # Popen may return while the kernel still sets the new program up (vfork): its
-        # environment reads empty until then.
-        with open(f"/proc/{proc.pid}/cmdline", "rb") as handle:
-            while not handle.read():
-                handle.seek(0)
+        # Popen may return before the child has exec'd (vfork): until then /proc shows the
+        # parent's command line and environment, or none; and for a moment after the exec
+        # the environment is still unreadable. Wait for sleep's own, readable.
+        _wait_for(lambda: _read(proc.pid, "cmdline") == b"/bin/sleep\x0030\x00")
+        _wait_for(lambda: _read(proc.pid, "environ").startswith(b"SLURM_JOB_ID=7\x00"))
         assert _proc.env_value(proc.pid, "SLURM_JOB_ID") == "7"
         assert _proc.env_value(proc.pid, "LATE") is None  # past the bound
         assert _proc.env_value(proc.pid, "NOT_SET") is None
@@ -61,3 +64,18 @@ def test_a_variable_is_read_from_a_bounded_start_of_the_environment() -> None:
         proc.kill()
         proc.wait()
     assert _proc.env_value(proc.pid, "SLURM_JOB_ID") is None  # gone
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as handle:
+            return handle.read(64)
+    except OSError:
+        return b""
+
+
+def _wait_for(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
