@@ -78,6 +78,16 @@ class Deadline:
         """``timeout``, or what is left of the deadline where that is less."""
         return min(timeout, self.left())
 
+    def reserving(self, seconds: float) -> Deadline:
+        """The same deadline, ``seconds`` sooner: for the steps that must leave those
+        seconds to the ones after them (the teardown's polite steps, its forced end)."""
+        if self._end is None:
+            return self
+        earlier = Deadline(None)
+        earlier.seconds = self.seconds
+        earlier._end = self._end - seconds
+        return earlier
+
 
 #: The deadline of work that has none of its own.
 NO_DEADLINE = Deadline(None)

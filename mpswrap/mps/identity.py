@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Rounds of ending a tree without a cgroup: a process that forks as it dies is ended again.
 ROUNDS = 5
+#: Seconds waited for a killed cgroup to empty even past the deadline: the kernel reaps its
+#: processes within milliseconds, and one not yet reaped is not one left behind.
+REAP_WAIT = 0.5
 _SLURM_JOB = re.compile(r"/job_([0-9]{1,12})(/|$)")
 
 
@@ -81,14 +84,18 @@ class Identity(Struct):
         if self.cgroup is not None and self.cgroup.exists():
             if self.cgroup.populated():
                 self.cgroup.kill()
-                self.cgroup.wait_empty(deadline.bound(_wait.KILL_WAIT))
+                self.cgroup.wait_empty(max(deadline.bound(_wait.KILL_WAIT), REAP_WAIT))
             return self.members()
         for _ in range(ROUNDS):
             found = self.members()
-            if not found or deadline.passed:
+            if not found:
                 return found
+            # Past the deadline no grace: SIGKILL at once, which ends a stopped or traced
+            # process too. Never no signal at all.
             grace = deadline.bound(_wait.TERM_GRACE)
             _wait.end_procs(found, signal.SIGTERM, grace, tree=True)
+            if deadline.passed:
+                break
         return self.members()
 
 

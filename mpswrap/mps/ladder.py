@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import _proc, _wait, trust
 from .._lock import maybe_locked
-from .._struct import Struct, field
+from .._struct import Struct, field, replace
 from ..config import Settings
 from ..errors import ControlError, LayoutError, MpswrapError, one_line
 from ..paths import ROOT_ONLY, GpuDirs, check_dirs, read_job_file
@@ -136,11 +136,16 @@ class Ladder(Struct):
             report.notes.append(f"refusing a path that is not a plain directory ({link})")
         elif self.control is not None and ident.daemon_alive():
             log.debug("%s: stopping daemon %s", dirs.key, ident.daemon)
-            self._end_clients(report, None, ident)
+            # The polite steps leave FORCE_RESERVE of the deadline to the forced end, however
+            # long a daemon that never answers (stopped, traced by its user) makes them wait.
+            sooner = self.deadline.reserving(FORCE_RESERVE)
+            control = replace(self.control, deadline=sooner)
+            polite = replace(self, control=control, deadline=sooner)
+            polite._end_clients(report, None, ident)
             log.debug("%s: clients gone; quit", dirs.key)
-            self._quit(report)
+            polite._quit(report)
             # quit returns before the server has exited (about 80 ms later on an H100).
-            _wait.wait_gone(ident.members(), self.deadline.bound(self.settings.quit_timeout))
+            _wait.wait_gone(ident.members(), polite.deadline.bound(self.settings.quit_timeout))
             log.debug("%s: daemon and servers gone", dirs.key)
         report.forced += [p.pid for p in ident.members()]
         report.leftovers += [_proc.describe(p) for p in ident.end(self.deadline)]
@@ -190,7 +195,7 @@ class Ladder(Struct):
         found after the last round is left behind."""
         for _ in range(3):
             found = [p for p in self._naming_pipe() if _proc.is_alive(p)]
-            if not found or self.deadline.passed:
+            if not found:
                 break
             log.info(
                 "%s: ending %s, still using %s",
@@ -200,6 +205,8 @@ class Ladder(Struct):
             )
             report.killed += [p.pid for p in found]
             _wait.end_procs(found, grace=self.deadline.bound(_wait.TERM_GRACE))
+            if self.deadline.passed:  # one round at least: past the deadline, SIGKILL at once
+                break
         report.leftovers += [_proc.describe(p) for p in self._naming_pipe()]
 
     def end_clients(self, report: StopReport, only: set[int] | None) -> list[_proc.ProcId]:
@@ -396,6 +403,9 @@ class Ladder(Struct):
 #: Seconds of the deadline that must be left for the logs to be read and archived: reading
 #: both is bounded (``mpslog.LINES_LIMIT``), a fraction of this even on a loaded machine.
 LOGS_RESERVE = 1.0
+#: Seconds of the deadline the polite steps (terminate_client, quit, the wait for it) leave
+#: to the forced end: ``cgroup.kill`` or SIGKILL, and the wait for the kernel to reap.
+FORCE_RESERVE = 2.0
 #: Servers of one daemon the ladder looks at (MPS runs one a user), and clients of one server
 #: (MPS serves 48 to 60), at most: a socket in the job user's directory may list any number.
 SERVERS_CAP = 64

@@ -218,6 +218,35 @@ def test_a_daemon_turned_into_another_program_is_ended_by_roots_record(
     assert 1 in psutil.pids() and psutil.Process(1).is_running()
 
 
+@pytest.mark.parametrize("cgroup", ["auto", "none"], ids=["cgroup", "record-only"])
+@pytest.mark.parametrize("what", ["daemon", "daemon-and-server"])
+def test_a_daemon_its_user_stopped_is_still_ended_within_the_deadline(
+    node: SimNode, cgroup: str, what: str
+) -> None:
+    """The job's user stops their daemon (SIGSTOP; a ptrace stop is the same to root), and
+    its server too: no command is answered, every polite step waits its whole timeout. They
+    leave the forced end its share of the deadline: ``cgroup.kill``, or SIGKILL (which ends a
+    stopped process), so the epilog exits 0 in time with nothing left. It once used the whole
+    deadline on the polite steps, signalled nothing, and exited 1 (the node drained), and
+    without a cgroup the daemon outlived every epilog of the job."""
+    admin_config(node, teardown_deadline=str(DEADLINE), command_timeout="3", cgroup_root=cgroup)
+    (daemon,) = _prolog(node, gpus="0")
+    env = basics(
+        CUDA_MPS_PIPE_DIRECTORY=str(admin_job(node) / "g0" / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(admin_job(node) / "g0" / "log"),
+    )
+    uid = pwd.getpwnam(_user()).pw_uid
+    run_as(_user(), [node.control], env, input=f"start_server -uid {uid}\n")
+    servers = _servers([daemon])
+    assert len(servers) == 1, servers
+    stopped = [daemon, *(servers if what == "daemon-and-server" else [])]
+    _as_user(f"kill -STOP {' '.join(map(str, stopped))}")
+    _wait(lambda: all(psutil.Process(p).status() == "stopped" for p in stopped), "the stop")
+    took, _ = _epilog_within(node)
+    assert took < DEADLINE + SLACK, took
+    _all_gone(node, [daemon, *servers])
+
+
 def _wait(done: Any, what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while True:
