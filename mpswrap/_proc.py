@@ -156,7 +156,7 @@ def _popen(argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
             argv=list(argv),
             hint="install it or set its absolute path in the config",
         ) from exc
-    except PermissionError as exc:
+    except OSError as exc:  # EACCES, ENOEXEC (no #! line, not a binary), ...
         raise ProcError(
             "cannot execute program", thing=argv[0], cause=exc.strerror, argv=list(argv)
         ) from exc

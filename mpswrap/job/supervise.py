@@ -19,6 +19,7 @@ it would have been 0.
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -49,6 +50,10 @@ from ..mps.daemon import Daemon
 from .containers import runtime_of
 from .outcomes import Outcome
 from .verify import Verifier, seen_in_logs
+
+TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/concepts.md)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = [
     "VERIFY_FAILED",
@@ -155,11 +160,31 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
         err.exit_code = NOT_FOUND
         raise err
     if os.path.isdir(path) or not os.access(path, os.X_OK):
-        err = ProcError(
-            "cannot execute program", thing=path, argv=list(argv), cause="not an executable file"
-        )
-        err.exit_code = NOT_EXECUTABLE
-        raise err
+        _cannot_execute(argv, path, "not an executable file")
+    interpreter = _interpreter(path)
+    if interpreter is not None and not os.access(interpreter, os.X_OK):
+        # What the kernel's ENOENT means for a file that is there (bash: "bad interpreter").
+        _cannot_execute(argv, path, f"its #! interpreter {interpreter} cannot be run")
+
+
+def _cannot_execute(argv: Sequence[str], path: str, cause: str) -> NoReturn:
+    err = ProcError("cannot execute program", thing=path, argv=list(argv), cause=cause)
+    err.exit_code = NOT_EXECUTABLE
+    raise err
+
+
+def _interpreter(path: str) -> str | None:
+    """The program a ``#!`` line names (None: no such line, or the file is unreadable, as it
+    may be to us and not to the kernel)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return os.fsdecode(words[0]) if words else None
 
 
 def _on_path(program: str, search: str) -> str | None:
@@ -192,16 +217,23 @@ def spawn_rank(
     if tag is None:
         check_program(argv, env)
         tag = f"{os.getpid()}-{next(_TAGS)}-{os.urandom(4).hex()}"
-    proc = _proc.spawn(
-        argv,
-        env={**env, TREE_VAR: tag, SHIELD_VAR: shield_value(shield)},
-        new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
-        ignore_signals=_proc.SHIELDED if shield and not trapped else (),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=None,
-    )
+    try:
+        proc = _proc.spawn(
+            argv,
+            env={**env, TREE_VAR: tag, SHIELD_VAR: shield_value(shield)},
+            new_session=False,  # terminal ^C and mpirun's group kill reach it; it ignores them
+            ignore_signals=_proc.SHIELDED if shield and not trapped else (),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=None,
+        )
+    except ProcError as err:  # what only the exec finds: no #! line and no binary, say
+        if err.what == "cannot execute program":
+            err.exit_code = NOT_EXECUTABLE
+            if err.cause == os.strerror(errno.ENOEXEC):
+                err.hint = "a script needs a #! line, e.g. #!/bin/sh"
+        raise
     # A child that already exited has no start time; 0 never matches, so it is never signalled.
     ident = _proc.identify(proc.pid) or _proc.ProcId(proc.pid, 0.0)
     container = runtime_of(argv)

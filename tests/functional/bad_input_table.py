@@ -381,6 +381,12 @@ CASES: tuple[Case, ...] = (
          "hint: mpswrap report --help", 2),
     Case("program-missing-after-dashdash", "arguments", ("--", "status"),
          "mpswrap: program not found (status)\nhint: check the name and PATH", 127),
+    Case("program-without-interpreter", "arguments", ("run", "-q", "-n", "1", "--", "./noshebang"),
+         "mpswrap: cannot execute program (./noshebang): Exec format error\n"
+         "hint: a script needs a #! line, e.g. #!/bin/sh", 126, setup="scripts"),
+    Case("program-interpreter-missing", "arguments", ("--", "./badinterp"),
+         "mpswrap: cannot execute program (./badinterp): its #! interpreter /nonexistent/sh "
+         "cannot be run", 126, setup="scripts"),
     Case("cpus-not-available", "arguments", ("start", *JOB, "--gpus", "0", "--cpus", "4099"),
          "mpswrap: bad --cpus (4099): CPU(s) 4099 not available to this process\n"
          "hint: choose among CPUs {cpus}", 2, option="start --cpus"),
@@ -556,8 +562,17 @@ def _tasks_file(node: SimNode, uid: int) -> None:
     (node.root / "tasks.txt").write_text("true\n")
 
 
+def _scripts(node: SimNode, uid: int) -> None:
+    """Two executable files the kernel will not run: one without a #! line, one whose #!
+    names a program that is not there."""
+    for name, text in (("noshebang", "echo hi\n"), ("badinterp", "#!/nonexistent/sh\n")):
+        (node.root / name).write_text(text)
+        (node.root / name).chmod(0o755)
+
+
 SETUPS: dict[str, Callable[[SimNode, int], None]] = {
     "tasks_file": _tasks_file,
+    "scripts": _scripts,
     "empty_inventory": _empty_inventory,
     "no_gpus_field": _no_gpus_field,
     "symlink_user_run_dir": _symlink_user_run_dir,
