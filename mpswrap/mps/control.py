@@ -151,6 +151,13 @@ class Control(Struct, frozen=True):
     user: _proc.UserIds | None = None
     #: Every command's time is drawn from it (the epilog's one deadline).
     deadline: _wait.Deadline = _wait.NO_DEADLINE
+    #: The pipe directory as messages and logs name it: the job's, where ``pipe`` is root's
+    #: pinned folder, whose name no one else may learn (``rootrecord.pin_control``).
+    shown: Path | None = None
+
+    @property
+    def named(self) -> str:
+        return str(self.shown or self.pipe)
 
     def command(self, line: str, timeout: float | None = None) -> str:
         """Send one command; return its stdout stripped, or raise ControlError.
@@ -165,7 +172,7 @@ class Control(Struct, frozen=True):
                 retry = self.deadline.bound(BUSY_RETRY)
                 if BUSY not in str(exc.fields.get("stderr", "")) or elapsed >= retry:
                     raise
-                log.debug("control %s busy, retrying %r", self.pipe, line)
+                log.debug("control %s busy, retrying %r", self.named, line)
         raise AssertionError("unreachable")  # pragma: no cover - backoff always ends in raise
 
     def _once(self, line: str, timeout: float | None) -> str:
@@ -181,7 +188,7 @@ class Control(Struct, frozen=True):
         except ProcError as exc:
             raise ControlError(
                 f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
-                thing=str(self.pipe),
+                thing=self.named,
                 cause=exc.line(),
                 command=line,
                 stderr=exc.stderr,
@@ -192,13 +199,13 @@ class Control(Struct, frozen=True):
         if res.returncode != 0 or refused or any(m in said for m in (*NOT_RUNNING, BUSY)):
             raise ControlError(
                 f"MPS control command {line.split(maxsplit=1)[0]!r} failed",
-                thing=str(self.pipe),
+                thing=self.named,
                 cause=(said.splitlines() or [f"exit {res.returncode}"])[0],
                 command=line,
                 returncode=res.returncode,
                 stderr=said,
             )
-        log.debug("control %s: %r -> %r", self.pipe, line, res.stdout.strip())
+        log.debug("control %s: %r -> %r", self.named, line, res.stdout.strip())
         return res.stdout.strip()
 
     def _pids(self, line: str) -> list[int]:

@@ -92,6 +92,7 @@ class Daemon:
             timeout=self.settings.command_timeout,
             user=self._commander(),
             deadline=deadline,
+            shown=self.dirs.pipe,
         )
 
     def held(self) -> Held | None:

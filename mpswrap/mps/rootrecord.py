@@ -165,7 +165,7 @@ def pinned_control(side: RootSide, held: Held | None) -> Path | None:
         return nowhere
     pinned = (st.st_dev, st.st_ino) == held.socket
     if not stat.S_ISDIR(folder.st_mode) or folder.st_uid != 0 or not pinned:
-        log.warning("root's pinned control socket %s is not the daemon's", where)
+        log.warning("%s: root's pinned control socket is not the daemon's", held.key)
         return nowhere
     return where
 

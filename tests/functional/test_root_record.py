@@ -242,6 +242,13 @@ def test_a_daemon_its_user_stopped_is_still_ended_within_the_deadline(
     stopped = [daemon, *(servers if what == "daemon-and-server" else [])]
     _as_user(f"kill -STOP {' '.join(map(str, stopped))}")
     _wait(lambda: all(psutil.Process(p).status() == "stopped" for p in stopped), "the stop")
+    # Root's status: every command times out, and the failure names the job's pipe, never
+    # the folder root pinned the socket in (whose name no other user may learn).
+    pins = os.listdir(node.run_dir / ".control")
+    said = _root_says(node)
+    assert said.returncode == 3, said
+    assert "g0/pipe" in said.stdout + said.stderr, said
+    assert not any(pin in said.stdout + said.stderr for pin in pins), said
     took, _ = _epilog_within(node)
     assert took < DEADLINE + SLACK, took
     _all_gone(node, [daemon, *servers])
