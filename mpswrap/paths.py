@@ -369,7 +369,14 @@ def _refuse_open(st: os.stat_result, path: Path, uid: int, mode: int) -> None:
         )
     if bits & ~mode & 0o077:
         cause = f"mode {bits:04o}, expected {mode:04o}"
-        raise LayoutError("directory is open to other users", thing=str(path), cause=cause)
+        raise LayoutError(
+            "directory is open to other users",
+            thing=str(path),
+            cause=cause,
+            hint=f"chmod go-rwx {path}, or use another directory"
+            if st.st_uid == os.geteuid()
+            else None,
+        )
 
 
 def uncreatable(path: Path) -> str | None:

@@ -427,7 +427,7 @@ def check_writable(layout: JobLayout) -> None:
             what,
             thing=str(layout.run_dir),
             cause=cause,
-            hint="set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR",
+            hint=RUN_DIR_HINT,
         )
 
 
@@ -437,9 +437,12 @@ def check_user_tree(layout: JobLayout) -> None:
     that is not this user's own and closed to others (a dry run and a real start refuse
     alike)."""
     check_writable(layout)
-    check_dirs(layout.run_dir.parent, layout.trusted)
-    for level in (layout.run_dir, layout.node_dir, layout.job_dir):
-        check_private_dir(level, os.getuid())
+    try:
+        check_dirs(layout.run_dir.parent, layout.trusted)
+        for level in (layout.run_dir, layout.node_dir, layout.job_dir):
+            check_private_dir(level, os.getuid())
+    except LayoutError as exc:
+        raise _bad_setting(exc) from exc
 
 
 def check_safe(layout: JobLayout) -> None:
@@ -478,13 +481,30 @@ def create(layout: JobLayout, uid: int, gid: int, *, shared_parents: bool) -> Pa
     without PrologFlags=Alloc it may do so between our making it and the job directory in
     it: that ENOENT starts a new round (bounded); with our job directory in it, it stays.
     """
-    for _ in range(CREATE_TRIES - 1):
-        try:
-            return _create(layout, uid, gid, shared_parents)
-        except LayoutError as exc:
-            if exc.fields.get("errno") != errno.ENOENT:
-                raise
-    return _create(layout, uid, gid, shared_parents)
+    try:
+        for _ in range(CREATE_TRIES - 1):
+            try:
+                return _create(layout, uid, gid, shared_parents)
+            except LayoutError as exc:
+                if exc.fields.get("errno") != errno.ENOENT:
+                    raise
+        return _create(layout, uid, gid, shared_parents)
+    except LayoutError as exc:
+        if shared_parents:
+            raise
+        raise _bad_setting(exc) from exc
+
+
+#: Where a user-mode run directory comes from.
+RUN_DIR_HINT = "set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR"
+
+
+def _bad_setting(exc: LayoutError) -> ConfigError:
+    """A level of a user's own run directory that cannot be used: a path a setting, a
+    variable or an option gave, so a bad value of it (exit 2)."""
+    return ConfigError(
+        exc.what, thing=exc.thing, cause=exc.cause, hint=exc.hint or RUN_DIR_HINT, **exc.fields
+    )
 
 
 def create_run_dir(layout: JobLayout) -> Path:

@@ -446,14 +446,14 @@ CASES: tuple[Case, ...] = (
          f"(/tmp/{'y' * 90}/n1/j1/g0/pipe): 128 bytes with 'control_privileged', limit 107\n"
          "hint: set a shorter run_dir (e.g. /run/mpswrap)", 1),
     Case("run-dir-symlink", "path", ("start", *JOB),
-         "mpswrap: refusing a path that is not a plain directory (<root>/user)", 1,
-         setup="symlink_user_run_dir", as_user=True),
+         "mpswrap: refusing a path that is not a plain directory (<root>/user)\n"
+         f"hint: {_RUN_DIR_HINT}", 2, setup="symlink_user_run_dir", as_user=True),
     Case("job-dir-symlink", "path", ("start", *JOB),
          "mpswrap: refusing a path that is not a plain directory (<root>/run/n1/j1)", 1,
          setup="symlink_job_dir"),
     Case("run-dir-other-owner", "path", ("start", *JOB),
          "mpswrap: directory has the wrong owner (<root>/user): owned by uid 0, expected {uid}\n"
-         "hint: remove the stale directory (mpswrap stop / the epilog does this)", 1,
+         "hint: remove the stale directory (mpswrap stop / the epilog does this)", 2,
          setup="root_owned_user_run_dir", as_user=True),
     Case("run-dir-not-writable", "path", ("start", *JOB),
          "mpswrap: run directory not writable (<root>/user): <root>/user is not writable by "
@@ -469,7 +469,8 @@ CASES: tuple[Case, ...] = (
          "mpswrap: cannot create the farm directory (tasks.txt/logs): Not a directory\n"
          "hint: give --dir a directory you can write", 2, setup="tasks_file"),
     Case("run-dir-open-to-others", "path", ("start", *JOB),
-         "mpswrap: directory is open to other users (<root>/user): mode 0777, expected 0700", 1,
+         "mpswrap: directory is open to other users (<root>/user): mode 0777, expected 0700\n"
+         "hint: chmod go-rwx <root>/user, or use another directory", 2,
          setup="open_user_run_dir", as_user=True),
     Case("control-binary-missing", "path", ("start", *JOB),
          "mpswrap: MPS control program not found (/nonexistent/nvidia-cuda-mps-control): not an "
