@@ -28,7 +28,7 @@ TYPE_CHECKING = False  # as typing's is at run time, without importing it (docs/
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from typing import Any
 
-__all__ = ["DirLock", "FileLock", "RootLock", "file_lock", "maybe_locked"]
+__all__ = ["DirLock", "FileLock", "RootLock", "file_lock", "held_elsewhere", "maybe_locked"]
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,24 @@ class RootLock(_Flock):
             except FileNotFoundError:
                 pass
         super().release()
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another process holds the lock on ``path`` now (a ``FileLock``'s, a
+    ``_Flock``'s): a dry run's question, which creates nothing and leaves nothing held."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no one holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the lock, where it was taken
+    return False
 
 
 def file_lock(path: Path, timeout: float) -> FileLock:

@@ -389,7 +389,39 @@ def uncreatable(path: Path) -> str | None:
         return os.strerror(errno.ENOTDIR)
     if not os.access(probe, os.W_OK | os.X_OK):
         return os.strerror(errno.EACCES)
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        return os.strerror(errno.EROFS)
+    kind = _fs_type(probe)
+    if kind in KERNEL_FS:
+        return f"{probe} is on {kind}, a file system of the kernel's"
     return None
+
+
+#: File systems whose directories the kernel makes: no one else may (root included).
+KERNEL_FS = frozenset(
+    {"proc", "sysfs", "devpts", "securityfs", "debugfs", "pstore", "efivarfs", "fusectl",
+     "binfmt_misc", "mqueue"}
+)  # fmt: skip
+
+
+def _fs_type(path: Path) -> str | None:
+    """The type of the file system ``path`` lies on (``/proc/self/mountinfo``), or None."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 5 or not rest:
+                    continue
+                mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, rest.split()[0]
+    except OSError:
+        return None
+    return kind
 
 
 # --- the files of a job's directories -------------------------------------------------------

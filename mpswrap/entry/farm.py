@@ -370,11 +370,7 @@ def _only_farm(farm_dir: FarmDir) -> Iterator[None]:
     try:
         held.acquire()
     except LockTimeout:
-        raise UsageError(
-            "another farm runs in this directory",
-            thing=str(farm_dir.path),
-            hint="wait for it, or give --dir another directory",
-        ) from None
+        raise farm_dir.busy() from None
     try:
         yield
     finally:

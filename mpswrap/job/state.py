@@ -41,6 +41,7 @@ from ..paths import (
     ensure_private_dir,
     ensure_shared_dir,
     list_dir,
+    uncreatable,
     validate_name,
 )
 
@@ -422,6 +423,8 @@ def check_writable(layout: JobLayout) -> None:
         what, cause = "run directory not writable", f"{probe} is not writable by uid {os.geteuid()}"
     elif not layout.run_dir.parent.is_dir():
         what, cause = "cannot create the run directory", f"{layout.run_dir.parent} does not exist"
+    elif why := uncreatable(layout.run_dir):
+        what, cause = "cannot create the run directory", why
     if cause:
         raise ConfigError(
             what,

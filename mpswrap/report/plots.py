@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..paths import uncreatable
 
 __all__ = ["plot_packing", "pyplot", "ready", "save"]
 
@@ -44,6 +46,10 @@ def ready(path: str) -> None:
         cause = f"no directory {folder}"
     elif not os.access(folder, os.W_OK | os.X_OK):
         cause = f"{folder} is not writable by uid {os.geteuid()}"
+    elif os.path.exists(target) and not os.access(target, os.W_OK):
+        cause = f"not writable by uid {os.geteuid()}"
+    else:  # a read-only file system, one of the kernel's (/proc, /sys)
+        cause = uncreatable(Path(folder))
     if cause:
         raise UsageError("cannot write the plot", thing=path, cause=cause, hint=_HINT)
 

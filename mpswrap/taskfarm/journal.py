@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import fields
+from .._lock import held_elsewhere
 from ..errors import LayoutError, UsageError
 from ..paths import list_dir, read_job_file, uncreatable
 from .tasks import WHOLE, Share, Task
@@ -118,10 +119,21 @@ class FarmDir:
         return self
 
     def check(self) -> None:
-        """Refuse what ``create`` would refuse, creating nothing (a dry run)."""
+        """Refuse what ``create`` and the farm's lock would refuse, creating nothing (a dry
+        run)."""
         why = uncreatable(self.logs)
         if why:
             raise self._refused(why)
+        if held_elsewhere(self.lock_path):
+            raise self.busy()
+
+    def busy(self) -> UsageError:
+        """Another farm holds this directory's lock for this share."""
+        return UsageError(
+            "another farm runs in this directory",
+            thing=str(self.path),
+            hint="wait for it, or give --dir another directory",
+        )
 
     def _refused(self, why: str | None) -> UsageError:
         """A path the user gave (or the default here) where no farm can write: exit 2."""

@@ -98,6 +98,7 @@ APP = ("--", "{client}", "--seconds", "0.1")
 _SIM_BIN_HINT = "give a directory you can write, e.g. ~/mps-sim"
 _THREADS = "expected none, uniform, oversubscribe, a percentage in (0, 100] or weights w1:w2:..."
 _RUN_DIR_HINT = "set run_dir / user_run_dir, or MPSWRAP_USER_RUN_DIR"
+_KERNEL_FS = "/proc is on proc, a file system of the kernel's"
 _TEXTFILE_HINT = "give a directory you can write (node_exporter's --collector.textfile.directory)"
 START_HELP = "hint: mpswrap start --help"
 
@@ -231,6 +232,9 @@ CASES: tuple[Case, ...] = (
     Case("local-rank-negative", "environment", APP,
          "mpswrap: local rank out of range (-3 of 2)", 2,
          env={"OMPI_COMM_WORLD_LOCAL_RANK": "-3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}),
+    Case("user-run-dir-kernel-fs", "environment", ("run", "--dry-run", "-n", "1", *APP),
+         f"mpswrap: cannot create the run directory (/proc/x): {_KERNEL_FS}\n"
+         f"hint: {_RUN_DIR_HINT}", 2, env={"MPSWRAP_USER_RUN_DIR": "/proc/x"}),
     Case("cvd-minus-one", "environment", APP,
          "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')", 1,
          env={"CUDA_VISIBLE_DEVICES": "-1"}),
@@ -463,8 +467,16 @@ CASES: tuple[Case, ...] = (
          "mpswrap: run directory not writable (/proc/x): /proc is not writable by uid {uid}\n"
          f"hint: {_RUN_DIR_HINT}", 2, as_user=True),
     Case("farm-dir-in-proc", "path", ("farm", "--dir", "/proc/x", "tasks.txt"),
-         "mpswrap: cannot create the farm directory (/proc/x/logs): No such file or directory\n"
+         f"mpswrap: cannot create the farm directory (/proc/x/logs): {_KERNEL_FS}\n"
          "hint: give --dir a directory you can write", 2, setup="tasks_file"),
+    Case("farm-dry-run-dir-in-proc", "path", ("farm", "--dry-run", "--dir", "/proc/x",
+                                              "tasks.txt"),
+         f"mpswrap: cannot create the farm directory (/proc/x/logs): {_KERNEL_FS}\n"
+         "hint: give --dir a directory you can write", 2, setup="tasks_file"),
+    Case("calibrate-dry-run-plot-in-proc", "path",
+         ("calibrate", "--dry-run", "--plot", "/proc/x.png", "--", "true"),
+         f"mpswrap: cannot write the plot (/proc/x.png): {_KERNEL_FS}\n"
+         "hint: give --plot a file in a directory you can write, e.g. plot.png", 2),
     Case("farm-dir-a-file", "path", ("farm", "--dir", "tasks.txt", "tasks.txt"),
          "mpswrap: cannot create the farm directory (tasks.txt/logs): Not a directory\n"
          "hint: give --dir a directory you can write", 2, setup="tasks_file"),

@@ -316,3 +316,25 @@ def test_only_the_last_line_of_a_wake_says_where_the_farm_stands() -> None:
     first, second = out.getvalue().splitlines()
     assert "[" not in first
     assert "[2/3 finished (2 done, 0 failed), 0 running" in second
+
+
+def test_a_dry_run_refuses_a_directory_another_farm_holds(tmp_path: Path) -> None:
+    """``farm --dry-run`` says what the farm would: another farm holds the directory's lock
+    for this share (a flock, as ``_only_farm`` takes it). Nothing is created, held or left."""
+    from mpswrap._lock import file_lock
+    from mpswrap.errors import UsageError
+
+    farm_dir = FarmDir(tmp_path / "t.farm")
+    farm_dir.check()  # nothing there yet: no farm holds it, nothing made
+    assert not farm_dir.path.exists()
+    farm_dir.create()
+    held = file_lock(farm_dir.lock_path, timeout=0)
+    held.acquire()
+    try:
+        with pytest.raises(UsageError, match="another farm runs in this directory"):
+            farm_dir.check()
+    finally:
+        held.release()
+    farm_dir.check()  # released: the farm may run
+    held.acquire()  # and the dry run left nothing held
+    held.release()
