@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..errors import GpuError
+from ..errors import ConfigError, GpuChoiceError, GpuError
 from ..jobenv import GpuRef, JobEnv
 from ..mps.gpu import GpuInfo, Inventory, resolve_gpus
 
@@ -179,5 +179,14 @@ def visible_gpus(env: JobEnv, inventory: Inventory) -> list[GpuInfo]:
         return resolve_gres_positions(refs, inventory, default_gres_conf(env.env), env.node)
     cvd = env.env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip() in ("", "-1", "NoDevFiles"):
-        raise GpuError("CUDA_VISIBLE_DEVICES hides every GPU", thing=repr(cvd))
-    return resolve_gpus(cvd or "all", inventory)
+        raise GpuChoiceError(
+            "CUDA_VISIBLE_DEVICES hides every GPU",
+            thing=repr(cvd),
+            hint="unset CUDA_VISIBLE_DEVICES, or give --gpus",
+        )
+    try:
+        return resolve_gpus(cvd or "all", inventory)
+    except (GpuChoiceError, ConfigError) as exc:  # a bad value of the variable: name it
+        if cvd:
+            exc.with_context("CUDA_VISIBLE_DEVICES")
+        raise

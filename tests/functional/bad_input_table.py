@@ -236,10 +236,11 @@ CASES: tuple[Case, ...] = (
          f"mpswrap: cannot create the run directory (/proc/x): {_KERNEL_FS}\n"
          f"hint: {_RUN_DIR_HINT}", 2, env={"MPSWRAP_USER_RUN_DIR": "/proc/x"}),
     Case("cvd-minus-one", "environment", APP,
-         "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')", 1,
+         "mpswrap: CUDA_VISIBLE_DEVICES hides every GPU ('-1')\n"
+         "hint: unset CUDA_VISIBLE_DEVICES, or give --gpus", 2,
          env={"CUDA_VISIBLE_DEVICES": "-1"}),
     Case("cvd-no-such-gpu", "environment", APP,
-         "mpswrap: no such GPU (index 5): this node has 2 GPU(s)\n"
+         "mpswrap: CUDA_VISIBLE_DEVICES: no such GPU (index 5): this node has 2 GPU(s)\n"
          "hint: list GPUs with: nvidia-smi -L", 2,
          env={"CUDA_VISIBLE_DEVICES": "5"}),
     Case("job-gpus-malformed", "environment", ("prolog",),
