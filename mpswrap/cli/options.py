@@ -286,8 +286,9 @@ FARM_OPTIONS: Options = (
                       "recorded as timed out (default: no limit)"}),
     (("--halt",), {"metavar": "WHEN", "default": "never", "type": halt,
                    "help": "stop after failures, as GNU parallel: soon,fail=N (no new "
-                   "task once N failed), now,fail=N (the running ones ended too), fail=P%% "
-                   "of the tasks; success=N counts the tasks done, done=N both (default: never)"}),
+                   "task once N failed), now,fail=N (the running ones ended too); N or P%% "
+                   "of the tasks (soon,fail=10%%); success=N counts the tasks done, done=N "
+                   "both (default: never)"}),
     (("--skip-failed",), {"action": "store_true", "help": "run again: tasks that failed in "
                           "the directory before are not run again, and keep the exit code 1 "
                           "(default: they are run)"}),

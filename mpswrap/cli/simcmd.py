@@ -24,12 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=COMMANDS,
         help=f"the simulator's command: {' or '.join(COMMANDS)} (required)",
     )
-    p.add_argument(
+    rest = p.add_argument(
         "sim_args",
         nargs=argparse.REMAINDER,
+        default=[],
         metavar="ARGS",
         help="that command's arguments; COMMAND --help lists them (default: none)",
     )
+    rest.required = False  # argparse counts a REMAINDER as required, and says so
+
+
+#: The output options every command takes anywhere on its line (they set mpswrap's log
+#: level, taken before the simulator's words are parsed): none is the simulator's.
+OUTPUT_WORDS = frozenset({"-v", "--verbose", "-q", "-qq", "--quiet", "--debug"})
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -37,8 +44,14 @@ def cmd_sim(args: argparse.Namespace) -> int:
     line and a hint, exit 2, as every command's."""
     from ..sim.__main__ import ArgumentError, cannot_write, parse, write
 
+    if "--version" in args.sim_args:
+        from .. import __version__
+
+        print(f"mpswrap {__version__}")
+        return 0
+    words = [w for w in args.sim_args if w not in OUTPUT_WORDS]
     try:
-        parsed = parse([args.sim_command, *args.sim_args], prog="mpswrap sim")
+        parsed = parse([args.sim_command, *words], prog="mpswrap sim")
     except ArgumentError as exc:
         raise UsageError(str(exc), hint=f"{exc.prog} --help") from None
     try:

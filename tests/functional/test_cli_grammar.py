@@ -619,6 +619,22 @@ def test_the_simulators_commands_keep_the_grammar_of_every_command(
     assert not (tmp_path / "gpus.json").exists()
 
 
+@pytest.mark.parametrize("words", [["-v"], ["-q"], ["--debug"], ["-qq", "--verbose"]])
+def test_the_simulators_commands_take_the_output_options_after_their_words(
+    words: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Every command takes the output options anywhere on its line: so does ``sim``."""
+    os.chdir(tmp_path)
+    assert cli.main(["sim", "inventory", "gpus.json", *words]) == 0
+    assert capsys.readouterr().out == "gpus.json\n" and (tmp_path / "gpus.json").is_file()
+
+
+def test_sim_alone_asks_only_for_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sim"]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("mpswrap: the following arguments are required: COMMAND\n"), said
+
+
 def test_a_runs_output_to_a_full_disk_is_said_exit_1(node: SimNode) -> None:
     """``mpswrap run -n 1 -- echo hi > /dev/full``: as mpswrap's own output, one line, exit 1
     (not the quiet 141 of a reader that left)."""
