@@ -15,6 +15,7 @@ before a byte is read.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import re
@@ -112,8 +113,10 @@ def _too_long(source: str, line_no: int, size: int) -> UsageError:
 
 def task_lines(data: bytes, source: str) -> list[str]:
     """The lines of a task list's bytes, each checked in order: at most ``LINE_LIMIT`` bytes,
-    no NUL byte, UTF-8 (else a UsageError naming the first line that is not)."""
+    no NUL byte, UTF-8 (else a UsageError naming the first line that is not). A byte-order
+    mark that starts the list (an editor's UTF-8 "with BOM") is no part of its first task."""
     lines = []
+    data = data.removeprefix(codecs.BOM_UTF8)
     for line_no, raw in enumerate(data.splitlines(), 1):
         if len(raw) > LINE_LIMIT:
             raise _too_long(source, line_no, len(raw))

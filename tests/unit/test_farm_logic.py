@@ -82,6 +82,12 @@ def test_lines_end_where_an_editor_ends_them() -> None:
     assert task_lines(b"a\r\nb\x0cc\n\nd", "t") == ["a", "b\x0cc", "", "d"]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_first_task() -> None:
+    """An editor's "UTF-8 with BOM": the list's first line is ``true``, not ``\ufefftrue``
+    (which the shell runs as a command not found); a BOM inside a line stays."""
+    assert task_lines(b"\xef\xbb\xbftrue\r\necho \xef\xbb\xbf\n", "t") == ["true", "echo \ufeff"]
+
+
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/2", "0/0", "1/2/3", ""])
 def test_bad_shares_are_refused(text: str) -> None:
     with pytest.raises(UsageError, match="bad --share"):
