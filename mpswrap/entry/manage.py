@@ -21,6 +21,7 @@ from ..job import containers, state
 from ..job.job import JobDaemons
 from ..jobenv import JobEnv, parse_int_list
 from ..mps.gpu import load_inventory, resolve_gpus
+from ..mps.manifest import Manifest
 from ..mps.record import read_records
 from ..mps.start import Defaults
 from ..paths import JobLayout, validate_name
@@ -106,6 +107,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     gpus = resolve_gpus(args.gpus, load_inventory(settings.gpu_inventory))
     admin = os.geteuid() == 0 and not args.run_dir
     layout = state.layout_for(settings, node, job, admin=admin, run_dir=args.run_dir)
+    began = time.time()
     manifests = JobDaemons(layout, settings).start(
         gpus,
         user,
@@ -114,6 +116,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         shared_parents=admin,
         allowed_cpus=_allowed_cpus(args.cpus),
     )
+    _not_applied(args, [m for m in manifests if m.created < began])
     if args.json:
         print(json.dumps([json.loads(m.to_json()) for m in manifests], indent=1))
         return 0
@@ -128,6 +131,29 @@ def cmd_start(args: argparse.Namespace) -> int:
         else f"# job directory: {layout.job_dir}"
     )
     return 0
+
+
+def _not_applied(args: argparse.Namespace, running: list[Manifest]) -> None:
+    """A daemon that was already running keeps what it started with: say which of the
+    options given it did not take."""
+    given = [
+        option
+        for option, value in (
+            ("--threads", args.threads),
+            ("--mem-limit", args.mem_limit),
+            ("--priority", args.priority),
+            ("--cpus", args.cpus),
+            ("--prestart", args.prestart or None),
+        )
+        if value is not None
+    ]
+    for m in running if given else []:
+        log.warning(
+            "%s: daemon %d was already running: %s not applied (mpswrap stop, then start)",
+            m.key,
+            m.daemon_pid,
+            ", ".join(given),
+        )
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

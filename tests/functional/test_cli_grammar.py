@@ -748,3 +748,17 @@ def test_a_demo_not_simulated_names_the_gpus_it_was_given(node: SimNode) -> None
     first = res.stdout.splitlines()[0]
     assert first.startswith("1. starting one MPS daemon per GPU on the GPUs listed in /"), first
     assert "real GPU" not in res.stdout, res.stdout
+
+
+def test_start_on_a_running_daemon_says_which_options_it_did_not_take(node: SimNode) -> None:
+    """The daemon keeps what it started with: a second ``start`` with other settings says
+    so, in one line naming them, and one with none given says nothing of it."""
+    assert node.mpswrap("start", "--gpus", "0", *JOB).returncode == 0
+    res = node.mpswrap("start", "--gpus", "0", "--threads", "30", "--cpus", "0", *JOB)
+    assert res.returncode == 0, res.stderr
+    assert "was already running: --threads, --cpus not applied (mpswrap stop, then start)" in (
+        res.stderr
+    ), res.stderr
+    again = node.mpswrap("start", "--gpus", "0", *JOB)
+    assert again.returncode == 0 and "not applied" not in again.stderr, again.stderr
+    assert node.mpswrap("stop", *JOB).returncode == 0
