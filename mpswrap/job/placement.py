@@ -142,17 +142,24 @@ class Slot(Struct, frozen=True):
     uuid: str
     cpus: frozenset[int] = frozenset()
     memory_total: int = 0
+    #: The GPU's index on the node (NVML's, as nvidia-smi shows it); None: not known here.
+    index: int | None = None
 
     @classmethod
     def of(cls, dirs: GpuDirs, uuid: str, inventory: Inventory | None) -> Slot:
         if inventory is None:
             return cls(dirs, uuid)
         gpu = inventory.by_uuid(uuid)
-        return cls(dirs, uuid, gpu.cpus, gpu.memory_total)
+        return cls(dirs, uuid, gpu.cpus, gpu.memory_total, gpu.index)
 
     @property
     def key(self) -> str:
         return self.dirs.key
+
+    def number(self, position: int) -> int:
+        """How messages number this GPU: its index on the node, else its ``position`` among
+        the run's GPUs."""
+        return position if self.index is None else self.index
 
 
 class Placement(Struct, frozen=True):

@@ -258,7 +258,8 @@ class Plan(Struct, frozen=True):
         found = self.place(rank, size, **how)
         both = {**(env or {}), **found.env}
         shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(both.items()))
-        return f"[{rank}] gpu {found.position} ({found.uuid}): {shown} {shlex.join(command)}"
+        number = found.slot.number(found.position)
+        return f"[{rank}] gpu {number} ({found.uuid}): {shown} {shlex.join(command)}"
 
 
 def plan(

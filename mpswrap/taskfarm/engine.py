@@ -299,7 +299,7 @@ class Farmer:
         saturated = os.getloadavg()[0] >= self.plan.cpus_per_gpu * len(self.lanes)
         floor = cpu_floor(cpu, wall, self.plan.cpus_per_gpu, lane.packing.cap, saturated=saturated)
         lane.packing.floor = floor
-        log.debug("farm: gpu %d: tasks' CPU %.1f s over %.1f s", lane.position, cpu, wall)
+        log.debug("farm: gpu %d: tasks' CPU %.1f s over %.1f s", lane.number, cpu, wall)
         waiting = len(self.queue) / len(self.lanes)  # the queue is every lane's
         self._repack(lane, lane.packing.finished(now, waiting))
 

@@ -84,6 +84,11 @@ class Lane(Struct):
     def k(self) -> int:
         return self.packing.k if self.packing else self.running + len(self.seats)
 
+    @property
+    def number(self) -> int:
+        """The GPU's number in messages and the journal: its index on the node."""
+        return self.slot.number(self.position)
+
     def takes(self, now: float) -> bool:
         return (
             bool(self.seats)
@@ -208,7 +213,7 @@ def watch_faults(lane: Lane, mine: Sequence[Attempt], waiting: bool, now: float)
         log.warning(
             "farm: gpu %d: fatal GPU fault: its tasks are retried; no new task there until "
             "its server recovers",
-            lane.position,
+            lane.number,
         )
     if lane.paused_at is not None and _recovered(lane, now):
         for fault in lane.watch.unrecovered():
@@ -226,7 +231,7 @@ def _recovered(lane: Lane, now: float) -> bool:
         return False
     log.warning(
         "farm: gpu %d: no recovery from the fault after %g s: taking tasks again",
-        lane.position,
+        lane.number,
         HOLD_MAX,
     )
     return True

@@ -96,7 +96,7 @@ class Recorder:
             {
                 "event": "k",
                 "gpu": lane.slot.uuid,
-                "gpu_index": lane.position,
+                "gpu_index": lane.number,
                 "node": self.node,
                 "auto": lane.packing.auto,
                 **change.to_json(),
@@ -116,7 +116,7 @@ class Recorder:
                 "attempt": attempt.number,
                 "node": self.node,
                 "gpu": lane.slot.uuid,
-                "gpu_index": lane.position,
+                "gpu_index": lane.number,
                 "time": attempt.start,
             }
         )
@@ -176,7 +176,7 @@ class Recorder:
             code,
             self.node,
             lane.slot.uuid,
-            lane.position,
+            lane.number,
             span[0],
             span[1],
             str(out),

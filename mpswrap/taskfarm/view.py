@@ -151,7 +151,7 @@ class Progress(View):
     def note(self, lane: Lane, before: Change, change: Change) -> None:
         """A line of its own (a GPU's K changed), whatever the mode but ``off`` and quiet."""
         if self.mode not in ("off", "quiet"):
-            self._line(k_line(lane.position, before, change))
+            self._line(k_line(lane.number, before, change))
 
     def close(self) -> None:
         """The bar's line ended, so that what follows starts a line of its own."""

@@ -93,7 +93,7 @@ def counts_words(tally: Tally, running: bool = False) -> str:
     """``12 tasks: 9 done, 1 failed, 2 not run, 0 done before``: the summary's, and
     status's (``running``: with the tasks that run)."""
     every = tally.total + tally.done_before + tally.failed_before
-    words = f"{every} tasks: {tally.done} done, {tally.failed} failed"
+    words = f"{every} task{'' if every == 1 else 's'}: {tally.done} done, {tally.failed} failed"
     if tally.interrupted:
         words += f", {tally.interrupted} interrupted"
     if running or tally.now_running:

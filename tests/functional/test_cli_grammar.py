@@ -4,6 +4,7 @@ traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -762,3 +763,19 @@ def test_start_on_a_running_daemon_says_which_options_it_did_not_take(node: SimN
     again = node.mpswrap("start", "--gpus", "0", *JOB)
     assert again.returncode == 0 and "not applied" not in again.stderr, again.stderr
     assert node.mpswrap("stop", *JOB).returncode == 0
+
+
+def test_a_gpu_is_numbered_as_the_node_numbers_it(node: SimNode) -> None:
+    """``--gpus 1``: the dry run, the farm's summary and its journal call that GPU 1, as
+    nvidia-smi does, not 0 (its place among the run's GPUs)."""
+    dry = node.mpswrap("run", "--dry-run", "--gpus", "1", "-n", "1", "--", "true")
+    assert dry.returncode == 0 and dry.stdout.startswith("[0] gpu 1 (GPU-"), dry.stdout
+    (node.root / "one.txt").write_text("true\n")
+    res = node.mpswrap("farm", "--gpus", "1", "one.txt")
+    assert res.returncode == 0, res.stderr
+    assert "farm: 1 task: 1 done" in res.stdout, res.stdout
+    row = next(line for line in res.stdout.splitlines() if "GPU-" in line)
+    assert row.split()[0] == "1", res.stdout
+    state = (node.root / "one.txt.farm" / "state.jsonl").read_text().splitlines()
+    journal = [json.loads(line) for line in state]
+    assert {e["gpu_index"] for e in journal if "gpu_index" in e} == {1}, journal

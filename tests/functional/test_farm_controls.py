@@ -336,7 +336,7 @@ def test_a_task_list_from_a_pipe_is_read(node: SimNode) -> None:
     res = subprocess.run(
         bash, env=node.env(), cwd=node.root, text=True, capture_output=True, timeout=60
     )
-    assert res.returncode == 0 and "1 tasks: 1 done" in res.stdout, res.stderr
+    assert res.returncode == 0 and "1 task: 1 done" in res.stdout, res.stderr
     assert (node.root / "stdin.farm" / "state.jsonl").is_file()
 
 
