@@ -52,8 +52,26 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        self._argv = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        self._argv = self._joined(list(sys.argv[1:] if args is None else args))
+        return super().parse_known_args(self._argv, namespace)
+
+    def _joined(self, argv: list[str]) -> list[str]:
+        """``--mem-limit -5G`` as ``--mem-limit=-5G``: argparse takes a value that starts
+        with one ``-`` (and is no negative number) for an option and says only "expected one
+        argument"; joined, the value is checked and named as every bad value is. A word of
+        ``--`` stays an option (a typo of one is named as such)."""
+        out: list[str] = []
+        for at, word in enumerate(argv):
+            if word == "--":
+                return out + argv[at:]
+            action = self._option_string_actions.get(out[-1]) if out else None
+            takes = action is not None and action.nargs is None
+            value = len(word) > 1 and word.startswith("-") and not word.startswith("--")
+            if takes and value and not self._known(word):
+                out[-1] = f"{out[-1]}={word}"
+            else:
+                out.append(word)
+        return out
 
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "

@@ -154,6 +154,8 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("run", "--mem-limit", "99999999999999999999G", "argument --mem-limit: invalid value "
          "'99999999999999999999G': expected auto or a size like 512M or 2G", "-n", "1",
          "--dry-run", *APP),
+    _bad("run", "--mem-limit", "-5G", "argument --mem-limit: invalid value '-5G': expected "
+         "auto or a size like 512M or 2G", "-n", "1", *APP),
     _bad("run", "--mem-limit", "9999G", "--mem-limit 9999G is more than the GPU's memory "
          "(GPU-5a1d0000-0000-4000-8000-000000000000): 81920M in all", "-n", "1", *APP,
          hint="\nhint: give at most 81920M, or auto"),
