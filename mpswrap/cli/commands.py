@@ -210,11 +210,14 @@ def _run(parser: Any) -> None:
 
 
 def _farm(parser: Any) -> None:
-    from .options import FARM_OPTIONS, add
+    from .options import FARM_OPTIONS, add, path
 
     add(parser, FARM_OPTIONS)
     parser.add_argument(
-        "tasks", metavar="TASKS", help="a file with one command per line, or - for standard input"
+        "tasks",
+        metavar="TASKS",
+        type=path,
+        help="a file with one command per line, or - for standard input",
     )
 
 

@@ -14,6 +14,8 @@ def did_you_mean(word: str, words: Sequence[str]) -> str:
     is no 'prolog'; 'sta' could be start or status)."""
     import difflib
 
+    if not word:
+        return ""
     starting = [w for w in words if w.startswith(word)]
     if len(starting) > 1:
         starting = difflib.get_close_matches(word, starting, n=1, cutoff=0.8) or [""]

@@ -222,7 +222,7 @@ def farm_tasks(
             before = f"{len(mine) - failed_before} done before, {failed_before} failed before"
             before += " (--skip-failed)"
         if failed_before or not _quiet():
-            show.line(f"farm: nothing to run: {len(mine)} tasks, {before} ({directory})")
+            show.line(f"farm: nothing to run: {_tasks(len(mine))}, {before} ({directory})")
         return result
     planned, seats = _per_gpu(plan(opts, "farm"), farm_opts.per_gpu, len(todo))
     for task in todo:  # a task that starts a container that would miss its daemon
@@ -471,6 +471,10 @@ def _print_plan(
     for task in todo:
         print(f"[task {task.number}] {task.command}")
     print(
-        f"farm: {len(todo)} task(s) would run, {_k_words(given, seats)} on each of "
+        f"farm: {_tasks(len(todo))} would run, {_k_words(given, seats)} on each of "
         f"{len(planned.slots)} GPU(s); logs and journal in {directory}"
     )
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task" if n == 1 else f"{n} tasks"

@@ -162,6 +162,9 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("run", "-n", "x", "argument -n/--np: invalid value 'x': expected a whole number from 1 "
          "to 999999", *APP),
     _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
+    Case("farm-tasks-empty", "arguments", ("farm", ""),
+         "mpswrap: argument TASKS: invalid value '': expected a path\n"
+         "hint: mpswrap farm --help", 2),
     _bad("farm", "--retries", "-1", "argument --retries: invalid value '-1': expected a whole "
          "number from 0 to 999999", "tasks.txt"),
     _bad("farm", "--progress", "loud", "argument --progress: invalid value 'loud': expected "
