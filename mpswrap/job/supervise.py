@@ -27,6 +27,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -150,7 +151,13 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Fail like a shell (127/126) before forking when the program cannot run."""
     program = argv[0] if argv else ""
     path = program if "/" in program else _on_path(program, env.get("PATH", ""))
-    if not path or not os.path.exists(path):
+    try:
+        info = os.stat(path) if path else None
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:  # a loop of links, a folder on the way we may not enter
+        _cannot_execute(argv, path or program, exc.strerror or str(exc))
+    if info is None:
         err = ProcError(
             "program not found",
             thing=program or ("'' (an empty name)" if argv else "(none)"),
@@ -159,8 +166,11 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
         )
         err.exit_code = NOT_FOUND
         raise err
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    assert path is not None
+    if stat.S_ISDIR(info.st_mode) or not info.st_mode & 0o111:
         _cannot_execute(argv, path, "not an executable file")
+    if not os.access(path, os.X_OK):
+        _cannot_execute(argv, path, f"not executable by uid {os.geteuid()}")
     interpreter = _interpreter(path)
     if interpreter is not None and not os.access(interpreter, os.X_OK):
         # What the kernel's ENOENT means for a file that is there (bash: "bad interpreter").

@@ -394,6 +394,9 @@ CASES: tuple[Case, ...] = (
     Case("program-without-interpreter", "arguments", ("run", "-q", "-n", "1", "--", "./noshebang"),
          "mpswrap: cannot execute program (./noshebang): Exec format error\n"
          "hint: a script needs a #! line, e.g. #!/bin/sh", 126, setup="scripts"),
+    Case("program-link-loop", "arguments", ("--", "./loop1"),
+         "mpswrap: cannot execute program (./loop1): Too many levels of symbolic links", 126,
+         setup="scripts"),
     Case("program-interpreter-missing", "arguments", ("--", "./badinterp"),
          "mpswrap: cannot execute program (./badinterp): its #! interpreter /nonexistent/sh "
          "cannot be run", 126, setup="scripts"),
@@ -583,10 +586,12 @@ def _tasks_file(node: SimNode, uid: int) -> None:
 
 def _scripts(node: SimNode, uid: int) -> None:
     """Two executable files the kernel will not run: one without a #! line, one whose #!
-    names a program that is not there."""
+    names a program that is not there; and two links that name each other."""
     for name, text in (("noshebang", "echo hi\n"), ("badinterp", "#!/nonexistent/sh\n")):
         (node.root / name).write_text(text)
         (node.root / name).chmod(0o755)
+    (node.root / "loop1").symlink_to("loop2")  # and a loop of links
+    (node.root / "loop2").symlink_to("loop1")
 
 
 SETUPS: dict[str, Callable[[SimNode, int], None]] = {
