@@ -146,6 +146,17 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def ended_how(returncode: int) -> str:
+    """``exited with code 3``, or ``was killed by signal 9 (SIGKILL, exit code 137)``."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = f"{signal.Signals(-returncode).name}, "
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-returncode} ({name}exit code {exit_code(returncode)})"
+
+
 # --- starting and ending ranks -----------------------------------------------------------
 def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Fail like a shell (127/126) before forking when the program cannot run."""
@@ -523,9 +534,7 @@ def _first_failure(ranks: Sequence[Rank], grace: float) -> int | None:
         code = rank.proc.poll()
         if code:
             if any(r.running() for r in ranks):
-                log.error(
-                    "%s exited with code %d: ending the other ranks", rank.name, exit_code(code)
-                )
+                log.error("%s %s: ending the other ranks", rank.name, ended_how(code))
                 end_ranks(ranks, signal.SIGTERM, grace)
             return exit_code(code)
     return None

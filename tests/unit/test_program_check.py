@@ -57,3 +57,13 @@ def test_a_path_is_taken_as_given(tmp_path: Path, mode: int) -> None:
         assert _code([str(program)], "") == 126
     assert _code([str(tmp_path / "missing")], "") == 127
     assert _code([str(tmp_path)], "") == 126  # a directory
+
+
+def test_a_rank_killed_by_a_signal_is_said_to_be() -> None:
+    """What a rank's end is called when it ends the others: a SIGKILL is no "exit code 137"
+    alone (a program may exit 137 itself)."""
+    from mpswrap.job.supervise import ended_how
+
+    assert ended_how(3) == "exited with code 3"
+    assert ended_how(-9) == "was killed by signal 9 (SIGKILL, exit code 137)"
+    assert ended_how(-64) == "was killed by signal 64 (SIGRTMAX, exit code 192)"
