@@ -346,8 +346,8 @@ def test_a_symlink_at_the_user_run_dir_is_refused_and_its_target_untouched(
     node.user_run_dir.symlink_to(target)
     before = tree(target)
     res = node.mpswrap("start", "--job", "j1", "--node", "n1", user=a.pw_name)
-    assert res.returncode == 1
-    assert res.stderr.strip() == (
+    assert res.returncode == 2  # a bad value of the setting that names it
+    assert res.stderr.splitlines()[0] == (
         f"mpswrap: refusing a path that is not a plain directory ({node.user_run_dir})"
     )
     assert tree(target) == before
@@ -378,7 +378,7 @@ def test_a_run_dir_owned_by_another_user_is_refused(node: SimNode, users: Users)
     os.chown(node.user_run_dir, b.pw_uid, b.pw_gid)
     node.user_run_dir.chmod(0o777)
     res = node.mpswrap("start", "--job", "j1", "--node", "n1", user=a.pw_name)
-    assert res.returncode == 1
+    assert res.returncode == 2  # a bad value of the setting that names it
     assert res.stderr.splitlines()[0] == (
         f"mpswrap: directory has the wrong owner ({node.user_run_dir}): owned by uid "
         f"{b.pw_uid}, expected {a.pw_uid}"
