@@ -102,8 +102,9 @@ def _as_bad_value(message: str) -> str:
     if not match:
         return message
     value = match[2] if match[2].startswith("'") else repr(match[2])
-    choices = ", ".join(c.strip().strip("'") for c in match[3].split(","))
-    return f"{match[1]}: invalid value {value}: expected one of {choices}"
+    choices = [c.strip().strip("'") for c in match[3].split(",")]
+    near = did_you_mean(value.strip("'"), choices)
+    return f"{match[1]}: invalid value {value}: expected one of {', '.join(choices)}{near}"
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -162,6 +162,10 @@ OPTION_VALUES: tuple[Case, ...] = (
     _bad("run", "-n", "x", "argument -n/--np: invalid value 'x': expected a whole number from 1 "
          "to 999999", *APP),
     _bad("farm", "--dir", "", "argument --dir: invalid value '': expected a path", "tasks.txt"),
+    Case("container-args-typo", "arguments", ("container-args", "dockr"),
+         "mpswrap: argument RUNTIME: invalid value 'dockr': expected one of podman, docker, "
+         "apptainer, singularity, enroot, bwrap (did you mean 'docker'?)\n"
+         "hint: mpswrap container-args --help", 2),
     Case("farm-tasks-empty", "arguments", ("farm", ""),
          "mpswrap: argument TASKS: invalid value '': expected a path\n"
          "hint: mpswrap farm --help", 2),
