@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _proc, _wait
-from .._signals import hold, raising
+from .._signals import Interrupted, hold, raising
 from ..config import Settings, load_settings
 from ..errors import MpswrapError, UsageError
 from ..job import state
@@ -108,8 +108,12 @@ def _start_clients(daemons: JobDaemons, argv: list[str] | None, n: int, procs: l
 def run_demo(n_clients: int, simulate: bool, config_file: str | None = None) -> int:
     """The demo; interrupted (TERM, INT, HUP, its reader gone) or failed at any step, it
     still ends its clients and daemons and removes its directory before it exits."""
-    with raising():
-        return _demo(n_clients, simulate, config_file)
+    try:
+        with raising():
+            return _demo(n_clients, simulate, config_file)
+    except Interrupted as exc:  # as a run or a farm says it (its output may be gone: a log)
+        log.warning("demo: interrupted by %s: its clients and daemons were ended", exc)
+        raise
 
 
 def _demo(n_clients: int, simulate: bool, config_file: str | None) -> int:

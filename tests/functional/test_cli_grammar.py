@@ -563,6 +563,8 @@ def test_a_demo_cut_short_still_ends_everything_it_started(node: SimNode, how: s
     sig = signal.SIGPIPE if how == "reader-left" else getattr(signal, how)
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and "internal error" not in err, err
+    said = f"mpswrap: demo: interrupted by {sig.name}: its clients and daemons were ended"
+    assert (said in err) is (how != "reader-left"), err  # a reader gone: the quiet 141
     assert not list(node.root.glob("mpswrap-demo-*")), "the demo's directory is left"
     left = node.leftovers()  # whatever has the node in its environment: the demo's TMPDIR
     assert not left, left
