@@ -178,7 +178,7 @@ def check_program(argv: Sequence[str], env: Mapping[str, str]) -> None:
         err.exit_code = NOT_FOUND
         raise err
     assert path is not None
-    if stat.S_ISDIR(info.st_mode) or not info.st_mode & 0o111:
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:  # a folder, a FIFO
         _cannot_execute(argv, path, "not an executable file")
     if not os.access(path, os.X_OK):
         _cannot_execute(argv, path, f"not executable by uid {os.geteuid()}")
