@@ -57,7 +57,11 @@ EXIT_CODES: tuple[tuple[str, str], ...] = (
     ("3", "`status`: something found is not healthy (a daemon not running, a server in FAULT)"),
     ("4", "`status`: no mpswrap daemons found for the jobs asked about"),
     ("69", "`--verify-attach fail`: a rank did not become an MPS client"),
-    ("126", "the program cannot be executed (not an executable file)"),
+    (
+        "126",
+        "the program cannot be executed (not an executable file, no #! line, a #! "
+        "interpreter that is not there, a loop of links, a folder it may not enter)",
+    ),
     ("127", "the program was not found"),
     (
         "128+N",
