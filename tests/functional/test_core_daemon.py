@@ -205,7 +205,7 @@ def _wait(cond: object, timeout: float = 30) -> None:
         (
             ["start"],
             {"MPSWRAP_USER_RUN_DIR": "/proc/mpswrap", "MPSWRAP_RUN_DIR": "/proc/mpswrap"},
-            "(run directory not writable|cannot create directory)",
+            "(run directory not writable|cannot create (the run )?directory)",
         ),
         (["status"], {"MPSWRAP_QUIT_TIMEOUT": "-1"}, "bad value for quit_timeout"),
     ],
