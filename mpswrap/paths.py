@@ -399,9 +399,19 @@ def uncreatable(path: Path) -> str | None:
 
 #: File systems whose directories the kernel makes: no one else may (root included).
 KERNEL_FS = frozenset(
-    {"proc", "sysfs", "devpts", "securityfs", "debugfs", "pstore", "efivarfs", "fusectl",
-     "binfmt_misc", "mqueue"}
-)  # fmt: skip
+    {
+        "proc",
+        "sysfs",
+        "devpts",
+        "securityfs",
+        "debugfs",
+        "pstore",
+        "efivarfs",
+        "fusectl",
+        "binfmt_misc",
+        "mqueue",
+    }
+)
 
 
 def _fs_type(path: Path) -> str | None:
