@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from . import trust
 from ._struct import Struct
-from .errors import ConfigError, shown
+from .errors import ConfigError
 from .values import (
     Parser,
     abs_path,
@@ -315,7 +315,6 @@ def read_config_file(path: Path, problems: list[ConfigError] | None = None) -> d
     """Parse an admin file into raw strings; errors name the file and line (a bad line is
     noted in ``problems`` and skipped, when given)."""
     values: dict[str, str] = {}
-    lines: dict[str, int] = {}
     for number, raw in enumerate(_read_text(path).splitlines(), 1):
         line = _COMMENT.sub("", raw).strip()
         if not line or line == "[mpswrap]":
@@ -325,16 +324,7 @@ def read_config_file(path: Path, problems: list[ConfigError] | None = None) -> d
             error = ConfigError("expected key = value", thing=f"{path}:{number}", cause=repr(raw))
             _problem(error, problems)
             continue
-        key = key.strip()
-        if key in lines:
-            log.warning(
-                "%s:%d: %s set again (first on line %d): the last one counts",
-                path,
-                number,
-                shown(key, 64),
-                lines[key],
-            )
-        values[key], lines[key] = value.strip(), number
+        values[key.strip()] = value.strip()
     return values
 
 

@@ -191,13 +191,3 @@ def test_the_grace_option_and_the_kill_grace_setting_take_the_same_seconds() -> 
             load_settings(env={"MPSWRAP_KILL_GRACE": text})
     with pytest.raises(ConfigError, match="expected seconds above 0 and at most 3600"):
         load_settings(env={"MPSWRAP_START_TIMEOUT": "0"})
-
-
-def test_a_setting_set_twice_in_the_admin_file_is_said_and_the_last_counts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    conf = tmp_path / "mpswrap.conf"
-    conf.write_text("kill_grace = 5\n# a comment\nkill_grace = 6\n")
-    with caplog.at_level("WARNING"):
-        assert load_settings(config_file=str(conf), env={}).kill_grace == 6
-    assert f"{conf}:3: kill_grace set again (first on line 1): the last one counts" in caplog.text
